@@ -1,0 +1,157 @@
+//! `reshard inspect`: what a checkpoint holds and what is wrong with it.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use reshard::format;
+use reshard::inspect::{tensor_lines, Summary, TensorLine};
+use reshard::plan::order::Order;
+use reshard::units::human;
+
+use super::{printer, ExitStatus};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// A .safetensors/.bin file, a model folder, or a Hugging Face cache
+    /// folder (models--ORG--NAME or one of its snapshots).
+    path: PathBuf,
+    /// List every tensor, one line each, in layer order.
+    #[arg(long)]
+    tensors: bool,
+    /// Print JSON (exact byte counts, stable field names).
+    #[arg(long)]
+    json: bool,
+    /// Exit 1 when there are findings.
+    #[arg(long)]
+    strict: bool,
+    /// Order of the tensor list.
+    #[arg(long, value_enum, default_value = "forward")]
+    order: OrderArg,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum OrderArg {
+    /// Embeddings, numbered blocks in order, final norm, head.
+    Forward,
+    /// transformers v5's dot-natural key.
+    Natural,
+    /// As the files list them.
+    Source,
+}
+
+impl From<OrderArg> for Order {
+    fn from(o: OrderArg) -> Order {
+        match o {
+            OrderArg::Forward => Order::Forward,
+            OrderArg::Natural => Order::Natural,
+            OrderArg::Source => Order::Source,
+        }
+    }
+}
+
+#[derive(serde::Serialize)]
+struct JsonReport<'a> {
+    #[serde(flatten)]
+    summary: &'a Summary,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tensors: Option<Vec<TensorLine>>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
+    let ck = format::open(&args.path)
+        .with_context(|| format!("cannot inspect {}", args.path.display()))?;
+    let summary = Summary::of(&args.path.display().to_string(), &ck);
+    let lines = args.tensors.then(|| tensor_lines(&ck, args.order.into()));
+    if args.json {
+        printer::json(&JsonReport { summary: &summary, tensors: lines })?;
+    } else if let Some(lines) = &lines {
+        printer::text(&render_tensors(lines))?;
+    } else {
+        printer::text(&render_summary(&summary))?;
+    }
+    let failed = args.strict && !summary.findings.is_empty();
+    Ok(if failed { ExitStatus::CheckFailed } else { ExitStatus::Ok })
+}
+
+fn render_summary(s: &Summary) -> String {
+    let mut o = String::new();
+    let layout = match &s.layout {
+        format::Layout::Single => "single file".to_string(),
+        format::Layout::Loose => format!("{} loose shards, no index", s.files.len()),
+        format::Layout::Indexed { index } => format!(
+            "{} shards + {}",
+            s.files.len(),
+            index.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        ),
+    };
+    let _ = writeln!(o, "{}", s.path);
+    let _ = writeln!(o, "  format        {} ({layout})", s.format);
+    for f in &s.files {
+        let _ = writeln!(o, "  file          {}  {}", f.name, human(f.size));
+    }
+    let _ = writeln!(o, "  tensors       {}", s.tensor_count);
+    let _ = writeln!(o, "  parameters    {}", group_thousands(s.parameter_count));
+    let _ = writeln!(o, "  tensor bytes  {} ({} bytes)", human(s.total_bytes), s.total_bytes);
+    for (dtype, bytes) in &s.bytes_per_dtype {
+        let _ = writeln!(o, "    {dtype:<10}  {}", human(*bytes));
+    }
+    if let Some(t) = &s.largest_tensor {
+        let _ = writeln!(o, "  largest tensor {}  {}", t.name, human(t.bytes));
+    }
+    if let Some(f) = &s.largest_file {
+        let _ = writeln!(o, "  largest file  {}  {}", f.name, human(f.bytes));
+    }
+    if s.blocks.count > 0 {
+        let _ = writeln!(
+            o,
+            "  blocks        {} numbered, {} to {} each (largest {})",
+            s.blocks.count,
+            human(s.blocks.min_bytes),
+            human(s.blocks.max_bytes),
+            s.blocks.largest.as_deref().unwrap_or("-")
+        );
+    } else {
+        let _ = writeln!(o, "  blocks        none numbered");
+    }
+    if s.findings.is_empty() {
+        let _ = writeln!(o, "  findings      none");
+    } else {
+        let _ = writeln!(o, "  findings      {}", s.findings.len());
+        for f in &s.findings {
+            let _ = writeln!(o, "    - {f}");
+        }
+    }
+    o
+}
+
+fn render_tensors(lines: &[TensorLine]) -> String {
+    let mut o = String::new();
+    for t in lines {
+        let shape = t.shape.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+        let _ = writeln!(
+            o,
+            "{}  {}  [{}]  {}  {}@{}",
+            t.name,
+            t.dtype,
+            shape,
+            human(t.bytes),
+            t.file,
+            t.offset
+        );
+    }
+    o
+}
+
+fn group_thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}

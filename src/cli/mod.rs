@@ -1,0 +1,44 @@
+//! The command line: flag parsing (clap) and one file per subcommand. This is
+//! the only layer that prints.
+
+mod exit;
+mod inspect;
+mod printer;
+
+use clap::{Parser, Subcommand};
+
+pub use self::exit::ExitStatus;
+
+/// reshard: rewrite model checkpoints into small, layer-ordered safetensors
+/// shards that load within a memory budget, and prove that they do.
+#[derive(Debug, Parser)]
+#[command(name = "reshard", version, about, max_term_width = 100)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Report what a checkpoint holds and what is wrong with it.
+    Inspect(inspect::Args),
+}
+
+/// Parses the command line, runs the subcommand and reports errors.
+pub fn run() -> ExitStatus {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let status = if e.use_stderr() { ExitStatus::Error } else { ExitStatus::Ok };
+            let _ = e.print();
+            return status;
+        }
+    };
+    let result = match cli.command {
+        Command::Inspect(args) => inspect::run(args),
+    };
+    match result {
+        Ok(status) => status,
+        Err(err) => exit::report(&err),
+    }
+}

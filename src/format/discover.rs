@@ -1,0 +1,328 @@
+//! Finding the checkpoint behind a path: a weight file, a folder (single,
+//! indexed or loose shards), or a Hugging Face cache repo or snapshot.
+//!
+//! [`open`] is the one entry point every subcommand uses. It resolves the
+//! path, reads every header, cross-checks the index and gathers findings.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::index::{cross_check, read_index};
+use super::{
+    pytorch, safetensors, Checkpoint, Finding, Format, FormatError, Layout, SourceFile, Tensor,
+    LARGE_SHARD,
+};
+
+/// Files next to PyTorch weights that torch.save writes but that hold no
+/// weights (and, for training_args.bin, arbitrary pickled objects).
+const NOT_WEIGHTS: &[&str] = &[
+    "training_args.bin",
+    "optimizer.pt",
+    "optimizer.bin",
+    "scheduler.pt",
+    "scaler.pt",
+];
+
+/// Reads the checkpoint at `path`: a file, a folder or an HF cache folder.
+pub fn open(path: &Path) -> Result<Checkpoint, FormatError> {
+    let meta = std::fs::metadata(path).map_err(|e| io_error(path, e))?;
+    if meta.is_file() {
+        return open_file(path);
+    }
+    let dir = resolve_hf_cache(path)?;
+    let weights = WeightFiles::scan(&dir)?;
+    if let Some(index) = weights.safetensors_index {
+        return open_indexed(&dir, &index, Format::Safetensors);
+    }
+    if !weights.safetensors.is_empty() {
+        return open_files(&dir, &weights.safetensors, Format::Safetensors);
+    }
+    if let Some(index) = weights.pytorch_index {
+        return open_indexed(&dir, &index, Format::Pytorch);
+    }
+    if !weights.pytorch.is_empty() {
+        return open_files(&dir, &weights.pytorch, Format::Pytorch);
+    }
+    Err(FormatError::NoCheckpoint {
+        path: path.to_path_buf(),
+    })
+}
+
+/// True if `path` holds a checkpoint `open` would read (a quick look at names,
+/// no headers read). Used by `batch` discovery.
+pub fn looks_like_checkpoint(dir: &Path) -> bool {
+    WeightFiles::scan(dir).is_ok_and(|w| {
+        w.safetensors_index.is_some()
+            || !w.safetensors.is_empty()
+            || w.pytorch_index.is_some()
+            || !w.pytorch.is_empty()
+    })
+}
+
+/// An ELOOP from the OS becomes a clear symlink-loop error.
+fn io_error(path: &Path, e: std::io::Error) -> FormatError {
+    if e.raw_os_error() == Some(libc::ELOOP) {
+        FormatError::SymlinkLoop {
+            path: path.to_path_buf(),
+        }
+    } else {
+        FormatError::io(path, e)
+    }
+}
+
+fn open_file(path: &Path) -> Result<Checkpoint, FormatError> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let dir = path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let dir = if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir };
+    if name.ends_with(".index.json") {
+        let format = if name.contains(".safetensors.") { Format::Safetensors } else { Format::Pytorch };
+        return open_indexed(&dir, path, format);
+    }
+    let format = if name.ends_with(".safetensors") { Format::Safetensors } else { Format::Pytorch };
+    open_files(&dir, &[path.to_path_buf()], format)
+}
+
+/// An HF cache repo folder (`models--ORG--NAME`, holding `refs/` and
+/// `snapshots/`) resolves to the snapshot `refs/main` names; any other folder
+/// is returned as it is.
+pub fn resolve_hf_cache(dir: &Path) -> Result<PathBuf, FormatError> {
+    let snapshots = dir.join("snapshots");
+    if !snapshots.is_dir() {
+        return Ok(dir.to_path_buf());
+    }
+    let refs_main = dir.join("refs").join("main");
+    let revision = match std::fs::read_to_string(&refs_main) {
+        Ok(r) => r.trim().to_string(),
+        Err(_) => {
+            // No refs/main: accept a cache holding exactly one snapshot.
+            let mut revs = list_dir(&snapshots)?
+                .into_iter()
+                .filter(|p| p.is_dir())
+                .collect::<Vec<_>>();
+            if revs.len() != 1 {
+                return Err(FormatError::NoCheckpoint {
+                    path: dir.to_path_buf(),
+                });
+            }
+            return Ok(revs.remove(0));
+        }
+    };
+    if revision.is_empty() || revision.contains('/') || revision.contains("..") {
+        return Err(FormatError::MissingSnapshot {
+            path: refs_main,
+            revision,
+        });
+    }
+    let snapshot = snapshots.join(&revision);
+    if !snapshot.is_dir() {
+        return Err(FormatError::MissingSnapshot {
+            path: dir.to_path_buf(),
+            revision,
+        });
+    }
+    Ok(snapshot)
+}
+
+fn list_dir(dir: &Path) -> Result<Vec<PathBuf>, FormatError> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| io_error(dir, e))? {
+        let entry = entry.map_err(|e| io_error(dir, e))?;
+        out.push(entry.path());
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The weight files of a folder, by kind, sorted by name.
+#[derive(Default)]
+struct WeightFiles {
+    safetensors_index: Option<PathBuf>,
+    safetensors: Vec<PathBuf>,
+    pytorch_index: Option<PathBuf>,
+    pytorch: Vec<PathBuf>,
+}
+
+impl WeightFiles {
+    fn scan(dir: &Path) -> Result<WeightFiles, FormatError> {
+        let mut w = WeightFiles::default();
+        let mut st_indexes = Vec::new();
+        let mut pt_indexes = Vec::new();
+        for path in list_dir(dir)? {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if name.starts_with('.') {
+                continue;
+            }
+            // Follow symlinks (HF snapshots are links into blobs/); a loop is an error.
+            let meta = std::fs::metadata(&path).map_err(|e| io_error(&path, e))?;
+            if !meta.is_file() {
+                continue;
+            }
+            if name.ends_with(".safetensors.index.json") {
+                st_indexes.push(path);
+            } else if name.ends_with(".safetensors") {
+                w.safetensors.push(path);
+            } else if name.ends_with(".bin.index.json") || name.ends_with(".pt.index.json") {
+                pt_indexes.push(path);
+            } else if [".bin", ".pt", ".pth"].iter().any(|e| name.ends_with(e))
+                && !NOT_WEIGHTS.contains(&name.as_str())
+                && !name.starts_with("rng_state")
+            {
+                w.pytorch.push(path);
+            }
+        }
+        w.safetensors_index = pick_index(st_indexes, "model.safetensors.index.json");
+        w.pytorch_index = pick_index(pt_indexes, "pytorch_model.bin.index.json");
+        Ok(w)
+    }
+}
+
+/// With several indexes in one folder, prefer the transformers default name.
+fn pick_index(mut indexes: Vec<PathBuf>, preferred: &str) -> Option<PathBuf> {
+    if let Some(i) = indexes.iter().position(|p| p.file_name().is_some_and(|n| n == preferred)) {
+        return Some(indexes.swap_remove(i));
+    }
+    indexes.into_iter().next()
+}
+
+/// The shard prefix of a file name: `model-00001-of-00003.safetensors` and
+/// `model.safetensors` give `model`; `x.safetensors.index.json` gives `x`.
+pub fn prefix_of(file_name: &str) -> String {
+    let stem = file_name
+        .trim_end_matches(".index.json")
+        .trim_end_matches(".safetensors")
+        .trim_end_matches(".bin")
+        .trim_end_matches(".pth")
+        .trim_end_matches(".pt");
+    // Strip a "-NNNNN-of-NNNNN" shard suffix.
+    if let Some((head, tail)) = stem.rsplit_once("-of-") {
+        if let Some((base, num)) = head.rsplit_once('-') {
+            let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+            if digits(num) && digits(tail) {
+                return base.to_string();
+            }
+        }
+    }
+    stem.to_string()
+}
+
+fn open_indexed(dir: &Path, index_path: &Path, format: Format) -> Result<Checkpoint, FormatError> {
+    let index = read_index(index_path)?;
+    let mut paths = Vec::new();
+    let mut files = index.files();
+    files.sort();
+    for file in files {
+        let path = dir.join(&file);
+        if !path.is_file() {
+            let tensor = index
+                .weight_map
+                .iter()
+                .find(|(_, f)| *f == file)
+                .map(|(t, _)| t.clone())
+                .unwrap_or_default();
+            return Err(FormatError::IndexMissingFile {
+                path: index_path.to_path_buf(),
+                tensor,
+                file,
+            });
+        }
+        paths.push(path);
+    }
+    let mut checkpoint = open_files(dir, &paths, format)?;
+    let names: Vec<String> = checkpoint.files.iter().map(SourceFile::name).collect();
+    let findings = cross_check(index_path, &index, &checkpoint.tensors, &names)?;
+    checkpoint.findings.extend(findings);
+    checkpoint.layout = Layout::Indexed {
+        index: index_path.to_path_buf(),
+    };
+    let index_name = index_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    checkpoint.prefix = prefix_of(&index_name);
+    Ok(checkpoint)
+}
+
+/// Reads every file's header and merges them into one checkpoint.
+fn open_files(dir: &Path, paths: &[PathBuf], format: Format) -> Result<Checkpoint, FormatError> {
+    let mut files = Vec::with_capacity(paths.len());
+    let mut tensors: Vec<Tensor> = Vec::new();
+    let mut findings = Vec::new();
+    let mut metadata = BTreeMap::new();
+    let mut owner: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for (i, path) in paths.iter().enumerate() {
+        let file = SourceFile::stat(path).map_err(|e| match e {
+            FormatError::Io { path, source } => io_error(&path, source),
+            other => other,
+        })?;
+        let (file_tensors, file_meta, file_findings) = match format {
+            Format::Safetensors => {
+                let (t, header, f) = safetensors::read_file(&file, i)?;
+                (t, header.metadata.unwrap_or_default(), f)
+            }
+            Format::Pytorch => {
+                let (t, f) = pytorch::read_file(&file, i).map_err(|source| FormatError::Pytorch {
+                    path: path.clone(),
+                    source,
+                })?;
+                (t, BTreeMap::new(), f)
+            }
+        };
+        for (key, value) in file_meta {
+            match metadata.get(&key) {
+                None => {
+                    metadata.insert(key, value);
+                }
+                Some(kept) if *kept != value => findings.push(Finding::MetadataConflict {
+                    key,
+                    kept: kept.clone(),
+                    dropped: value,
+                    file: file.name(),
+                }),
+                Some(_) => {}
+            }
+        }
+        for t in &file_tensors {
+            if let Some(&first) = owner.get(&t.name) {
+                return Err(FormatError::TensorInTwoFiles {
+                    tensor: t.name.clone(),
+                    first: paths[first].clone(),
+                    second: path.clone(),
+                });
+            }
+            owner.insert(t.name.clone(), i);
+        }
+        if file.size > LARGE_SHARD {
+            findings.push(Finding::LargeShard {
+                file: file.name(),
+                size: file.size,
+            });
+        }
+        findings.extend(file_findings);
+        tensors.extend(file_tensors);
+        files.push(file);
+    }
+    let layout = if files.len() == 1 { Layout::Single } else { Layout::Loose };
+    let prefix = files.first().map_or_else(|| "model".into(), |f| prefix_of(&f.name()));
+    Ok(Checkpoint {
+        dir: dir.to_path_buf(),
+        format,
+        layout,
+        prefix,
+        files,
+        tensors,
+        metadata,
+        findings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes() {
+        assert_eq!(prefix_of("model-00001-of-00003.safetensors"), "model");
+        assert_eq!(prefix_of("model.safetensors"), "model");
+        assert_eq!(prefix_of("diffusion_pytorch_model.safetensors.index.json"), "diffusion_pytorch_model");
+        assert_eq!(prefix_of("pytorch_model-00002-of-00003.bin"), "pytorch_model");
+        assert_eq!(prefix_of("pytorch_model.bin.index.json"), "pytorch_model");
+        assert_eq!(prefix_of("my-model-v2.safetensors"), "my-model-v2");
+    }
+}

@@ -1,0 +1,287 @@
+//! Bounded reads of tensor bytes.
+//!
+//! Every read is a positioned read (`pread`) of a caller-sized buffer from a
+//! file opened read-only: nothing is mapped, nothing is read whole, and the
+//! caller's window decides how much memory is in flight. Files are checked
+//! against the size and mtime they had when the checkpoint was read, so a
+//! file that shrinks under us is an error, never zeros.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use super::{Checkpoint, DataRef, FormatError, Tensor};
+
+/// Open, read-only handles to every file of a checkpoint.
+#[derive(Debug, Clone)]
+pub struct SourceReader {
+    files: Vec<Arc<File>>,
+    paths: Vec<std::path::PathBuf>,
+}
+
+impl SourceReader {
+    /// Opens every weight file of `checkpoint` read-only and checks each is
+    /// still the file that was inspected.
+    pub fn open(checkpoint: &Checkpoint) -> Result<SourceReader, FormatError> {
+        checkpoint.check_unchanged()?;
+        let mut files = Vec::with_capacity(checkpoint.files.len());
+        for f in &checkpoint.files {
+            let file = File::open(&f.path).map_err(|e| FormatError::io(&f.path, e))?;
+            files.push(Arc::new(file));
+        }
+        Ok(SourceReader {
+            files,
+            paths: checkpoint.files.iter().map(|f| f.path.clone()).collect(),
+        })
+    }
+
+    /// A sequential reader over a tensor's contiguous little-endian bytes,
+    /// whatever its layout on disk. Reads exactly `tensor.len` bytes.
+    pub fn tensor_bytes(&self, tensor: &Tensor) -> TensorBytes {
+        let file = Arc::clone(&self.files[tensor.file]);
+        let inner = match &tensor.data {
+            DataRef::Contiguous { offset } => Inner::Range(RangeReader {
+                file,
+                pos: *offset,
+                end: offset.saturating_add(tensor.len),
+            }),
+            DataRef::Strided {
+                storage,
+                storage_len,
+                elem_offset,
+                strides,
+            } => Inner::Strided(StridedReader::new(
+                file,
+                tensor,
+                *storage,
+                *storage_len,
+                *elem_offset,
+                strides.clone(),
+            )),
+            DataRef::Deflated {
+                entry,
+                compressed_len,
+                skip,
+                ..
+            } => {
+                let range = RangeReader {
+                    file,
+                    pos: *entry,
+                    end: entry.saturating_add(*compressed_len),
+                };
+                Inner::Deflated {
+                    decoder: Box::new(flate2::read::DeflateDecoder::new(range)),
+                    skip: *skip,
+                }
+            }
+        };
+        TensorBytes {
+            inner,
+            remaining: tensor.len,
+        }
+    }
+
+    /// Reads `buf.len()` bytes of a tensor's stream into `buf`, naming the file
+    /// and tensor when the bytes are not there.
+    pub fn read_chunk(
+        &self,
+        tensor: &Tensor,
+        stream: &mut TensorBytes,
+        buf: &mut [u8],
+    ) -> Result<(), FormatError> {
+        stream.read_exact(buf).map_err(|e| {
+            let path = self.paths[tensor.file].clone();
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                FormatError::BadData {
+                    path,
+                    tensor: tensor.name.clone(),
+                    reason: "data ends early; the file was truncated or changed".into(),
+                }
+            } else if e.kind() == io::ErrorKind::InvalidData {
+                FormatError::BadData {
+                    path,
+                    tensor: tensor.name.clone(),
+                    reason: e.to_string(),
+                }
+            } else {
+                FormatError::Io { path, source: e }
+            }
+        })
+    }
+}
+
+/// A tensor's bytes as a stream. Reading past the tensor's length returns EOF.
+pub struct TensorBytes {
+    inner: Inner,
+    remaining: u64,
+}
+
+enum Inner {
+    Range(RangeReader),
+    Strided(StridedReader),
+    Deflated {
+        decoder: Box<flate2::read::DeflateDecoder<RangeReader>>,
+        skip: u64,
+    },
+}
+
+impl Read for TensorBytes {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let want = buf.len().min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
+        if want == 0 {
+            return Ok(0);
+        }
+        let buf = &mut buf[..want];
+        let n = match &mut self.inner {
+            Inner::Range(r) => r.read(buf)?,
+            Inner::Strided(s) => s.read(buf)?,
+            Inner::Deflated { decoder, skip } => {
+                if *skip > 0 {
+                    let skipped = io::copy(&mut decoder.by_ref().take(*skip), &mut io::sink())?;
+                    if skipped < *skip {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
+                    *skip = 0;
+                }
+                decoder.read(buf)?
+            }
+        };
+        self.remaining -= n as u64;
+        Ok(n)
+    }
+}
+
+/// Positioned reads of `[pos, end)` of a shared file handle.
+struct RangeReader {
+    file: Arc<File>,
+    pos: u64,
+    end: u64,
+}
+
+impl Read for RangeReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = usize::try_from(self.end - self.pos).unwrap_or(usize::MAX);
+        let want = buf.len().min(left);
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = self.file.read_at(&mut buf[..want], self.pos)?;
+        if n == 0 {
+            // The file is shorter than its header said: never pad with zeros.
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+/// Gathers a strided PyTorch view into row-major order, one innermost run
+/// (or one element) per positioned read.
+struct StridedReader {
+    file: Arc<File>,
+    storage: u64,
+    storage_len: u64,
+    elem_size: u64,
+    shape: Vec<u64>,
+    strides: Vec<u64>,
+    elem_offset: u64,
+    /// Row-major index of the next element to produce.
+    index: Vec<u64>,
+    /// Bytes of the current run already produced.
+    run_done: u64,
+    done: bool,
+}
+
+impl StridedReader {
+    fn new(
+        file: Arc<File>,
+        tensor: &Tensor,
+        storage: u64,
+        storage_len: u64,
+        elem_offset: u64,
+        strides: Vec<u64>,
+    ) -> StridedReader {
+        StridedReader {
+            file,
+            storage,
+            storage_len,
+            elem_size: (tensor.dtype.bits() / 8).max(1),
+            index: vec![0; tensor.shape.len()],
+            done: tensor.shape.contains(&0),
+            shape: tensor.shape.clone(),
+            strides,
+            elem_offset,
+            run_done: 0,
+        }
+    }
+
+    /// Length in elements of the contiguous run starting at the current index.
+    fn run_elems(&self) -> u64 {
+        match (self.shape.last(), self.strides.last()) {
+            (Some(&n), Some(&1)) => n - self.index[self.index.len() - 1],
+            _ => 1,
+        }
+    }
+
+    fn advance(&mut self, elems: u64) {
+        let Some(last) = self.index.len().checked_sub(1) else {
+            self.done = true; // a scalar has one element
+            return;
+        };
+        self.index[last] += elems;
+        let mut d = last;
+        while self.index[d] >= self.shape[d] {
+            self.index[d] = 0;
+            if d == 0 {
+                self.done = true;
+                return;
+            }
+            d -= 1;
+            self.index[d] += 1;
+        }
+    }
+
+    fn element_byte_offset(&self) -> Option<u64> {
+        let elem = self
+            .index
+            .iter()
+            .zip(&self.strides)
+            .try_fold(self.elem_offset, |acc, (&i, &s)| acc.checked_add(i.checked_mul(s)?))?;
+        elem.checked_mul(self.elem_size)
+    }
+}
+
+impl Read for StridedReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.done || buf.is_empty() {
+            return Ok(0);
+        }
+        let run_bytes = self.run_elems() * self.elem_size;
+        let start = self
+            .element_byte_offset()
+            .and_then(|o| o.checked_add(self.run_done))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "view offset overflows"))?;
+        let left_in_run = run_bytes - self.run_done;
+        let want = (buf.len() as u64).min(left_in_run);
+        if start.checked_add(want).is_none_or(|e| e > self.storage_len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "strided view reaches past the end of its storage",
+            ));
+        }
+        let n = self
+            .file
+            .read_at(&mut buf[..want as usize], self.storage + start)?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        self.run_done += n as u64;
+        if self.run_done == run_bytes {
+            self.run_done = 0;
+            let elems = self.run_elems();
+            self.advance(elems);
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,23 @@
+//! reshard: make downloaded model checkpoints load on real machines.
+//!
+//! The library is the pipeline; the `reshard` binary is a thin CLI over it.
+//!
+//! ```text
+//! format (read)  ->  plan (order, pack, fit)  ->  exec (windows, cast, hash)
+//!                ->  write (atomic shards, index, manifest)  ->  validate
+//! ```
+//!
+//! Each stage takes plain data and returns plain data; nothing here prints.
+//!
+//! ```no_run
+//! let ck = reshard::format::open(std::path::Path::new("examples/tiny-llama"))?;
+//! println!("{} tensors, {} bytes", ck.tensors.len(), ck.total_bytes());
+//! # Ok::<(), reshard::format::FormatError>(())
+//! ```
+
+#![deny(unsafe_code)]
+
+pub mod format;
+pub mod inspect;
+pub mod plan;
+pub mod units;
