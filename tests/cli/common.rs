@@ -1,0 +1,153 @@
+//! Helpers shared by the integration tests.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+/// The `reshard` binary built for this test run.
+pub fn reshard() -> assert_cmd::Command {
+    assert_cmd::Command::cargo_bin("reshard").unwrap()
+}
+
+/// The path of a fixture in tests/fixtures.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+/// Copies a fixture folder into `dir` and returns the copy's path.
+pub fn copy_fixture(name: &str, dir: &Path) -> PathBuf {
+    let dst = dir.join(name);
+    copy_dir(&fixture(name), &dst);
+    dst
+}
+
+pub fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        let to = dst.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &to);
+        } else {
+            std::fs::copy(entry.path(), &to).unwrap();
+        }
+    }
+}
+
+/// One tensor of a fixture's expected.json.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct ExpectedTensor {
+    pub dtype: String,
+    pub shape: Vec<u64>,
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Expected {
+    pub tensors: BTreeMap<String, ExpectedTensor>,
+    #[serde(default)]
+    pub shared_storage: serde_json::Value,
+}
+
+pub fn expected(name: &str) -> Expected {
+    let text = std::fs::read_to_string(fixture(name).join("expected.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// torch's dtype name for a safetensors dtype name.
+pub fn torch_name(dtype: &str) -> &'static str {
+    match dtype {
+        "BF16" => "bfloat16",
+        "F16" => "float16",
+        "F32" => "float32",
+        "F64" => "float64",
+        "I64" => "int64",
+        "I32" => "int32",
+        "I16" => "int16",
+        "I8" => "int8",
+        "U8" => "uint8",
+        "BOOL" => "bool",
+        "F8_E4M3" => "float8_e4m3fn",
+        "F8_E5M2" => "float8_e5m2",
+        other => panic!("no torch name for {other}"),
+    }
+}
+
+/// Reads every tensor of the checkpoint at `path` through the library and
+/// returns name -> (safetensors dtype, shape, sha256 of its bytes).
+pub fn read_all(path: &Path) -> BTreeMap<String, (String, Vec<u64>, String)> {
+    let ck = reshard::format::open(path).unwrap();
+    let reader = reshard::format::read::SourceReader::open(&ck).unwrap();
+    let mut out = BTreeMap::new();
+    for t in &ck.tensors {
+        let mut stream = reader.tensor_bytes(t);
+        let mut bytes = Vec::new();
+        stream.read_to_end(&mut bytes).unwrap();
+        assert_eq!(bytes.len() as u64, t.len, "{}", t.name);
+        let sha = hex(&Sha256::digest(&bytes));
+        out.insert(t.name.clone(), (t.dtype.name().to_string(), t.shape.clone(), sha));
+    }
+    out
+}
+
+/// Asserts that the checkpoint at `path` holds exactly the fixture's tensors.
+pub fn assert_matches_expected(path: &Path, fixture_name: &str) {
+    let expected = expected(fixture_name);
+    let got = read_all(path);
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        expected.tensors.keys().collect::<Vec<_>>(),
+        "tensor names of {}",
+        path.display()
+    );
+    for (name, e) in &expected.tensors {
+        let (dtype, shape, sha) = &got[name];
+        assert_eq!(torch_name(dtype), e.dtype, "dtype of {name}");
+        assert_eq!(shape, &e.shape, "shape of {name}");
+        assert_eq!(sha, &e.sha256, "bytes of {name}");
+    }
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A Python interpreter with the `safetensors` and `numpy` packages, if one
+/// is set up (`.ci/run` makes `.venv`). Under CI its absence is a failure.
+pub fn python() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("RESHARD_TEST_PYTHON").map(PathBuf::from),
+        Some(Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python")),
+    ];
+    for p in candidates.into_iter().flatten() {
+        let ok = std::process::Command::new(&p)
+            .args(["-c", "import safetensors, numpy"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return Some(p);
+        }
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI is set but no Python with safetensors+numpy was found (.venv/bin/python)"
+    );
+    eprintln!("skipped: no Python with safetensors and numpy (run .ci/run to make .venv)");
+    None
+}
+
+/// Writes a safetensors file from a header JSON value and a data section.
+pub fn write_safetensors(path: &Path, header: &serde_json::Value, data: &[u8]) {
+    let mut json = serde_json::to_vec(header).unwrap();
+    while json.len() % 8 != 0 {
+        json.push(b' ');
+    }
+    let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&json);
+    bytes.extend_from_slice(data);
+    std::fs::write(path, bytes).unwrap();
+}

@@ -1,0 +1,9 @@
+//! Integration tests: the real `reshard` binary on fixtures copied into temp
+//! folders, and the library's readers against the fixtures' expected.json.
+//!
+//! Fixtures in tests/fixtures were written by transformers, torch and
+//! huggingface_hub (see tests/fixtures/SOURCES.md), not by reshard.
+
+mod common;
+mod inspect;
+mod readers;
