@@ -21,3 +21,7 @@ pub mod format;
 pub mod inspect;
 pub mod plan;
 pub mod units;
+pub mod cast;
+pub mod exec;
+pub mod write;
+pub mod convert;

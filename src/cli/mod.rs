@@ -1,9 +1,11 @@
 //! The command line: flag parsing (clap) and one file per subcommand. This is
 //! the only layer that prints.
 
+mod convert;
 mod exit;
 mod inspect;
 mod printer;
+mod progress;
 
 use clap::{Parser, Subcommand};
 
@@ -22,6 +24,8 @@ pub struct Cli {
 enum Command {
     /// Report what a checkpoint holds and what is wrong with it.
     Inspect(inspect::Args),
+    /// Rewrite a checkpoint into small, layer-ordered shards.
+    Convert(convert::Args),
 }
 
 /// Parses the command line, runs the subcommand and reports errors.
@@ -36,6 +40,7 @@ pub fn run() -> ExitStatus {
     };
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(args),
+        Command::Convert(args) => convert::run(args),
     };
     match result {
         Ok(status) => status,

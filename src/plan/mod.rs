@@ -1,6 +1,293 @@
 //! Planning: the order tensors are written in ([`order`]), how they are
 //! packed into shards ([`pack`]), and what a load of the result will cost
-//! ([`fit`]). A plan is plain serde data: `convert --dry-run` prints it and
-//! `convert` executes it.
+//! ([`fit`]). A [`Plan`] is plain serde data: `convert --dry-run` prints it
+//! and `convert` executes it. Building a plan reads nothing but headers.
 
 pub mod order;
+pub mod pack;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cast::{self, CastError, OverflowPolicy};
+use crate::format::{Checkpoint, Dtype, Format};
+
+use self::order::{block_of, sort_indices, Order};
+use self::pack::{pack, Item};
+
+/// The options that decide what `convert` writes. Two runs with equal
+/// options on an unchanged source write identical bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanOptions {
+    /// Largest data section of a shard, in bytes (a single larger tensor
+    /// still gets a shard of its own).
+    pub max_shard_size: u64,
+    pub order: Order,
+    /// Cast floating-point tensors to this dtype.
+    pub dtype: Option<Dtype>,
+    /// Globs on tensor names that keep their dtype.
+    pub keep_dtype: Vec<String>,
+    pub on_overflow: OverflowPolicy,
+    /// Drop later names of tensors that are exact views of the same bytes.
+    pub dedupe_tied: bool,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            max_shard_size: 1 << 30,
+            order: Order::Forward,
+            dtype: None,
+            keep_dtype: Vec::new(),
+            on_overflow: OverflowPolicy::Error,
+            dedupe_tied: false,
+        }
+    }
+}
+
+/// Why a plan cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("--max-shard-size must be at least 1 byte")]
+    ZeroShardSize,
+    #[error("invalid --keep-dtype glob {glob:?}")]
+    BadGlob {
+        glob: String,
+        #[source]
+        source: globset::Error,
+    },
+    #[error(transparent)]
+    Cast(#[from] CastError),
+    #[error("tensor {tensor:?}: its {bytes}-byte header entry makes the shard header larger than safetensors allows")]
+    HeaderTooLarge { tensor: String, bytes: u64 },
+}
+
+/// One tensor as it will be written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedTensor {
+    pub name: String,
+    /// Index into the source checkpoint's `tensors`.
+    pub source: usize,
+    pub source_dtype: Dtype,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    /// Output byte length.
+    pub len: u64,
+    /// Offset in the shard's data section.
+    pub offset: u64,
+}
+
+/// One output shard: its file name and its tensors in file (offset) order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardPlan {
+    pub file: String,
+    pub tensors: Vec<PlannedTensor>,
+    pub data_len: u64,
+    pub first_block: Option<String>,
+    pub last_block: Option<String>,
+}
+
+/// A tensor larger than the shard limit. It sets the floor of every
+/// loader's peak, so the user hears about it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Oversized {
+    pub tensor: String,
+    pub bytes: u64,
+    pub file: String,
+}
+
+/// Bytes before and after for one cast pair.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CastPair {
+    pub from: Dtype,
+    pub to: Dtype,
+    pub tensors: usize,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+}
+
+/// A tied name left out under `dedupe_tied`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dropped {
+    pub tensor: String,
+    pub same_as: String,
+}
+
+/// Everything `convert` will write, decided before a byte is read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    pub options: PlanOptions,
+    pub prefix: String,
+    pub shards: Vec<ShardPlan>,
+    /// `None` when everything fits in one shard (`<prefix>.safetensors`).
+    pub index_file: Option<String>,
+    /// Tensor names in layer order, as the index's weight_map lists them.
+    pub layer_order: Vec<String>,
+    pub total_size: u64,
+    pub oversized: Vec<Oversized>,
+    pub casts: Vec<CastPair>,
+    pub dropped: Vec<Dropped>,
+    /// `__metadata__` of every output shard (always with `format: pt`).
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl Plan {
+    /// Plans the conversion of `ck` under `options`.
+    pub fn build(ck: &Checkpoint, options: &PlanOptions) -> Result<Plan, PlanError> {
+        if options.max_shard_size == 0 {
+            return Err(PlanError::ZeroShardSize);
+        }
+        let keep = keep_globs(&options.keep_dtype)?;
+        let (kept, dropped) = dedupe(ck, options.dedupe_tied);
+        let names: Vec<&str> = kept.iter().map(|&i| ck.tensors[i].name.as_str()).collect();
+        let ordered: Vec<usize> = sort_indices(&names, options.order).into_iter().map(|i| kept[i]).collect();
+
+        let mut planned = Vec::with_capacity(ordered.len());
+        let mut casts: BTreeMap<(Dtype, Dtype), CastPair> = BTreeMap::new();
+        for &i in &ordered {
+            let t = &ck.tensors[i];
+            let target = match options.dtype {
+                Some(to) if !keep.is_match(&t.name) => cast::target_for(t.dtype, to)?,
+                _ => None,
+            };
+            let dtype = target.unwrap_or(t.dtype);
+            // Element counts were checked when the header was read, and a
+            // cast never goes past 64-bit elements.
+            let len = dtype.byte_len(t.numel()).unwrap_or(u64::MAX);
+            if target.is_some() {
+                let pair = casts.entry((t.dtype, dtype)).or_insert(CastPair {
+                    from: t.dtype,
+                    to: dtype,
+                    tensors: 0,
+                    bytes_before: 0,
+                    bytes_after: 0,
+                });
+                pair.tensors += 1;
+                pair.bytes_before += t.len;
+                pair.bytes_after += len;
+            }
+            planned.push(PlannedTensor {
+                name: t.name.clone(),
+                source: i,
+                source_dtype: t.dtype,
+                dtype,
+                shape: t.shape.clone(),
+                len,
+                offset: 0,
+            });
+        }
+
+        let items: Vec<Item<order::Block>> = planned
+            .iter()
+            .map(|t| Item { bytes: t.len, block: block_of(&t.name) })
+            .collect();
+        let ranges = pack(&items, options.max_shard_size);
+        let prefix = output_prefix(ck);
+        let count = ranges.len();
+        let mut shards = Vec::with_capacity(count);
+        let mut oversized = Vec::new();
+        for (n, range) in ranges.into_iter().enumerate() {
+            let file = shard_name(&prefix, n, count);
+            let tensors = planned[range].to_vec();
+            if tensors.len() == 1 && tensors[0].len > options.max_shard_size {
+                oversized.push(Oversized { tensor: tensors[0].name.clone(), bytes: tensors[0].len, file: file.clone() });
+            }
+            shards.push(layout_shard(file, tensors));
+        }
+        let mut metadata = ck.metadata.clone();
+        metadata.insert("format".into(), "pt".into());
+        Ok(Plan {
+            options: options.clone(),
+            index_file: (count > 1).then(|| format!("{prefix}.safetensors.index.json")),
+            prefix,
+            layer_order: planned.iter().map(|t| t.name.clone()).collect(),
+            total_size: planned.iter().map(|t| t.len).sum(),
+            shards,
+            oversized,
+            casts: casts.into_values().collect(),
+            dropped,
+            metadata,
+        })
+    }
+
+    /// Every planned tensor, shard by shard.
+    pub fn tensors(&self) -> impl Iterator<Item = &PlannedTensor> {
+        self.shards.iter().flat_map(|s| s.tensors.iter())
+    }
+
+    /// The largest single tensor written, in bytes.
+    pub fn largest_tensor(&self) -> u64 {
+        self.tensors().map(|t| t.len).max().unwrap_or(0)
+    }
+}
+
+fn keep_globs(globs: &[String]) -> Result<globset::GlobSet, PlanError> {
+    let mut set = globset::GlobSetBuilder::new();
+    for g in globs {
+        let glob = globset::GlobBuilder::new(g)
+            .literal_separator(false)
+            .build()
+            .map_err(|source| PlanError::BadGlob { glob: g.clone(), source })?;
+        set.add(glob);
+    }
+    set.build().map_err(|source| PlanError::BadGlob { glob: globs.join(" "), source })
+}
+
+/// Source tensor indices to write, and the tied names left out. Only exact
+/// duplicates (same bytes, dtype and shape) are dropped, and only when asked.
+fn dedupe(ck: &Checkpoint, dedupe_tied: bool) -> (Vec<usize>, Vec<Dropped>) {
+    if !dedupe_tied {
+        return ((0..ck.tensors.len()).collect(), Vec::new());
+    }
+    let mut first: BTreeMap<(usize, String, Dtype, Vec<u64>), usize> = BTreeMap::new();
+    let mut kept = Vec::new();
+    let mut dropped = Vec::new();
+    for (i, t) in ck.tensors.iter().enumerate() {
+        let location = serde_json::to_string(&t.data).unwrap_or_default();
+        let key = (t.file, location, t.dtype, t.shape.clone());
+        match first.get(&key) {
+            Some(&k) => {
+                dropped.push(Dropped { tensor: t.name.clone(), same_as: ck.tensors[k].name.clone() });
+            }
+            _ => {
+                first.insert(key, i);
+                kept.push(i);
+            }
+        }
+    }
+    (kept, dropped)
+}
+
+/// The output prefix: the source's, except PyTorch's `pytorch_model`, which
+/// Hugging Face names `model` once it is safetensors.
+fn output_prefix(ck: &Checkpoint) -> String {
+    match (ck.format, ck.prefix.as_str()) {
+        (Format::Pytorch, "pytorch_model") => "model".into(),
+        (_, "") => "model".into(),
+        (_, p) => p.to_string(),
+    }
+}
+
+/// `<prefix>.safetensors` alone, else `<prefix>-00001-of-0000N.safetensors`.
+pub fn shard_name(prefix: &str, n: usize, count: usize) -> String {
+    if count <= 1 {
+        format!("{prefix}.safetensors")
+    } else {
+        format!("{prefix}-{:05}-of-{count:05}.safetensors", n + 1)
+    }
+}
+
+/// Lays tensors out in a shard: layer order, stably regrouped by descending
+/// alignment so every offset is a multiple of its element size, no holes.
+fn layout_shard(file: String, mut tensors: Vec<PlannedTensor>) -> ShardPlan {
+    let first_block = tensors.iter().find_map(|t| block_of(&t.name)).map(|b| b.name());
+    let last_block = tensors.iter().rev().find_map(|t| block_of(&t.name)).map(|b| b.name());
+    tensors.sort_by_key(|t| std::cmp::Reverse(t.dtype.alignment()));
+    let mut offset = 0u64;
+    for t in &mut tensors {
+        t.offset = offset;
+        offset = offset.saturating_add(t.len);
+    }
+    ShardPlan { file, tensors, data_len: offset, first_block, last_block }
+}

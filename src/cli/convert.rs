@@ -1,0 +1,202 @@
+//! `reshard convert`: rewrite a checkpoint into small, layer-ordered shards.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+
+use anyhow::Context;
+
+use reshard::cast::OverflowPolicy;
+use reshard::convert::{convert, ConvertOptions, ConvertSummary};
+use reshard::format::{self, Dtype};
+use reshard::plan::{Plan, PlanOptions};
+use reshard::units::{human, ByteSize};
+
+use super::inspect::OrderArg;
+use super::progress::Bar;
+use super::{printer, ExitStatus};
+
+/// Set by the Ctrl-C handler; the executor stops between chunks.
+pub static CANCEL: AtomicBool = AtomicBool::new(false);
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The checkpoint to read (file, folder or Hugging Face cache folder).
+    src: PathBuf,
+    /// The folder to write (created if missing; never the source folder).
+    dst: PathBuf,
+    #[command(flatten)]
+    pub options: ConvertArgs,
+    /// Print the plan and write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print a JSON summary (or, with --dry-run, the plan) on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Print only errors.
+    #[arg(short, long)]
+    quiet: bool,
+    /// Also list every shard written.
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+/// The options `convert` and `batch` share.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConvertArgs {
+    /// Largest shard (tensor bytes). IEC units (KiB, MiB, GiB) are powers of
+    /// 1024; SI units (KB, MB, GB) are powers of 1000, as Hugging Face uses.
+    #[arg(long, default_value = "1GiB", value_name = "SIZE")]
+    pub max_shard_size: ByteSize,
+    /// Memory for buffers in flight, for the whole process.
+    #[arg(long, default_value = "256MiB", value_name = "SIZE")]
+    pub window: ByteSize,
+    /// Tensor order in the output.
+    #[arg(long, value_enum, default_value = "forward")]
+    pub order: OrderArg,
+    /// Worker threads (default: all cores).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Replace a DST that holds another conversion or other files.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Hide the progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+    /// Cast floating-point tensors to this dtype (bf16, f16, f32, f64).
+    #[arg(long, value_name = "DTYPE")]
+    pub dtype: Option<Dtype>,
+    /// Keep tensors whose names match this glob in their dtype (repeatable).
+    #[arg(long, value_name = "GLOB")]
+    pub keep_dtype: Vec<String>,
+    /// What to do with values too large for --dtype.
+    #[arg(long, value_enum, default_value = "error")]
+    pub on_overflow: OverflowArg,
+    /// Write only the first name of tensors that share one storage.
+    #[arg(long)]
+    pub dedupe_tied: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum OverflowArg {
+    /// Fail, naming the tensor and the count.
+    Error,
+    /// Clamp to the largest finite value of the target.
+    Saturate,
+    /// Become +-inf, as torch does.
+    Inf,
+}
+
+impl ConvertArgs {
+    pub fn to_options(&self) -> ConvertOptions {
+        ConvertOptions {
+            plan: PlanOptions {
+                max_shard_size: self.max_shard_size.bytes(),
+                order: self.order.into(),
+                dtype: self.dtype,
+                keep_dtype: self.keep_dtype.clone(),
+                on_overflow: match self.on_overflow {
+                    OverflowArg::Error => OverflowPolicy::Error,
+                    OverflowArg::Saturate => OverflowPolicy::Saturate,
+                    OverflowArg::Inf => OverflowPolicy::Inf,
+                },
+                dedupe_tied: self.dedupe_tied,
+            },
+            window: self.window.bytes(),
+            threads: self.threads.unwrap_or_else(|| ConvertOptions::default().threads),
+            overwrite: self.overwrite,
+            copy_other_files: true,
+        }
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
+    let ck = format::open(&args.src).with_context(|| format!("cannot convert {}", args.src.display()))?;
+    let mut options = args.options.to_options();
+    options.copy_other_files = args.src.is_dir();
+    if args.dry_run {
+        let plan = Plan::build(&ck, &options.plan).with_context(|| format!("cannot plan {}", args.src.display()))?;
+        if args.json {
+            printer::json(&plan)?;
+        } else {
+            printer::text(&render_plan(&plan, options.window))?;
+        }
+        return Ok(ExitStatus::Ok);
+    }
+    let _ = ctrlc::set_handler(|| CANCEL.store(true, std::sync::atomic::Ordering::SeqCst));
+    let bar = Bar::new(!(args.quiet || args.options.no_progress || args.json));
+    let summary = convert(&ck, &args.dst, &options, &bar, &CANCEL)
+        .with_context(|| format!("cannot convert {} into {}", args.src.display(), args.dst.display()))?;
+    if args.json {
+        printer::json(&summary)?;
+    } else if !args.quiet {
+        printer::text(&render_summary(&summary, args.verbose))?;
+    }
+    Ok(ExitStatus::Ok)
+}
+
+pub fn render_plan(plan: &Plan, window: u64) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "plan: {} shards, {} of tensors, {} tensors", plan.shards.len(), human(plan.total_size), plan.layer_order.len());
+    for s in &plan.shards {
+        let blocks = match (&s.first_block, &s.last_block) {
+            (Some(a), Some(b)) if a == b => a.clone(),
+            (Some(a), Some(b)) => format!("{a} .. {b}"),
+            _ => "-".into(),
+        };
+        let _ = writeln!(o, "  {}  {:>10}  {:>4} tensors  {blocks}", s.file, human(s.data_len), s.tensors.len());
+    }
+    if let Some(index) = &plan.index_file {
+        let _ = writeln!(o, "  {index}");
+    }
+    for c in &plan.casts {
+        let _ = writeln!(o, "cast {} -> {}: {} tensors, {} -> {}", c.from, c.to, c.tensors, human(c.bytes_before), human(c.bytes_after));
+    }
+    for t in &plan.oversized {
+        let _ = writeln!(o, "oversized: {} is {}, larger than --max-shard-size; it gets {} alone and sets the floor of every loader's peak", t.tensor, human(t.bytes), t.file);
+    }
+    for d in &plan.dropped {
+        let _ = writeln!(o, "dropped tied name {} (same bytes as {})", d.tensor, d.same_as);
+    }
+    let _ = writeln!(o, "peak memory: at most {} of buffers (--window) plus a small fixed overhead", human(window));
+    o
+}
+
+fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
+    let mut o = String::new();
+    if s.up_to_date {
+        let _ = writeln!(o, "{} is up to date ({} shards); nothing written", s.dst, s.shards);
+        return o;
+    }
+    let rate = s.bytes_read as f64 / s.seconds.max(1e-9) / 1e9;
+    let _ = writeln!(
+        o,
+        "wrote {} shards ({}) to {} in {:.2} s ({rate:.2} GB/s), buffers peaked at {} of a {} window",
+        s.shards,
+        human(s.bytes_written),
+        s.dst,
+        s.seconds,
+        human(s.peak_buffer_bytes),
+        human(s.window)
+    );
+    if s.resumed_shards > 0 {
+        let _ = writeln!(o, "resumed: kept {} shards an earlier run had finished", s.resumed_shards);
+    }
+    for sh in &s.manifest.shards {
+        if verbose {
+            let _ = writeln!(o, "  {}  {}  sha256 {}", sh.file, human(sh.size), sh.sha256);
+        }
+        for t in &sh.tensors {
+            if let Some(c) = &t.cast {
+                let st = &c.stats;
+                if st.overflow + st.underflow + st.nan > 0 {
+                    let _ = writeln!(o, "  {}: {} -> {}: {} overflowed, {} underflowed to zero, {} NaN", t.name, c.from, c.to, st.overflow, st.underflow, st.nan);
+                }
+            }
+        }
+    }
+    for t in &s.manifest.oversized {
+        let _ = writeln!(o, "note: {} ({}) is larger than --max-shard-size and sits alone in {}", t.tensor, human(t.bytes), t.file);
+    }
+    o
+}

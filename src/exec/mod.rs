@@ -1,0 +1,187 @@
+//! Execution: stream every planned tensor from the source into its shard
+//! through buffers from one [`WindowPool`], casting and hashing on the way.
+//!
+//! Shards are written in parallel (rayon, `--threads`), each by one worker
+//! holding one buffer for the whole shard, so memory in flight is at most the
+//! window. Large tensors stream through in chunks. The executor writes shards
+//! only; the index and manifest are the caller's commit step.
+
+pub mod reporter;
+pub mod window;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::Path;
+
+use rayon::prelude::*;
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::cast::{self, CastError, OverflowPolicy};
+use crate::format::read::SourceReader;
+use crate::format::{Checkpoint, FormatError};
+use crate::plan::{Plan, ShardPlan};
+use crate::write::manifest::{CastRecord, ShardRecord, TensorRecord};
+use crate::write::shard::{header_bytes, ShardWriter};
+use crate::write::WriteError;
+
+pub use self::reporter::{NoReport, Reporter};
+pub use self::window::{WindowPool, WindowTooSmall};
+
+/// Largest chunk a worker reads at once: past a few MiB, bigger reads do not
+/// go faster, they only hold more memory.
+pub const MAX_CHUNK: u64 = 16 << 20;
+
+/// Why execution stopped. Every variant names the file and, where known, the
+/// tensor.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error(transparent)]
+    Read(#[from] FormatError),
+    #[error(transparent)]
+    Write(#[from] WriteError),
+    #[error(transparent)]
+    Cast(#[from] CastError),
+    #[error(transparent)]
+    Window(#[from] WindowTooSmall),
+    #[error("interrupted; finished shards are kept and a rerun resumes")]
+    Interrupted,
+}
+
+/// How to run a plan.
+pub struct ExecOptions<'a> {
+    pub threads: usize,
+    pub cancel: &'a AtomicBool,
+}
+
+/// Writes the shards of `plan` that `skip` does not rule out into `dst`,
+/// calling `on_shard` (from any worker) as each one is committed.
+pub fn execute(
+    ck: &Checkpoint,
+    plan: &Plan,
+    dst: &Path,
+    pool: &WindowPool,
+    options: &ExecOptions<'_>,
+    skip: &dyn Fn(&ShardPlan) -> bool,
+    on_shard: &(dyn Fn(&ShardRecord) -> Result<(), WriteError> + Sync),
+    reporter: &dyn Reporter,
+) -> Result<Vec<ShardRecord>, ExecError> {
+    let reader = SourceReader::open(ck)?;
+    let todo: Vec<&ShardPlan> = plan.shards.iter().filter(|s| !skip(s)).collect();
+    let workers = options.threads.clamp(1, todo.len().max(1));
+    let buffer = buffer_len(pool.budget(), workers as u64, plan);
+    let run = || {
+        todo.par_iter()
+            .map(|shard| {
+                let buf = pool.acquire(buffer.min(shard_need(ck, shard)))?;
+                let record = write_shard(&reader, ck, plan, shard, dst, buf, options, reporter)?;
+                on_shard(&record)?;
+                Ok(record)
+            })
+            .collect::<Result<Vec<_>, ExecError>>()
+    };
+    let threads = rayon::ThreadPoolBuilder::new().num_threads(workers).build();
+    match threads {
+        Ok(tp) => tp.install(run),
+        Err(_) => run(),
+    }
+}
+
+/// Each worker's buffer: an equal share of the window, at most MAX_CHUNK of
+/// input plus its cast output, and never less than one element's worth.
+fn buffer_len(budget: u64, workers: u64, plan: &Plan) -> usize {
+    let share = budget / workers;
+    // Output can be up to 8x input (F8 -> F64); size the input chunk so the
+    // input plus its cast output fits the share.
+    let max_ratio = plan
+        .tensors()
+        .map(|t| t.dtype.bits().div_ceil(t.source_dtype.bits().max(1)))
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let per_chunk = share.min(MAX_CHUNK * (1 + max_ratio));
+    usize::try_from(per_chunk).unwrap_or(usize::MAX)
+}
+
+/// The most buffer a shard can use: its largest tensor plus its cast output.
+fn shard_need(ck: &Checkpoint, shard: &ShardPlan) -> usize {
+    let need = shard
+        .tensors
+        .iter()
+        .map(|t| {
+            let input = ck.tensors[t.source].len;
+            if t.dtype == t.source_dtype { input } else { input + t.len }
+        })
+        .max()
+        .unwrap_or(0)
+        .max(64);
+    usize::try_from(need).unwrap_or(usize::MAX)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_shard(
+    reader: &SourceReader,
+    ck: &Checkpoint,
+    plan: &Plan,
+    shard: &ShardPlan,
+    dst: &Path,
+    mut buf: window::WindowBuf<'_>,
+    options: &ExecOptions<'_>,
+    reporter: &dyn Reporter,
+) -> Result<ShardRecord, ExecError> {
+    let path = dst.join(&shard.file);
+    let header = header_bytes(&path, shard, &plan.metadata)?;
+    let mut writer = ShardWriter::create(dst, &shard.file, &header, shard.data_len)?;
+    reporter.shard_started(&shard.file);
+    let mut records = Vec::with_capacity(shard.tensors.len());
+    for planned in &shard.tensors {
+        let source = &ck.tensors[planned.source];
+        let (from, to) = (source.dtype, planned.dtype);
+        let casting = from != to;
+        let in_elem = (from.bits() / 8).max(1) as usize;
+        let out_elem = (to.bits() / 8).max(1) as usize;
+        // Input chunk: whole elements, leaving room for the cast output.
+        let chunk_in = if casting {
+            (buf.len() / (in_elem + out_elem)) * in_elem
+        } else {
+            buf.len()
+        };
+        if chunk_in == 0 {
+            return Err(WindowTooSmall { requested: (in_elem + out_elem) as u64, budget: buf.len() as u64 }.into());
+        }
+        let mut stream = reader.tensor_bytes(source);
+        let mut hash = Xxh3::new();
+        let mut stats = cast::CastStats::default();
+        let mut left = source.len;
+        while left > 0 {
+            if options.cancel.load(Ordering::Relaxed) {
+                return Err(ExecError::Interrupted);
+            }
+            let n = usize::try_from(left).unwrap_or(usize::MAX).min(chunk_in);
+            let (input, rest) = buf.split_at_mut(n);
+            reader.read_chunk(source, &mut stream, input)?;
+            let output: &[u8] = if casting {
+                let out = &mut rest[..n / in_elem * out_elem];
+                stats += cast::cast_parallel(from, to, input, out, plan.options.on_overflow);
+                out
+            } else {
+                input
+            };
+            hash.update(output);
+            writer.write(output)?;
+            reporter.advance(n as u64);
+            left -= n as u64;
+        }
+        if casting && stats.overflow > 0 && plan.options.on_overflow == OverflowPolicy::Error {
+            return Err(CastError::Overflow { tensor: planned.name.clone(), from, to, count: stats.overflow }.into());
+        }
+        records.push(TensorRecord {
+            name: planned.name.clone(),
+            dtype: to,
+            shape: planned.shape.clone(),
+            xxh3: format!("{:016x}", hash.digest()),
+            cast: casting.then_some(CastRecord { from, to, stats }),
+        });
+    }
+    let finished = writer.finish()?;
+    reporter.shard_done(&shard.file);
+    Ok(ShardRecord { file: finished.file, size: finished.size, sha256: finished.sha256, tensors: records })
+}

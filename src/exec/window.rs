@@ -1,0 +1,132 @@
+//! The window pool: every buffer the executor holds comes from here, and the
+//! pool refuses to hand out more than its budget in total. This is how
+//! reshard's memory stays bounded whatever the model size: the bound is a
+//! type, not a habit.
+
+use std::sync::{Condvar, Mutex};
+
+/// A budget of bytes shared by every worker (and, in `batch`, every job).
+#[derive(Debug)]
+pub struct WindowPool {
+    budget: u64,
+    state: Mutex<PoolState>,
+    freed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct PoolState {
+    in_use: u64,
+    peak: u64,
+}
+
+/// A request the pool can never satisfy.
+#[derive(Debug, thiserror::Error)]
+#[error("a {requested}-byte buffer does not fit the {budget}-byte window; raise --window")]
+pub struct WindowTooSmall {
+    pub requested: u64,
+    pub budget: u64,
+}
+
+impl WindowPool {
+    pub fn new(budget: u64) -> WindowPool {
+        WindowPool { budget, state: Mutex::new(PoolState::default()), freed: Condvar::new() }
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// The most bytes ever handed out at once.
+    pub fn peak(&self) -> u64 {
+        self.lock().peak
+    }
+
+    /// Bytes handed out now.
+    pub fn in_use(&self) -> u64 {
+        self.lock().in_use
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        // A worker that panicked cannot leave the counters inconsistent:
+        // they are updated in single statements.
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A zeroed buffer of `len` bytes, waiting until the budget allows it.
+    pub fn acquire(&self, len: usize) -> Result<WindowBuf<'_>, WindowTooSmall> {
+        let requested = len as u64;
+        if requested > self.budget {
+            return Err(WindowTooSmall { requested, budget: self.budget });
+        }
+        let mut state = self.lock();
+        while state.in_use + requested > self.budget {
+            state = self.freed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        state.in_use += requested;
+        state.peak = state.peak.max(state.in_use);
+        drop(state);
+        Ok(WindowBuf { pool: self, buf: vec![0u8; len] })
+    }
+
+    fn release(&self, len: u64) {
+        let mut state = self.lock();
+        state.in_use -= len;
+        drop(state);
+        self.freed.notify_all();
+    }
+}
+
+/// A buffer on loan from a [`WindowPool`]; returned when dropped.
+pub struct WindowBuf<'a> {
+    pool: &'a WindowPool,
+    buf: Vec<u8>,
+}
+
+impl std::ops::Deref for WindowBuf<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl std::ops::DerefMut for WindowBuf<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
+}
+
+impl Drop for WindowBuf<'_> {
+    fn drop(&mut self) {
+        self.pool.release(self.buf.len() as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_more_than_the_budget() {
+        let pool = WindowPool::new(100);
+        assert!(pool.acquire(101).is_err());
+        let a = pool.acquire(60).unwrap();
+        assert_eq!(pool.in_use(), 60);
+        drop(a);
+        assert_eq!(pool.in_use(), 0);
+        assert_eq!(pool.peak(), 60);
+    }
+
+    #[test]
+    fn waits_for_buffers_to_come_back() {
+        let pool = std::sync::Arc::new(WindowPool::new(100));
+        let held = pool.acquire(80).unwrap();
+        std::thread::scope(|s| {
+            let p = &pool;
+            let waiter = s.spawn(move || p.acquire(50).map(|b| b.len()));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            drop(held);
+            assert_eq!(waiter.join().unwrap().unwrap(), 50);
+        });
+        assert!(pool.peak() <= 100);
+    }
+}

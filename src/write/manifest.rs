@@ -1,0 +1,133 @@
+//! `reshard.json`: what was converted from what, with which options, and the
+//! checksums that let `validate` and a later run trust the output.
+//!
+//! The same structure, with only the finished shards, is kept in
+//! `.reshard-partial.json` while a conversion runs: a rerun keeps the shards
+//! it lists (after checking their sha256) and writes the rest.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cast::CastStats;
+use crate::format::{Checkpoint, Dtype, Format, SourceFile};
+use crate::plan::{Dropped, Oversized, PlanOptions};
+
+/// File name of the manifest, written last.
+pub const MANIFEST: &str = "reshard.json";
+/// File name of the progress record of an unfinished run.
+pub const PARTIAL: &str = ".reshard-partial.json";
+
+/// The source a conversion read: enough to tell whether it changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceIdentity {
+    pub dir: String,
+    pub format: Format,
+    pub files: Vec<SourceFile>,
+}
+
+impl SourceIdentity {
+    pub fn of(ck: &Checkpoint) -> SourceIdentity {
+        SourceIdentity { dir: ck.dir.display().to_string(), format: ck.format, files: ck.files.clone() }
+    }
+}
+
+/// One tensor as written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorRecord {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    /// xxh3-64 of the tensor's output bytes, lower-case hex.
+    pub xxh3: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub cast: Option<CastRecord>,
+}
+
+/// What a cast did to one tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CastRecord {
+    pub from: Dtype,
+    pub to: Dtype,
+    #[serde(flatten)]
+    pub stats: CastStats,
+}
+
+/// One shard as written; `sha256sum FILE` must print `sha256`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardRecord {
+    pub file: String,
+    pub size: u64,
+    pub sha256: String,
+    pub tensors: Vec<TensorRecord>,
+}
+
+/// The whole manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub reshard_version: String,
+    /// Hash of the source identity and the options: equal ids mean a rerun
+    /// would write the same output.
+    pub plan_id: String,
+    pub source: SourceIdentity,
+    pub options: PlanOptions,
+    #[serde(default)]
+    pub index_file: Option<String>,
+    pub shards: Vec<ShardRecord>,
+    #[serde(default)]
+    pub copied_files: Vec<String>,
+    #[serde(default)]
+    pub oversized: Vec<Oversized>,
+    #[serde(default)]
+    pub dropped: Vec<Dropped>,
+}
+
+impl Manifest {
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut v = serde_json::to_vec_pretty(self).unwrap_or_default();
+        v.push(b'\n');
+        v
+    }
+
+    /// Reads a manifest; `Ok(None)` if there is none.
+    pub fn read(path: &Path) -> Result<Option<Manifest>, ManifestError> {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(ManifestError::Io { path: path.to_path_buf(), source }),
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| ManifestError::Invalid { path: path.to_path_buf(), reason: e.to_string() })
+    }
+
+    /// Every tensor record, shard by shard.
+    pub fn tensors(&self) -> impl Iterator<Item = (&ShardRecord, &TensorRecord)> {
+        self.shards.iter().flat_map(|s| s.tensors.iter().map(move |t| (s, t)))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("cannot read {}", .path.display())]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: not a reshard manifest: {reason}", .path.display())]
+    Invalid { path: std::path::PathBuf, reason: String },
+}
+
+/// The plan id: sha256 over the source identity (file names, sizes, mtimes)
+/// and the options that change output bytes.
+pub fn plan_id(source: &SourceIdentity, options: &PlanOptions) -> String {
+    use sha2::{Digest, Sha256};
+    let files: Vec<(String, u64, u64)> = source
+        .files
+        .iter()
+        .map(|f| (f.name(), f.size, f.mtime_ns))
+        .collect();
+    let key = serde_json::json!({ "files": files, "format": source.format, "options": options });
+    super::shard::hex(&Sha256::digest(key.to_string().as_bytes()))
+}

@@ -1,0 +1,106 @@
+//! Writing output: shards under temporary names that are flushed and renamed
+//! ([`shard`]), the Hugging Face index ([`index`]) and reshard's manifest
+//! ([`manifest`]), which are written last and are the commit point.
+//!
+//! Nothing here ever writes to a final name directly: a crash leaves either
+//! a complete file under its final name or a temporary one that a rerun
+//! removes.
+
+pub mod failpoint;
+pub mod index;
+pub mod manifest;
+pub mod shard;
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+/// Why output could not be written. Each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("cannot write {}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{}: wrote {written} bytes but the plan says {expected}; refusing to commit it", .path.display())]
+    WrongLength { path: PathBuf, written: u64, expected: u64 },
+    #[error("shard header for {}: {reason}", .path.display())]
+    Header { path: PathBuf, reason: String },
+}
+
+impl WriteError {
+    pub fn io(path: &Path, source: io::Error) -> WriteError {
+        WriteError::Io { path: path.to_path_buf(), source }
+    }
+}
+
+/// The temporary name a final file is written under: hidden, in the same
+/// folder (so the rename is atomic), and recognisable for cleanup.
+pub fn temp_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!(".{name}{TEMP_SUFFIX}"))
+}
+
+/// Suffix of every temporary file reshard writes.
+pub const TEMP_SUFFIX: &str = ".reshard-tmp";
+
+/// Writes `bytes` to `dir/name` atomically: temp file, fsync, rename.
+pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), WriteError> {
+    let tmp = temp_path(dir, name);
+    let result = (|| {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    })();
+    commit_temp(result, &tmp, &dir.join(name))
+}
+
+/// Copies `src` to `dir/name` atomically with a small fixed buffer.
+pub fn copy_atomic(src: &Path, dir: &Path, name: &str) -> Result<(), WriteError> {
+    let tmp = temp_path(dir, name);
+    let mut input = File::open(src).map_err(|e| WriteError::io(src, e))?;
+    let result = (|| {
+        let mut f = File::create(&tmp)?;
+        io::copy(&mut input, &mut f)?;
+        f.sync_all()
+    })();
+    commit_temp(result, &tmp, &dir.join(name))
+}
+
+/// Renames `tmp` to `dst` if `result` is Ok; removes `tmp` otherwise.
+fn commit_temp(result: io::Result<()>, tmp: &Path, dst: &Path) -> Result<(), WriteError> {
+    failpoint::step();
+    match result.and_then(|()| std::fs::rename(tmp, dst)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(tmp);
+            Err(WriteError::io(dst, e))
+        }
+    }
+}
+
+/// Flushes a folder's entries (the renames) to disk.
+pub fn sync_dir(dir: &Path) -> Result<(), WriteError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| WriteError::io(dir, e))
+}
+
+/// Removes temporary files a killed run left in `dir`.
+pub fn remove_stale_temps(dir: &Path) -> Result<usize, WriteError> {
+    let mut removed = 0;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(WriteError::io(dir, e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| WriteError::io(dir, e))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') && name.ends_with(TEMP_SUFFIX) {
+            std::fs::remove_file(entry.path()).map_err(|e| WriteError::io(&entry.path(), e))?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
