@@ -25,3 +25,5 @@ pub mod cast;
 pub mod exec;
 pub mod write;
 pub mod convert;
+#[doc(hidden)]
+pub mod fuzz;

@@ -7,5 +7,6 @@
 mod common;
 mod inspect;
 mod convert;
+mod fuzz_corpus;
 mod hostile;
 mod readers;
