@@ -7,6 +7,7 @@
 mod common;
 mod inspect;
 mod convert;
+mod crash;
 mod fuzz_corpus;
 mod hostile;
 mod readers;
