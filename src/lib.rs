@@ -17,6 +17,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod cast;
 pub mod format;
 pub mod inspect;
 pub mod plan;
