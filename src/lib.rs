@@ -17,13 +17,14 @@
 
 #![deny(unsafe_code)]
 
+pub mod cast;
+pub mod convert;
+pub mod exec;
 pub mod format;
 pub mod inspect;
 pub mod plan;
 pub mod units;
-pub mod cast;
-pub mod exec;
 pub mod write;
-pub mod convert;
+
 #[doc(hidden)]
 pub mod fuzz;
