@@ -6,4 +6,5 @@
 
 mod common;
 mod inspect;
+mod pytorch;
 mod readers;
