@@ -11,4 +11,5 @@ mod crash;
 mod fuzz_corpus;
 mod hostile;
 mod inspect;
+mod pytorch;
 mod readers;
