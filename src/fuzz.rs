@@ -52,6 +52,31 @@ pub fn index_json(data: &[u8]) {
     }
 }
 
+/// The PyTorch zip reader and restricted pickle machine: accepted tensors
+/// point inside the file, with lengths that match their shapes.
+pub fn pytorch(data: &[u8]) {
+    let Ok((tensors, _)) = format::pytorch::read_bytes(data) else {
+        return;
+    };
+    for t in &tensors {
+        let numel = t
+            .shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .expect("accepted an overflowing shape");
+        assert_eq!(
+            t.dtype.byte_len(numel),
+            Some(t.len),
+            "accepted a wrong length for {}",
+            t.name
+        );
+        if let DataRef::Contiguous { offset } = t.data {
+            let end = offset.checked_add(t.len).expect("offset overflow accepted");
+            assert!(end <= data.len() as u64, "{} points past the end", t.name);
+        }
+    }
+}
+
 /// The planner: every tensor exactly once, limits respected, offsets aligned
 /// and contiguous, for any tensor list, limit and order.
 pub fn planner(data: &[u8]) {

@@ -15,6 +15,7 @@ fn targets() -> Vec<(&'static str, Entry)> {
         ),
         ("index_json", reshard::fuzz::index_json),
         ("planner", reshard::fuzz::planner),
+        ("pytorch", reshard::fuzz::pytorch),
     ]
 }
 

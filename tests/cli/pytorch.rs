@@ -155,19 +155,30 @@ fn write_bin(dir: &Path, bytes: &[u8]) -> PathBuf {
     path
 }
 
-/// `reshard inspect` on `bytes` as a pytorch_model.bin: exit 2 (a panic
-/// would be 101), with `want` in the message.
+/// `reshard inspect` and `reshard convert` on `bytes` as a
+/// pytorch_model.bin: exit 2 (a panic would be 101), with `want` in the
+/// message, the input untouched and nothing written.
 fn assert_refused(bytes: &[u8], want: &str) {
     let dir = tempfile::tempdir().unwrap();
     let path = write_bin(dir.path(), bytes);
-    let out = reshard().arg("inspect").arg(&path).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{want}: {stderr}");
-    assert!(
-        stderr.contains("cannot read PyTorch checkpoint"),
-        "{stderr}"
-    );
-    assert!(stderr.contains(want), "{want:?} not in {stderr}");
+    let dst = dir.path().join("out");
+    for args in [vec!["inspect"], vec!["convert", "--window", "1MiB"]] {
+        let mut cmd = reshard();
+        cmd.arg(args[0]).arg(&path);
+        if args[0] == "convert" {
+            cmd.arg(&dst).args(&args[1..]);
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{want} via {args:?}: {stderr}");
+        assert!(
+            stderr.contains("cannot read PyTorch checkpoint"),
+            "{stderr}"
+        );
+        assert!(stderr.contains(want), "{want:?} not in {stderr}");
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "input changed");
+        assert!(!dst.exists(), "convert wrote output for a refused input");
+    }
 }
 
 #[test]
@@ -379,4 +390,47 @@ fn pytorch_transposed_view_reads_row_major() {
     assert!(ck.findings.iter().any(
         |f| matches!(f, reshard::format::Finding::SharedStorage { tensors } if tensors.len() == 2)
     ));
+}
+
+#[test]
+fn pytorch_fixtures_convert_to_equal_safetensors() {
+    let tmp = tempfile::tempdir().unwrap();
+    for name in ["tiny-llama-bin", "tiny-gpt2-bin", "tiny-moe-bin-sharded"] {
+        let dst = tmp.path().join(name);
+        reshard()
+            .args(["convert", "--no-progress", "--max-shard-size", "60KB"])
+            .arg(fixture(name))
+            .arg(&dst)
+            .assert()
+            .success();
+        assert_matches_expected(&dst, name);
+        // pytorch_model-*.bin becomes model-*.safetensors, as Hugging Face names them.
+        assert!(dst.join("model.safetensors.index.json").exists(), "{name}");
+        assert!(!dst.join("pytorch_model.bin.index.json").exists(), "{name}");
+    }
+}
+
+#[test]
+fn dedupe_tied_keeps_only_the_first_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("out");
+    let out = reshard()
+        .args(["convert", "--no-progress", "--dedupe-tied", "--json"])
+        .arg(fixture("tiny-gpt2-bin"))
+        .arg(&dst)
+        .assert()
+        .success();
+    let summary: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    let dropped = summary["manifest"]["dropped"].as_array().unwrap();
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    let got = read_all(&dst);
+    let expected = expected("tiny-gpt2-bin");
+    assert_eq!(got.len(), expected.tensors.len() - 1);
+    let gone = dropped[0]["tensor"].as_str().unwrap();
+    let kept = dropped[0]["same_as"].as_str().unwrap();
+    assert!(!got.contains_key(gone));
+    assert_eq!(
+        got[kept].2, expected.tensors[gone].sha256,
+        "the kept name holds the shared bytes"
+    );
 }
