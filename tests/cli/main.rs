@@ -7,4 +7,5 @@
 mod common;
 mod inspect;
 mod convert;
+mod fit;
 mod readers;
