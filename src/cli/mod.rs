@@ -3,6 +3,7 @@
 
 mod convert;
 mod exit;
+mod fit;
 mod inspect;
 mod printer;
 mod progress;
@@ -26,6 +27,8 @@ enum Command {
     Inspect(inspect::Args),
     /// Rewrite a checkpoint into small, layer-ordered shards.
     Convert(convert::Args),
+    /// Predict whether a checkpoint loads on a machine, per loader, and what conversion makes it.
+    Fit(fit::Args),
 }
 
 /// Parses the command line, runs the subcommand and reports errors.
@@ -45,6 +48,7 @@ pub fn run() -> ExitStatus {
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(args),
         Command::Convert(args) => convert::run(args),
+        Command::Fit(args) => fit::run(args),
     };
     match result {
         Ok(status) => status,

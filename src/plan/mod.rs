@@ -3,6 +3,8 @@
 //! ([`fit`]). A [`Plan`] is plain serde data: `convert --dry-run` prints it
 //! and `convert` executes it. Building a plan reads nothing but headers.
 
+pub mod fit;
+pub mod machine;
 pub mod order;
 pub mod pack;
 

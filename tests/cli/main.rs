@@ -4,10 +4,12 @@
 //! Fixtures in tests/fixtures were written by transformers, torch and
 //! huggingface_hub (see tests/fixtures/SOURCES.md), not by reshard.
 
+mod batch;
 mod cast;
 mod common;
 mod convert;
 mod crash;
+mod fit;
 mod fuzz_corpus;
 mod hostile;
 mod inspect;

@@ -1,0 +1,447 @@
+//! `reshard fit`: will a checkpoint load on this (or a given) machine with
+//! each loader, and what conversion would make it? Renders a
+//! [`FitReport`] as text or JSON; the arithmetic lives in `reshard::plan::fit`.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use reshard::format::{self, Dtype};
+use reshard::plan::fit::loader::{Loader, Os};
+use reshard::plan::fit::{self, FitOptions, FitReport, HostBudgetKind, LoaderFit, Scenario};
+use reshard::plan::machine::{self, Figure, Given, Machine, Source};
+use reshard::plan::PlanOptions;
+use reshard::units::{human, ByteSize};
+
+use super::{printer, ExitStatus};
+
+#[derive(Debug, clap::Args)]
+#[command(group = clap::ArgGroup::new("commit").args(["pagefile", "commit_limit"]))]
+pub struct Args {
+    /// A .safetensors/.bin file, a model folder, or a Hugging Face cache folder.
+    path: PathBuf,
+    /// The OS of the machine to judge (default: the running one).
+    #[arg(long, value_enum)]
+    os: Option<OsArg>,
+    /// Physical RAM (default: detected). On Linux this is taken as the RAM
+    /// available to the load.
+    #[arg(long, value_name = "SIZE")]
+    ram: Option<ByteSize>,
+    /// Pagefile (Windows) or swap (Linux) size (default: detected).
+    #[arg(long, value_name = "SIZE")]
+    pagefile: Option<ByteSize>,
+    /// Commit limit (default: detected, or RAM + pagefile on Windows).
+    #[arg(long, value_name = "SIZE")]
+    commit_limit: Option<ByteSize>,
+    /// Dedicated memory of GPU 0 (default: detected; without one the
+    /// weights are assumed to stay in host memory).
+    #[arg(long, value_name = "SIZE")]
+    vram: Option<ByteSize>,
+    /// A loader to judge (repeatable; default: all). The exit status
+    /// depends on these only.
+    #[arg(long = "loader", value_enum, value_name = "NAME")]
+    loaders: Vec<LoaderArg>,
+    /// What if the checkpoint were converted with this --dtype?
+    #[arg(long, value_name = "DTYPE")]
+    dtype: Option<Dtype>,
+    /// What if the checkpoint were converted with this --max-shard-size?
+    #[arg(long, value_name = "SIZE")]
+    max_shard_size: Option<ByteSize>,
+    /// Host memory a CUDA context commits on Windows (an estimate).
+    #[arg(long, value_name = "SIZE", default_value = "512MiB")]
+    cuda_overhead: ByteSize,
+    /// Reader threads of transformers' pread backend.
+    #[arg(long, value_name = "N", default_value_t = fit::DEFAULT_THREADS)]
+    threads: u64,
+    /// Print JSON (every figure in bytes, stable field names).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OsArg {
+    Windows,
+    Linux,
+}
+
+/// Loaders, named by what they do to memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoaderArg {
+    /// transformers 5.0-5.16: every shard mapped copy-on-write and kept; sum(S) + max(S)
+    TransformersV5Mmap,
+    /// transformers >= 5.17 on Windows (pread backend): max(S) + threads x 2 x max(T)
+    TransformersV5Pread,
+    /// transformers 4, accelerate, diffusers, vLLM's default iterator: 2 x max(S) at open
+    PerShardMmap,
+    /// disable_mmap / safetensors load_file: the whole state dict, sum(S)
+    FullRead,
+    /// reshard validate: one staging buffer, min(256MiB, max(T))
+    Reshard,
+}
+
+impl From<LoaderArg> for Loader {
+    fn from(l: LoaderArg) -> Loader {
+        match l {
+            LoaderArg::TransformersV5Mmap => Loader::TransformersV5Mmap,
+            LoaderArg::TransformersV5Pread => Loader::TransformersV5Pread,
+            LoaderArg::PerShardMmap => Loader::PerShardMmap,
+            LoaderArg::FullRead => Loader::FullRead,
+            LoaderArg::Reshard => Loader::Reshard,
+        }
+    }
+}
+
+impl Args {
+    fn given(&self) -> Given {
+        Given {
+            os: self.os.map(|o| match o {
+                OsArg::Windows => Os::Windows,
+                OsArg::Linux => Os::Linux,
+            }),
+            ram: self.ram.map(ByteSize::bytes),
+            pagefile: self.pagefile.map(ByteSize::bytes),
+            commit_limit: self.commit_limit.map(ByteSize::bytes),
+            vram: self.vram.map(ByteSize::bytes),
+        }
+    }
+
+    fn options(&self) -> FitOptions {
+        let what_if =
+            (self.dtype.is_some() || self.max_shard_size.is_some()).then(|| PlanOptions {
+                max_shard_size: self
+                    .max_shard_size
+                    .map_or(PlanOptions::default().max_shard_size, ByteSize::bytes),
+                dtype: self.dtype,
+                ..PlanOptions::default()
+            });
+        FitOptions {
+            loaders: self.loaders.iter().map(|&l| l.into()).collect(),
+            threads: self.threads,
+            window: fit::DEFAULT_WINDOW,
+            cuda_overhead: self.cuda_overhead.bytes(),
+            what_if,
+            path: self.path.display().to_string(),
+        }
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
+    let ck =
+        format::open(&args.path).with_context(|| format!("cannot read {}", args.path.display()))?;
+    let machine = Machine::resolve(&args.given(), &machine::detect(), Os::current());
+    let report = fit::fit(&ck, machine, &args.options())
+        .with_context(|| format!("cannot judge {}", args.path.display()))?;
+    if args.json {
+        printer::json(&report)?;
+    } else {
+        printer::text(&render(&args.path.display().to_string(), &report))?;
+    }
+    Ok(if report.fits {
+        ExitStatus::Ok
+    } else {
+        ExitStatus::CheckFailed
+    })
+}
+
+fn figure(f: Option<Figure>) -> String {
+    match f {
+        None => "unknown".into(),
+        Some(f) => {
+            let src = match f.source {
+                Source::Detected => "detected",
+                Source::Given => "given",
+                Source::Derived => "derived",
+            };
+            format!("{} ({src})", human(f.bytes))
+        }
+    }
+}
+
+fn render(path: &str, r: &FitReport) -> String {
+    let mut o = String::new();
+    render_machine(&mut o, &r.machine);
+    let _ = writeln!(o);
+    let budget = match r.budget.host_kind {
+        HostBudgetKind::CommitLimit => format!(
+            "peak commit against the commit limit, {}",
+            human(r.budget.host_bytes)
+        ),
+        HostBudgetKind::AvailableRam => {
+            let mut s = format!(
+                "private resident memory against available RAM, {}",
+                human(r.budget.host_bytes)
+            );
+            if let Some(c) = r.budget.commit_bytes {
+                let _ = write!(
+                    s,
+                    "; commit against free commit, {} (strict overcommit)",
+                    human(c)
+                );
+            }
+            s
+        }
+    };
+    let target = match r.budget.vram_bytes {
+        Some(v) => format!("weights to GPU 0 ({} dedicated)", human(v)),
+        None => "no GPU: weights stay in host memory".into(),
+    };
+    let _ = writeln!(o, "{path}: {budget}; {target}");
+    let _ = writeln!(o);
+    render_scenario(&mut o, "as it is", &r.today, r.machine.os);
+    if let Some(w) = &r.what_if {
+        let _ = writeln!(o);
+        let mut label = format!(
+            "after reshard convert --max-shard-size {}",
+            human(w.max_shard_size.unwrap_or(0))
+        );
+        if let Some(d) = w.dtype {
+            let _ = write!(label, " --dtype {}", d.name().to_ascii_lowercase());
+        }
+        render_scenario(&mut o, &label, w, r.machine.os);
+        render_side_by_side(&mut o, r, w);
+    }
+    let _ = writeln!(o);
+    render_advice(&mut o, r);
+    o
+}
+
+fn render_machine(o: &mut String, m: &Machine) {
+    let pagefile = if m.os == Os::Windows {
+        "pagefile"
+    } else {
+        "swap"
+    };
+    let os_src = if m.os_source == Source::Given {
+        "given"
+    } else {
+        "detected"
+    };
+    let _ = writeln!(o, "machine");
+    let _ = writeln!(o, "  os              {} ({os_src})", m.os);
+    let _ = writeln!(o, "  ram             {}", figure(m.ram));
+    if m.os != Os::Windows {
+        let _ = writeln!(o, "  available ram   {}", figure(m.available));
+    }
+    let _ = writeln!(o, "  {pagefile:<15} {}", figure(m.pagefile));
+    let _ = writeln!(o, "  commit limit    {}", figure(m.commit_limit));
+    if m.committed.is_some() {
+        let _ = writeln!(o, "  committed now   {}", figure(m.committed));
+        let _ = writeln!(o, "  free commit     {}", figure(m.free_commit));
+    }
+    if let Some(strict) = m.overcommit_strict {
+        let mode = if strict {
+            "strict (vm.overcommit_memory=2)"
+        } else {
+            "heuristic (commit limit not enforced)"
+        };
+        let _ = writeln!(o, "  overcommit      {mode}");
+    }
+    let vram = if m.vram.is_none() {
+        "none (give --vram; CUDA detection is not wired in yet)".into()
+    } else {
+        figure(m.vram)
+    };
+    let _ = writeln!(o, "  vram (gpu 0)    {vram}");
+}
+
+fn render_scenario(o: &mut String, label: &str, s: &Scenario, os: Os) {
+    let z = &s.sizes;
+    let _ = writeln!(
+        o,
+        "{label}: {} shards, sum(S) {}, max(S) {}, sum(T) {}, max(T) {}",
+        s.shard_count,
+        human(z.shard_sum),
+        human(z.shard_max),
+        human(z.tensor_sum),
+        human(z.tensor_max)
+    );
+    let _ = writeln!(
+        o,
+        "  {:<22} {:>11} {:>11} {:>11} {:>11}  verdict",
+        "loader", "commit", "rss", "private", "vram"
+    );
+    for l in &s.loaders {
+        let _ = writeln!(
+            o,
+            "  {:<22} {:>11} {:>11} {:>11} {:>11}  {}",
+            l.loader.name(),
+            human(l.peak_commit),
+            human(l.peak_rss),
+            human(l.peak_rss_private),
+            human(l.vram),
+            verdict(l, os)
+        );
+    }
+    if let Some(v) = &s.vram {
+        if v.spill > 0 {
+            let _ = writeln!(
+                o,
+                "  vram: weights need {}, {} more than dedicated; under NVIDIA's System Memory Fallback that spills into shared GPU memory (slow), otherwise CUDA runs out of memory. In layer order the first {} of {} blocks fit in dedicated VRAM.",
+                human(v.needed),
+                human(v.spill),
+                v.leading_blocks_fit,
+                v.blocks_total
+            );
+        } else {
+            let _ = writeln!(
+                o,
+                "  vram: weights need {} of {} dedicated",
+                human(v.needed),
+                human(v.dedicated)
+            );
+        }
+    }
+}
+
+fn verdict(l: &LoaderFit, os: Os) -> String {
+    let mut v = if l.fits {
+        "fits".to_string()
+    } else {
+        "does not fit:".to_string()
+    };
+    if l.host_shortfall > 0 {
+        let what = if os == Os::Windows { "commit" } else { "ram" };
+        let _ = write!(v, " {} short of {what}", human(l.host_shortfall));
+    }
+    if l.vram_shortfall > 0 {
+        if l.host_shortfall > 0 {
+            v.push(',');
+        }
+        let _ = write!(v, " {} short of vram", human(l.vram_shortfall));
+    }
+    if l.over_free_commit {
+        v.push_str(" (more than the commit free now)");
+    }
+    if l.pages_from_disk {
+        v.push_str(" (mapped pages exceed available ram: reads from disk again, slow)");
+    }
+    v
+}
+
+fn render_side_by_side(o: &mut String, r: &FitReport, w: &Scenario) {
+    let _ = writeln!(o, "  change in peak commit:");
+    for (a, b) in r.today.loaders.iter().zip(&w.loaders) {
+        let _ = writeln!(
+            o,
+            "  {:<22} {:>11} -> {:<11} {}",
+            a.loader.name(),
+            human(a.peak_commit),
+            human(b.peak_commit),
+            match (a.fits, b.fits) {
+                (false, true) => "now fits",
+                (true, false) => "no longer fits",
+                (true, true) => "fits",
+                (false, false) => "does not fit",
+            }
+        );
+    }
+}
+
+fn render_advice(o: &mut String, r: &FitReport) {
+    if r.today.all_fit() {
+        let _ = writeln!(o, "every loader judged fits the checkpoint as it is");
+    }
+    if let Some(rec) = &r.recommendation {
+        let names: Vec<&str> = rec.fits.iter().map(|l| l.name()).collect();
+        let _ = writeln!(o, "recommended: {}", rec.command);
+        let _ = writeln!(
+            o,
+            "  then these loaders fit in host memory: {}",
+            names.join(", ")
+        );
+    } else if r.today.loaders.iter().any(|l| l.host_shortfall > 0) {
+        let _ = writeln!(o, "no conversion among the candidates (5GB to 256MiB shards, bf16 for f32) makes more loaders fit");
+    }
+    for l in &r.not_helped_by_resharding {
+        let why = match l {
+            Loader::TransformersV5Mmap => "its peak is the sum of all shards plus the largest, so it needs the whole checkpoint in commit however it is sharded",
+            Loader::FullRead => "it holds the whole state dict in memory",
+            Loader::Reshard => "its peak does not depend on shard size",
+            _ => "even the smallest candidate shards leave it over budget",
+        };
+        let fix = match r
+            .recommendation
+            .as_ref()
+            .filter(|rec| rec.dtype.is_some() && rec.fits.contains(l))
+        {
+            Some(rec) => format!(
+                "the smaller dtype in the command above does ({})",
+                rec.dtype.map_or("", Dtype::name)
+            ),
+            None => "only a smaller dtype, more RAM or pagefile, or another loader does".into(),
+        };
+        let _ = writeln!(o, "{l}: resharding cannot make it fit: {why}; {fix}");
+    }
+    if let Some(v) = r.today.vram.as_ref().filter(|v| v.spill > 0) {
+        let _ = writeln!(
+            o,
+            "vram: the weights are {} over dedicated VRAM whatever the shard size; only a smaller dtype, a larger GPU or offloading the last blocks (device_map) helps",
+            human(v.spill)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(a: &[&str]) -> Result<Args, clap::Error> {
+        Cli::try_parse_from(std::iter::once("fit").chain(a.iter().copied())).map(|c| c.args)
+    }
+
+    #[test]
+    fn parses_machine_flags() {
+        let a = parse(&[
+            "m",
+            "--os",
+            "windows",
+            "--ram",
+            "32GiB",
+            "--pagefile",
+            "8GiB",
+            "--vram",
+            "24GiB",
+        ])
+        .unwrap();
+        let g = a.given();
+        assert_eq!(g.os, Some(Os::Windows));
+        assert_eq!(
+            (g.ram, g.pagefile, g.vram),
+            (Some(32 << 30), Some(8 << 30), Some(24 << 30))
+        );
+        assert!(a.options().what_if.is_none());
+    }
+
+    #[test]
+    fn pagefile_and_commit_limit_exclude_each_other() {
+        assert!(parse(&["m", "--pagefile", "1GiB", "--commit-limit", "2GiB"]).is_err());
+    }
+
+    #[test]
+    fn loaders_and_what_if() {
+        let a = parse(&[
+            "m",
+            "--loader",
+            "per-shard-mmap",
+            "--loader",
+            "reshard",
+            "--dtype",
+            "bf16",
+        ])
+        .unwrap();
+        let o = a.options();
+        assert_eq!(o.loaders, [Loader::PerShardMmap, Loader::Reshard]);
+        let w = o.what_if.unwrap();
+        assert_eq!((w.dtype, w.max_shard_size), (Some(Dtype::BF16), 1 << 30));
+        assert!(parse(&["m", "--loader", "nope"]).is_err());
+    }
+}

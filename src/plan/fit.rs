@@ -1,0 +1,484 @@
+//! Fit: will a checkpoint load on a given machine with a given loader, and
+//! what conversion would make it?
+//!
+//! This module compares each loader's predicted peaks ([`loader`]) with the
+//! machine's budget ([`super::machine`]) for the checkpoint as it is, for a
+//! what-if conversion, and for a few candidate conversions it searches to
+//! recommend one. It reads headers only (through the [`Checkpoint`] and the
+//! [`Plan`]s it builds), returns a plain [`FitReport`] and never prints.
+
+pub mod loader;
+
+use serde::{Deserialize, Serialize};
+
+use crate::format::{Checkpoint, Dtype};
+
+use self::loader::{peak, LoadParams, Loader, Os, Peak, Sizes};
+use super::machine::Machine;
+use super::order::{block_of, sort_indices, Order};
+use super::{Plan, PlanError, PlanOptions};
+
+/// reshard's default staging window (`reshard validate --window`).
+pub const DEFAULT_WINDOW: u64 = 256 << 20;
+/// Host commit charged for a CUDA context on Windows (WDDM). An estimate to
+/// be measured; see docs/fit.md.
+pub const DEFAULT_CUDA_OVERHEAD: u64 = 512 << 20;
+/// Reader threads of transformers' pread backend; an assumption.
+pub const DEFAULT_THREADS: u64 = 8;
+
+/// Shard sizes the recommendation tries, largest (least change) first.
+pub const CANDIDATE_SHARD_SIZES: [(u64, &str); 5] = [
+    (5_000_000_000, "5GB"),
+    (2 << 30, "2GiB"),
+    (1 << 30, "1GiB"),
+    (512 << 20, "512MiB"),
+    (256 << 20, "256MiB"),
+];
+
+/// Why a fit cannot be judged.
+#[derive(Debug, thiserror::Error)]
+pub enum FitError {
+    #[error("cannot tell the commit limit of the windows machine: give --commit-limit, or --ram and --pagefile")]
+    NoCommitLimit,
+    #[error("cannot tell the available RAM of the {os} machine: give --ram")]
+    NoRam { os: Os },
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+}
+
+/// What to judge, besides the checkpoint and the machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FitOptions {
+    /// The loaders to judge; the exit status depends on these only.
+    pub loaders: Vec<Loader>,
+    pub threads: u64,
+    pub window: u64,
+    pub cuda_overhead: u64,
+    /// Judge the checkpoint as `convert` would write it with these options.
+    pub what_if: Option<PlanOptions>,
+    /// The path to print in the recommended command line.
+    pub path: String,
+}
+
+impl Default for FitOptions {
+    fn default() -> Self {
+        FitOptions {
+            loaders: Loader::ALL.to_vec(),
+            threads: DEFAULT_THREADS,
+            window: DEFAULT_WINDOW,
+            cuda_overhead: DEFAULT_CUDA_OVERHEAD,
+            what_if: None,
+            path: String::new(),
+        }
+    }
+}
+
+/// What a host peak is checked against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostBudgetKind {
+    /// Windows: every charge counts against RAM + pagefile.
+    CommitLimit,
+    /// Linux and macOS: private resident memory against available RAM.
+    AvailableRam,
+}
+
+/// The budgets every loader is checked against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budget {
+    pub host_kind: HostBudgetKind,
+    pub host_bytes: u64,
+    /// Linux under strict overcommit: commit limit minus committed (or the
+    /// given commit limit).
+    pub commit_bytes: Option<u64>,
+    /// Windows: commit limit minus what is committed now, when known.
+    pub free_commit_bytes: Option<u64>,
+    /// Dedicated VRAM of GPU 0; `None`: no GPU, weights stay on the host.
+    pub vram_bytes: Option<u64>,
+}
+
+impl Budget {
+    pub fn of(m: &Machine) -> Result<Budget, FitError> {
+        let vram_bytes = m.vram.map(|v| v.bytes);
+        if m.os == Os::Windows {
+            let limit = m.commit_limit.ok_or(FitError::NoCommitLimit)?;
+            return Ok(Budget {
+                host_kind: HostBudgetKind::CommitLimit,
+                host_bytes: limit.bytes,
+                commit_bytes: None,
+                free_commit_bytes: m.free_commit.map(|f| f.bytes),
+                vram_bytes,
+            });
+        }
+        let available = m.available.ok_or(FitError::NoRam { os: m.os })?;
+        let commit_bytes = match (m.overcommit_strict, m.commit_limit) {
+            (Some(true), Some(l)) => Some(m.free_commit.map_or(l.bytes, |f| f.bytes)),
+            _ => None,
+        };
+        Ok(Budget {
+            host_kind: HostBudgetKind::AvailableRam,
+            host_bytes: available.bytes,
+            commit_bytes,
+            free_commit_bytes: None,
+            vram_bytes,
+        })
+    }
+}
+
+/// One loader's peaks and verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoaderFit {
+    pub loader: Loader,
+    pub peak_commit: u64,
+    pub peak_rss: u64,
+    pub peak_rss_private: u64,
+    pub peak_rss_file: u64,
+    pub vram: u64,
+    /// The host figure checked: commit on Windows, private RSS elsewhere.
+    pub host_needed: u64,
+    /// How far the host figure (or the strict commit) exceeds its budget.
+    pub host_shortfall: u64,
+    /// How far the weights exceed dedicated VRAM.
+    pub vram_shortfall: u64,
+    pub fits: bool,
+    /// Windows: the peak exceeds the commit free right now.
+    pub over_free_commit: bool,
+    /// Mapped pages exceed available RAM: they will be dropped and read
+    /// again from disk (slow, not a failure).
+    pub pages_from_disk: bool,
+}
+
+impl LoaderFit {
+    pub fn judge(loader: Loader, p: Peak, b: &Budget, os: Os) -> LoaderFit {
+        let host_needed = if os == Os::Windows {
+            p.commit
+        } else {
+            p.rss_private
+        };
+        let commit_short = b.commit_bytes.map_or(0, |c| p.commit.saturating_sub(c));
+        let host_shortfall = host_needed.saturating_sub(b.host_bytes).max(commit_short);
+        let vram_shortfall = b.vram_bytes.map_or(0, |v| p.vram.saturating_sub(v));
+        LoaderFit {
+            loader,
+            peak_commit: p.commit,
+            peak_rss: p.rss(),
+            peak_rss_private: p.rss_private,
+            peak_rss_file: p.rss_file,
+            vram: p.vram,
+            host_needed,
+            host_shortfall,
+            vram_shortfall,
+            fits: host_shortfall == 0 && vram_shortfall == 0,
+            over_free_commit: b.free_commit_bytes.is_some_and(|f| p.commit > f),
+            pages_from_disk: os != Os::Windows && p.rss() > b.host_bytes,
+        }
+    }
+}
+
+/// The weights against dedicated VRAM, walked in forward order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VramFit {
+    pub needed: u64,
+    pub dedicated: u64,
+    /// Bytes past dedicated VRAM: under NVIDIA's System Memory Fallback
+    /// they spill into shared GPU memory (system RAM, slow).
+    pub spill: u64,
+    pub blocks_total: u64,
+    /// Numbered blocks that fit whole in dedicated VRAM, in forward order,
+    /// after everything that precedes them (embeddings first).
+    pub leading_blocks_fit: u64,
+}
+
+/// Walks `(name, bytes)` in forward order and counts the numbered blocks
+/// whose last tensor still fits within `dedicated` bytes.
+pub fn vram_fit(tensors: &[(&str, u64)], dedicated: u64) -> VramFit {
+    let names: Vec<&str> = tensors.iter().map(|t| t.0).collect();
+    let order = sort_indices(&names, Order::Forward);
+    // Cumulative bytes at the last tensor of each block, in forward order.
+    let mut ends: Vec<(super::order::Block, u64)> = Vec::new();
+    let mut total = 0u64;
+    for i in order {
+        let (name, bytes) = tensors[i];
+        total = total.saturating_add(bytes);
+        if let Some(b) = block_of(name) {
+            match ends.last_mut() {
+                Some((last, end)) if *last == b => *end = total,
+                _ => ends.push((b, total)),
+            }
+        }
+    }
+    let mut blocks: Vec<&super::order::Block> = ends.iter().map(|e| &e.0).collect();
+    blocks.sort();
+    blocks.dedup();
+    VramFit {
+        needed: total,
+        dedicated,
+        spill: total.saturating_sub(dedicated),
+        blocks_total: blocks.len() as u64,
+        leading_blocks_fit: ends.iter().take_while(|e| e.1 <= dedicated).count() as u64,
+    }
+}
+
+/// The checkpoint as it is, or as a conversion would write it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scenario {
+    /// `None`: the checkpoint as it is.
+    pub max_shard_size: Option<u64>,
+    pub dtype: Option<Dtype>,
+    pub shard_count: u64,
+    #[serde(flatten)]
+    pub sizes: Sizes,
+    pub vram: Option<VramFit>,
+    pub loaders: Vec<LoaderFit>,
+}
+
+impl Scenario {
+    /// Judges `loaders` on shards of `shards` bytes holding `tensors`.
+    pub fn judge(shards: &[u64], tensors: &[(&str, u64)], ctx: &Context<'_>) -> Scenario {
+        let sizes = Sizes::new(shards, tensors.iter().map(|t| t.1));
+        let loaders = ctx
+            .loaders
+            .iter()
+            .map(|&l| LoaderFit::judge(l, peak(l, &sizes, ctx.params), ctx.budget, ctx.params.os))
+            .collect();
+        Scenario {
+            max_shard_size: None,
+            dtype: None,
+            shard_count: shards.len() as u64,
+            sizes,
+            vram: ctx.budget.vram_bytes.map(|v| vram_fit(tensors, v)),
+            loaders,
+        }
+    }
+
+    /// The checkpoint as it is: shard sizes are file sizes.
+    pub fn of_checkpoint(ck: &Checkpoint, ctx: &Context<'_>) -> Scenario {
+        let shards: Vec<u64> = ck.files.iter().map(|f| f.size).collect();
+        let tensors: Vec<(&str, u64)> = ck
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t.len))
+            .collect();
+        Scenario::judge(&shards, &tensors, ctx)
+    }
+
+    /// The checkpoint as `convert` would write it under `plan`.
+    pub fn of_plan(plan: &Plan, ctx: &Context<'_>) -> Scenario {
+        let shards: Vec<u64> = plan
+            .shards
+            .iter()
+            .map(|s| {
+                let header = crate::write::shard::header_bytes(
+                    std::path::Path::new(&s.file),
+                    s,
+                    &plan.metadata,
+                )
+                .map_or_else(|_| header_estimate(s), |h| h.len() as u64);
+                s.data_len.saturating_add(header)
+            })
+            .collect();
+        let tensors: Vec<(&str, u64)> = plan.tensors().map(|t| (t.name.as_str(), t.len)).collect();
+        let mut s = Scenario::judge(&shards, &tensors, ctx);
+        s.max_shard_size = Some(plan.options.max_shard_size);
+        s.dtype = plan.options.dtype;
+        s
+    }
+
+    /// The judged loaders whose host memory fits (VRAM aside: shard sizes
+    /// do not change it).
+    pub fn fitting_host(&self) -> Vec<Loader> {
+        self.loaders
+            .iter()
+            .filter(|l| l.host_shortfall == 0)
+            .map(|l| l.loader)
+            .collect()
+    }
+
+    pub fn all_fit(&self) -> bool {
+        self.loaders.iter().all(|l| l.fits)
+    }
+}
+
+/// A generous bound on a shard header when the exact one cannot be built.
+fn header_estimate(s: &super::ShardPlan) -> u64 {
+    8 + 1024
+        + s.tensors
+            .iter()
+            .map(|t| t.name.len() as u64 + 96)
+            .sum::<u64>()
+}
+
+/// What every scenario is judged with.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    pub loaders: &'a [Loader],
+    pub params: &'a LoadParams,
+    pub budget: &'a Budget,
+}
+
+/// The conversion that makes the most loaders fit in host memory. VRAM is
+/// left aside: shard sizes do not change it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recommendation {
+    pub max_shard_size: u64,
+    /// `--max-shard-size` as typed (`1GiB`).
+    pub max_shard_size_arg: String,
+    pub dtype: Option<Dtype>,
+    /// The command line to run.
+    pub command: String,
+    /// Loaders whose host memory fits after the conversion.
+    pub fits: Vec<Loader>,
+    /// Loaders whose host memory is still short.
+    pub still_not_fitting: Vec<Loader>,
+}
+
+/// Everything `reshard fit` reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FitReport {
+    pub machine: Machine,
+    pub budget: Budget,
+    pub params: LoadParams,
+    pub loaders: Vec<Loader>,
+    pub today: Scenario,
+    pub what_if: Option<Scenario>,
+    pub recommendation: Option<Recommendation>,
+    /// Judged loaders short of host memory that no shard size makes fit
+    /// (at the checkpoint's own dtype).
+    pub not_helped_by_resharding: Vec<Loader>,
+    /// Every judged loader fits (in the what-if scenario when there is one).
+    pub fits: bool,
+}
+
+/// Judges `ck` on `machine`.
+pub fn fit(ck: &Checkpoint, machine: Machine, options: &FitOptions) -> Result<FitReport, FitError> {
+    let budget = Budget::of(&machine)?;
+    let params = LoadParams {
+        os: machine.os,
+        gpu: budget.vram_bytes.is_some(),
+        threads: options.threads,
+        window: options.window,
+        cuda_overhead: options.cuda_overhead,
+    };
+    let mut loaders = options.loaders.clone();
+    loaders.sort();
+    loaders.dedup();
+    if loaders.is_empty() {
+        loaders = Loader::ALL.to_vec();
+    }
+    let ctx = Context {
+        loaders: &loaders,
+        params: &params,
+        budget: &budget,
+    };
+    let today = Scenario::of_checkpoint(ck, &ctx);
+    let what_if = match &options.what_if {
+        Some(o) => Some(Scenario::of_plan(&Plan::build(ck, o)?, &ctx)),
+        None => None,
+    };
+    let judged = what_if.as_ref().unwrap_or(&today);
+    let fits = judged.all_fit();
+    let host_short = today.loaders.iter().any(|l| l.host_shortfall > 0);
+    let (recommendation, not_helped_by_resharding) = if !host_short {
+        (None, Vec::new())
+    } else {
+        recommend(ck, &today, &ctx, &options.path)?
+    };
+    Ok(FitReport {
+        machine,
+        budget,
+        params,
+        loaders,
+        today,
+        what_if,
+        recommendation,
+        not_helped_by_resharding,
+        fits,
+    })
+}
+
+/// Tries every candidate shard size, at the source dtype and (for f32/f64
+/// sources) at bf16, and keeps the one that makes the most loaders fit,
+/// preferring no cast, then the largest shards. `None` when none beats the
+/// checkpoint as it is.
+fn recommend(
+    ck: &Checkpoint,
+    today: &Scenario,
+    ctx: &Context<'_>,
+    path: &str,
+) -> Result<(Option<Recommendation>, Vec<Loader>), FitError> {
+    let wide = ck
+        .tensors
+        .iter()
+        .any(|t| matches!(t.dtype, Dtype::F32 | Dtype::F64));
+    let dtypes: &[Option<Dtype>] = if wide {
+        &[None, Some(Dtype::BF16)]
+    } else {
+        &[None]
+    };
+    let mut best: Option<(usize, Recommendation)> = None;
+    let mut reshard_fixes: Vec<Loader> = today.fitting_host();
+    for &dtype in dtypes {
+        for (size, arg) in CANDIDATE_SHARD_SIZES {
+            let options = PlanOptions {
+                max_shard_size: size,
+                dtype,
+                ..PlanOptions::default()
+            };
+            let s = Scenario::of_plan(&Plan::build(ck, &options)?, ctx);
+            let fits = s.fitting_host();
+            if dtype.is_none() {
+                reshard_fixes.extend(fits.iter().copied());
+            }
+            if best.as_ref().is_some_and(|(n, _)| *n >= fits.len()) {
+                continue;
+            }
+            let mut command = format!(
+                "reshard convert {} OUT --max-shard-size {arg}",
+                shell_quote(path)
+            );
+            if let Some(d) = dtype {
+                command.push_str(&format!(" --dtype {}", d.name().to_ascii_lowercase()));
+            }
+            let still_not_fitting = ctx
+                .loaders
+                .iter()
+                .copied()
+                .filter(|l| !fits.contains(l))
+                .collect();
+            let rec = Recommendation {
+                max_shard_size: size,
+                max_shard_size_arg: arg.into(),
+                dtype,
+                command,
+                fits,
+                still_not_fitting,
+            };
+            best = Some((rec.fits.len(), rec));
+        }
+    }
+    let unhelped = ctx
+        .loaders
+        .iter()
+        .copied()
+        .filter(|l| !reshard_fixes.contains(l))
+        .collect();
+    let best = best
+        .filter(|(n, _)| *n > today.fitting_host().len())
+        .map(|b| b.1);
+    Ok((best, unhelped))
+}
+
+/// Quotes a path for a POSIX shell when it needs it.
+fn shell_quote(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./:=@+,".contains(&b));
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,321 @@
+//! Fit on synthetic checkpoints, with every expected figure worked out by
+//! hand in the comments.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use super::*;
+use crate::format::{DataRef, Format, Layout, SourceFile, Tensor};
+use crate::plan::machine::{Detected, Given};
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// A small llama in F16, sizes chosen to add up by hand:
+///
+/// | tensor                      | bytes |
+/// |-----------------------------|-------|
+/// | model.embed_tokens.weight   | 1 GiB |
+/// | model.layers.{0..3}.a / .b  | 1 GiB each, so 2 GiB per block |
+/// | model.norm.weight           | 4 KiB |
+/// | lm_head.weight              | 1 GiB |
+///
+/// sum(T) = 1 + 4 x 2 + 1 GiB + 4 KiB = 10 GiB + 4 KiB; max(T) = 1 GiB.
+/// Two files of 6 GiB + 4 KiB and 4 GiB + 8 KiB (headers included):
+/// sum(S) = 10 GiB + 12 KiB; max(S) = 6 GiB + 4 KiB.
+fn llama() -> Checkpoint {
+    let mut names: Vec<(String, u64)> = vec![("model.embed_tokens.weight".into(), GIB)];
+    for l in 0..4 {
+        names.push((format!("model.layers.{l}.a.weight"), GIB));
+        names.push((format!("model.layers.{l}.b.weight"), GIB));
+    }
+    names.push(("model.norm.weight".into(), 4 * KIB));
+    names.push(("lm_head.weight".into(), GIB));
+    let mut offset = 0;
+    let tensors = names
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, len))| {
+            let t = Tensor {
+                name,
+                dtype: Dtype::F16,
+                shape: vec![len / 2],
+                len,
+                file: usize::from(i >= 6),
+                data: DataRef::Contiguous { offset },
+            };
+            offset += len;
+            t
+        })
+        .collect();
+    let file = |name: &str, size| SourceFile {
+        path: PathBuf::from(name),
+        size,
+        mtime_ns: 0,
+    };
+    Checkpoint {
+        dir: PathBuf::from("llama"),
+        format: Format::Safetensors,
+        layout: Layout::Loose,
+        prefix: "model".into(),
+        files: vec![
+            file("a.safetensors", 6 * GIB + 4 * KIB),
+            file("b.safetensors", 4 * GIB + 8 * KIB),
+        ],
+        tensors,
+        metadata: BTreeMap::new(),
+        findings: Vec::new(),
+    }
+}
+
+fn windows(ram: u64, pagefile: u64, vram: Option<u64>) -> Machine {
+    let given = Given {
+        os: Some(Os::Windows),
+        ram: Some(ram),
+        pagefile: Some(pagefile),
+        commit_limit: None,
+        vram,
+    };
+    Machine::resolve(&given, &Detected::default(), Os::Linux)
+}
+
+fn options() -> FitOptions {
+    FitOptions {
+        threads: 4,
+        window: 256 * MIB,
+        cuda_overhead: 512 * MIB,
+        path: "llama".into(),
+        ..FitOptions::default()
+    }
+}
+
+fn row(s: &Scenario, l: Loader) -> &LoaderFit {
+    s.loaders.iter().find(|r| r.loader == l).unwrap()
+}
+
+#[test]
+fn windows_commit_per_loader_against_ram_plus_pagefile() {
+    // Commit limit = 12 GiB RAM + 2 GiB pagefile = 14 GiB. A 16 GiB GPU,
+    // so every loader adds the 512 MiB CUDA term and the weights fit VRAM.
+    let r = fit(
+        &llama(),
+        windows(12 * GIB, 2 * GIB, Some(16 * GIB)),
+        &options(),
+    )
+    .unwrap();
+    assert_eq!(r.budget.host_bytes, 14 * GIB);
+    let cases = [
+        // sum(S) + max(S) + cuda = (10 GiB + 12 KiB) + (6 GiB + 4 KiB) + 512 MiB
+        //                        = 16.5 GiB + 16 KiB: 2.5 GiB + 16 KiB short.
+        (
+            Loader::TransformersV5Mmap,
+            16 * GIB + 512 * MIB + 16 * KIB,
+            2 * GIB + 512 * MIB + 16 * KIB,
+        ),
+        // max(S) + threads x 2 x max(T) + cuda = 6 GiB + 4 KiB + 4 x 2 x 1 GiB + 512 MiB
+        //                                      = 14.5 GiB + 4 KiB: 0.5 GiB + 4 KiB short.
+        (
+            Loader::TransformersV5Pread,
+            14 * GIB + 512 * MIB + 4 * KIB,
+            512 * MIB + 4 * KIB,
+        ),
+        // 2 x max(S) + cuda = 12 GiB + 8 KiB + 512 MiB: fits.
+        (Loader::PerShardMmap, 12 * GIB + 512 * MIB + 8 * KIB, 0),
+        // sum(S) + cuda = 10 GiB + 12 KiB + 512 MiB: fits.
+        (Loader::FullRead, 10 * GIB + 512 * MIB + 12 * KIB, 0),
+        // min(256 MiB, 1 GiB) + cuda = 768 MiB: fits.
+        (Loader::Reshard, 768 * MIB, 0),
+    ];
+    for (loader, commit, short) in cases {
+        let got = row(&r.today, loader);
+        assert_eq!(
+            (got.peak_commit, got.host_shortfall, got.fits),
+            (commit, short, short == 0),
+            "{loader}"
+        );
+        assert_eq!(got.vram, 10 * GIB + 4 * KIB, "{loader}: VRAM is sum(T)");
+    }
+    assert!(!r.fits);
+    let v = r.today.vram.as_ref().unwrap();
+    assert_eq!(
+        (v.needed, v.spill, v.blocks_total, v.leading_blocks_fit),
+        (10 * GIB + 4 * KIB, 0, 4, 4)
+    );
+}
+
+#[test]
+fn short_vram_spills_and_counts_leading_blocks() {
+    // 8 GiB of VRAM. Forward order: embed (1 GiB), then the blocks end at
+    // 3, 5, 7 and 9 GiB; three end within 8 GiB. Spill = 10 GiB + 4 KiB - 8 GiB.
+    let r = fit(&llama(), windows(64 * GIB, 0, Some(8 * GIB)), &options()).unwrap();
+    let v = r.today.vram.as_ref().unwrap();
+    assert_eq!(
+        (v.spill, v.leading_blocks_fit, v.blocks_total),
+        (2 * GIB + 4 * KIB, 3, 4)
+    );
+    for l in &r.today.loaders {
+        assert_eq!(l.vram_shortfall, 2 * GIB + 4 * KIB, "{}", l.loader);
+        assert!(!l.fits);
+    }
+}
+
+#[test]
+fn linux_checks_private_rss_against_available_ram() {
+    // 8 GiB available, no GPU: the weights stay on the host.
+    let given = Given {
+        os: Some(Os::Linux),
+        ram: Some(8 * GIB),
+        ..Given::default()
+    };
+    let m = Machine::resolve(&given, &Detected::default(), Os::Linux);
+    let r = fit(&llama(), m, &options()).unwrap();
+    assert_eq!(r.budget.host_kind, HostBudgetKind::AvailableRam);
+    // (loader, private, file-backed)
+    let cases = [
+        // all shards mapped and only read: page cache, nothing private.
+        (Loader::TransformersV5Mmap, 0, 10 * GIB + 12 * KIB),
+        // 4 x 2 x 1 GiB in flight + sum(T) on the host; one shard mapped.
+        (
+            Loader::TransformersV5Pread,
+            8 * GIB + 10 * GIB + 4 * KIB,
+            6 * GIB + 4 * KIB,
+        ),
+        // sum(T) on the host; one shard mapped.
+        (Loader::PerShardMmap, 10 * GIB + 4 * KIB, 6 * GIB + 4 * KIB),
+        // the whole state dict: sum(S).
+        (Loader::FullRead, 10 * GIB + 12 * KIB, 0),
+        // 256 MiB staging + sum(T).
+        (Loader::Reshard, 256 * MIB + 10 * GIB + 4 * KIB, 0),
+    ];
+    for (loader, private, file) in cases {
+        let got = row(&r.today, loader);
+        assert_eq!(
+            (got.peak_rss_private, got.peak_rss_file),
+            (private, file),
+            "{loader}"
+        );
+        assert_eq!(got.fits, private <= 8 * GIB, "{loader}");
+    }
+    // Mapped pages past available RAM are re-read from disk, not a failure.
+    assert!(row(&r.today, Loader::TransformersV5Mmap).pages_from_disk);
+    assert!(r.today.vram.is_none());
+}
+
+#[test]
+fn strict_overcommit_also_checks_commit() {
+    let detected = Detected {
+        ram: Some(64 * GIB),
+        available: Some(60 * GIB),
+        commit_limit: Some(12 * GIB),
+        committed: Some(2 * GIB),
+        overcommit_memory: Some(2),
+        ..Detected::default()
+    };
+    let m = Machine::resolve(
+        &Given {
+            vram: Some(80 * GIB),
+            ..Given::default()
+        },
+        &detected,
+        Os::Linux,
+    );
+    let r = fit(&llama(), m, &options()).unwrap();
+    // Free commit = 12 - 2 = 10 GiB. transformers-v5-mmap commits sum(S) =
+    // 10 GiB + 12 KiB on Linux (no second view, no CUDA term): 12 KiB short.
+    assert_eq!(r.budget.commit_bytes, Some(10 * GIB));
+    let got = row(&r.today, Loader::TransformersV5Mmap);
+    assert_eq!(
+        (got.peak_commit, got.host_shortfall),
+        (10 * GIB + 12 * KIB, 12 * KIB)
+    );
+    assert!(row(&r.today, Loader::PerShardMmap).fits);
+}
+
+#[test]
+fn recommends_the_largest_shards_that_fit_the_most_loaders() {
+    // Commit limit 11 GiB, 16 GiB GPU. Today: full-read (10.5 GiB + 12 KiB)
+    // and reshard fit; per-shard needs 2 x 6 GiB + 0.5 GiB.
+    // 5GB shards (max(S) <= 4.66 GiB): per-shard fits (<= 9.8 GiB), pread
+    // does not (4.66 + 8 + 0.5 > 11). 2GiB shards: one block each, so
+    // max(S) = 2 GiB + header; pread = 2 + 8 + 0.5 GiB + header fits too.
+    // transformers-v5-mmap needs at least sum(T) + max(T) + cuda =
+    // 10 + 1 + 0.5 GiB > 11 GiB whatever the shard size.
+    let r = fit(&llama(), windows(10 * GIB, GIB, Some(16 * GIB)), &options()).unwrap();
+    assert_eq!(r.today.fitting_host(), [Loader::FullRead, Loader::Reshard]);
+    let rec = r.recommendation.unwrap();
+    assert_eq!(rec.max_shard_size_arg, "2GiB");
+    assert_eq!(rec.dtype, None);
+    assert_eq!(
+        rec.command,
+        "reshard convert llama OUT --max-shard-size 2GiB"
+    );
+    assert_eq!(rec.still_not_fitting, [Loader::TransformersV5Mmap]);
+    assert_eq!(r.not_helped_by_resharding, [Loader::TransformersV5Mmap]);
+}
+
+#[test]
+fn what_if_scenario_decides_the_verdict() {
+    let mut o = options();
+    o.loaders = vec![Loader::PerShardMmap];
+    o.what_if = Some(PlanOptions {
+        max_shard_size: GIB,
+        ..PlanOptions::default()
+    });
+    let r = fit(&llama(), windows(10 * GIB, GIB, Some(16 * GIB)), &o).unwrap();
+    // Today 2 x (6 GiB + 4 KiB) + 0.5 GiB > 11 GiB; with 1 GiB shards every
+    // tensor is alone: 2 x (1 GiB + header) + 0.5 GiB fits.
+    assert!(!r.today.all_fit());
+    let after = r.what_if.as_ref().unwrap();
+    assert_eq!(after.max_shard_size, Some(GIB));
+    let peak = row(after, Loader::PerShardMmap).peak_commit;
+    assert!(
+        peak > 2 * GIB + 512 * MIB && peak < 2 * GIB + 512 * MIB + 8 * KIB,
+        "{peak}"
+    );
+    // Every 1 GiB tensor alone, and the 4 KiB norm alone between two full
+    // shards: 1 + 8 + 1 + 1 = 11 shards.
+    assert_eq!(after.shard_count, 11);
+    assert!(r.fits);
+}
+
+#[test]
+fn no_commit_limit_is_an_error() {
+    let m = Machine::resolve(
+        &Given {
+            os: Some(Os::Windows),
+            ..Given::default()
+        },
+        &Detected::default(),
+        Os::Linux,
+    );
+    assert!(matches!(
+        fit(&llama(), m, &options()),
+        Err(FitError::NoCommitLimit)
+    ));
+}
+
+#[test]
+fn vram_walk_counts_whole_blocks_in_forward_order() {
+    let tensors = [
+        ("lm_head.weight", 10),
+        ("model.layers.1.w", 10),
+        ("model.layers.0.w", 10),
+        ("model.layers.0.v", 10),
+        ("model.embed_tokens.weight", 10),
+    ];
+    // Forward: embed 10, layer 0 ends at 30, layer 1 at 40, head 50.
+    let v = vram_fit(&tensors, 39);
+    assert_eq!(
+        (v.needed, v.spill, v.blocks_total, v.leading_blocks_fit),
+        (50, 11, 2, 1)
+    );
+    assert_eq!(vram_fit(&tensors, 40).leading_blocks_fit, 2);
+    assert_eq!(vram_fit(&tensors, 9).leading_blocks_fit, 0);
+}
+
+#[test]
+fn quotes_paths_for_the_shell() {
+    assert_eq!(shell_quote("models/llama-3"), "models/llama-3");
+    assert_eq!(shell_quote("my model's"), r"'my model'\''s'");
+}

@@ -1,0 +1,375 @@
+//! The machine a checkpoint should fit: RAM, swap or pagefile, commit limit,
+//! what is committed now, and VRAM, each either detected on the running
+//! machine or given by the user.
+//!
+//! This module reads /proc on Linux, asks Windows (GlobalMemoryStatusEx)
+//! and macOS (`sysctl hw.memsize`), and merges that with given figures into
+//! a [`Machine`]. It does no fit arithmetic ([`super::fit`] does) and prints
+//! nothing.
+
+use serde::{Deserialize, Serialize};
+
+pub use super::fit::loader::Os;
+
+/// Where a figure came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// Read from the running machine.
+    Detected,
+    /// Given on the command line.
+    Given,
+    /// Computed from other figures (commit limit = RAM + pagefile).
+    Derived,
+}
+
+/// One figure in bytes, and where it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Figure {
+    pub bytes: u64,
+    pub source: Source,
+}
+
+impl Figure {
+    pub fn given(bytes: u64) -> Figure {
+        Figure {
+            bytes,
+            source: Source::Given,
+        }
+    }
+    pub fn detected(bytes: u64) -> Figure {
+        Figure {
+            bytes,
+            source: Source::Detected,
+        }
+    }
+    pub fn derived(bytes: u64) -> Figure {
+        Figure {
+            bytes,
+            source: Source::Derived,
+        }
+    }
+}
+
+/// What the running machine reports; `None` where it cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Detected {
+    pub ram: Option<u64>,
+    /// Linux MemAvailable; Windows available physical memory.
+    pub available: Option<u64>,
+    /// Linux SwapTotal; Windows pagefile (commit limit minus RAM).
+    pub swap: Option<u64>,
+    /// Linux CommitLimit; Windows commit limit (ullTotalPageFile).
+    pub commit_limit: Option<u64>,
+    /// Linux Committed_AS; Windows commit charge now.
+    pub committed: Option<u64>,
+    /// Linux `vm.overcommit_memory` (2 is strict).
+    pub overcommit_memory: Option<u8>,
+    /// Dedicated memory of GPU 0.
+    pub vram: Option<u64>,
+}
+
+/// Figures the user gave; `None` means "detect it".
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Given {
+    pub os: Option<Os>,
+    pub ram: Option<u64>,
+    /// Pagefile on Windows, swap on Linux.
+    pub pagefile: Option<u64>,
+    pub commit_limit: Option<u64>,
+    pub vram: Option<u64>,
+}
+
+/// The machine a fit is judged against.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Machine {
+    pub os: Os,
+    pub os_source: Source,
+    pub ram: Option<Figure>,
+    /// RAM free for a new process (Linux MemAvailable), or the given RAM.
+    pub available: Option<Figure>,
+    /// Pagefile (Windows) or swap (Linux).
+    pub pagefile: Option<Figure>,
+    pub commit_limit: Option<Figure>,
+    /// Commit charged now by every process (same machine only).
+    pub committed: Option<Figure>,
+    /// Commit limit minus committed.
+    pub free_commit: Option<Figure>,
+    /// Linux `vm.overcommit_memory=2`: allocations fail past the commit
+    /// limit. `None` when unknown (not Linux, or another machine).
+    pub overcommit_strict: Option<bool>,
+    pub vram: Option<Figure>,
+}
+
+impl Machine {
+    /// Merges given figures over detected ones.
+    ///
+    /// Figures about the state of the running machine (available RAM,
+    /// committed, the detected commit limit, the overcommit mode) are used
+    /// only when the target OS is the running one and neither RAM nor
+    /// pagefile was given, since they describe this machine as it is now. RAM,
+    /// swap and VRAM are taken from this machine whenever they are not given.
+    pub fn resolve(given: &Given, detected: &Detected, running: Os) -> Machine {
+        let os = given.os.unwrap_or(running);
+        let os_source = if given.os.is_some() {
+            Source::Given
+        } else {
+            Source::Detected
+        };
+        let this_machine = os == running && given.ram.is_none() && given.pagefile.is_none();
+        let ram = given
+            .ram
+            .map(Figure::given)
+            .or(detected.ram.map(Figure::detected));
+        let pagefile = given
+            .pagefile
+            .map(Figure::given)
+            .or(detected.swap.map(Figure::detected));
+        let here = |v: Option<u64>| {
+            if this_machine {
+                v.map(Figure::detected)
+            } else {
+                None
+            }
+        };
+        let available = match given.ram {
+            Some(r) => Some(Figure::given(r)),
+            None => here(detected.available).or(ram),
+        };
+        let commit_limit = given.commit_limit.map(Figure::given).or_else(|| match os {
+            Os::Windows => here(detected.commit_limit).or_else(|| {
+                let (r, p) = (ram?, pagefile.map_or(0, |p| p.bytes));
+                Some(Figure::derived(r.bytes.saturating_add(p)))
+            }),
+            Os::Linux => here(detected.commit_limit),
+            Os::Macos => None,
+        });
+        let committed = here(detected.committed);
+        let free_commit = match (commit_limit, committed) {
+            (Some(l), Some(c)) => Some(Figure::derived(l.bytes.saturating_sub(c.bytes))),
+            _ => None,
+        };
+        let overcommit_strict = match os {
+            Os::Linux if os == running => detected.overcommit_memory.map(|m| m == 2),
+            _ => None,
+        };
+        let vram = given
+            .vram
+            .map(Figure::given)
+            .or(detected.vram.map(Figure::detected));
+        Machine {
+            os,
+            os_source,
+            ram,
+            available,
+            pagefile,
+            commit_limit,
+            committed,
+            free_commit,
+            overcommit_strict,
+            vram,
+        }
+    }
+}
+
+/// Reads what the running machine reports. Never fails: unreadable figures
+/// are `None`.
+pub fn detect() -> Detected {
+    let mut d = detect_host();
+    d.vram = detect_vram();
+    d
+}
+
+/// Dedicated memory of GPU 0, in bytes.
+///
+/// Returns `None` for now: the lead wires CUDA (cudarc's `cuDeviceTotalMem`)
+/// in here once the validate branch's CUDA module is merged; until then give
+/// `--vram`.
+pub fn detect_vram() -> Option<u64> {
+    None
+}
+
+#[cfg(target_os = "linux")]
+fn detect_host() -> Detected {
+    let mut d = std::fs::read_to_string("/proc/meminfo")
+        .map(|t| parse_meminfo(&t))
+        .unwrap_or_default();
+    d.overcommit_memory = std::fs::read_to_string("/proc/sys/vm/overcommit_memory")
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    d
+}
+
+#[cfg(target_os = "macos")]
+fn detect_host() -> Detected {
+    // Best effort: macOS grows swap on demand and has no commit limit.
+    let ram = std::process::Command::new("sysctl")
+        .args(["-n", "hw.memsize"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok());
+    Detected {
+        ram,
+        ..Detected::default()
+    }
+}
+
+#[cfg(windows)]
+fn detect_host() -> Detected {
+    windows::detect().unwrap_or_default()
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos", windows)))]
+fn detect_host() -> Detected {
+    Detected::default()
+}
+
+/// Parses /proc/meminfo (values in kB).
+pub fn parse_meminfo(text: &str) -> Detected {
+    let field = |key: &str| {
+        text.lines().find_map(|line| {
+            let rest = line.strip_prefix(key)?.strip_prefix(':')?;
+            let kb: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+            kb.checked_mul(1024)
+        })
+    };
+    Detected {
+        ram: field("MemTotal"),
+        available: field("MemAvailable"),
+        swap: field("SwapTotal"),
+        commit_limit: field("CommitLimit"),
+        committed: field("Committed_AS"),
+        overcommit_memory: None,
+        vram: None,
+    }
+}
+
+/// Windows: GlobalMemoryStatusEx gives physical memory and the commit limit
+/// ("total page file" is RAM plus pagefiles, the system commit limit). This
+/// code compiles only on Windows and has not been run by the test suite.
+#[cfg(windows)]
+#[allow(unsafe_code)]
+mod windows {
+    use windows_sys::Win32::System::SystemInformation::{GlobalMemoryStatusEx, MEMORYSTATUSEX};
+
+    use super::Detected;
+
+    pub fn detect() -> Option<Detected> {
+        let mut m = MEMORYSTATUSEX {
+            dwLength: std::mem::size_of::<MEMORYSTATUSEX>() as u32,
+            dwMemoryLoad: 0,
+            ullTotalPhys: 0,
+            ullAvailPhys: 0,
+            ullTotalPageFile: 0,
+            ullAvailPageFile: 0,
+            ullTotalVirtual: 0,
+            ullAvailVirtual: 0,
+            ullAvailExtendedVirtual: 0,
+        };
+        // SAFETY: `m` is a live, writable MEMORYSTATUSEX whose dwLength is
+        // set to its size, which is all GlobalMemoryStatusEx requires.
+        let ok = unsafe { GlobalMemoryStatusEx(&mut m) };
+        if ok == 0 {
+            return None;
+        }
+        Some(Detected {
+            ram: Some(m.ullTotalPhys),
+            available: Some(m.ullAvailPhys),
+            swap: Some(m.ullTotalPageFile.saturating_sub(m.ullTotalPhys)),
+            commit_limit: Some(m.ullTotalPageFile),
+            committed: Some(m.ullTotalPageFile.saturating_sub(m.ullAvailPageFile)),
+            overcommit_memory: None,
+            vram: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    const MEMINFO: &str = "MemTotal:       65536000 kB\nMemFree:         1000 kB\nMemAvailable:   32768000 kB\nSwapTotal:       8388608 kB\nCommitLimit:    41156608 kB\nCommitted_AS:   10240000 kB\n";
+
+    #[test]
+    fn parses_meminfo_in_kib() {
+        let d = parse_meminfo(MEMINFO);
+        assert_eq!(d.ram, Some(65_536_000 * 1024));
+        assert_eq!(d.available, Some(32_768_000 * 1024));
+        assert_eq!(d.swap, Some(8 * GIB));
+        assert_eq!(d.commit_limit, Some(41_156_608 * 1024));
+        assert_eq!(d.committed, Some(10_240_000 * 1024));
+        assert_eq!(
+            parse_meminfo("garbage\nMemTotal: x kB\n"),
+            Detected::default()
+        );
+    }
+
+    fn detected() -> Detected {
+        Detected {
+            ram: Some(64 * GIB),
+            available: Some(40 * GIB),
+            swap: Some(8 * GIB),
+            commit_limit: Some(70 * GIB),
+            committed: Some(20 * GIB),
+            overcommit_memory: Some(2),
+            vram: None,
+        }
+    }
+
+    #[test]
+    fn given_windows_figures_derive_the_commit_limit() {
+        let given = Given {
+            os: Some(Os::Windows),
+            ram: Some(32 * GIB),
+            pagefile: Some(8 * GIB),
+            ..Given::default()
+        };
+        let m = Machine::resolve(&given, &detected(), Os::Linux);
+        assert_eq!(m.commit_limit, Some(Figure::derived(40 * GIB)));
+        assert_eq!(m.ram, Some(Figure::given(32 * GIB)));
+        // Another machine: nothing about this one's current state.
+        assert_eq!(
+            (m.committed, m.free_commit, m.overcommit_strict),
+            (None, None, None)
+        );
+    }
+
+    #[test]
+    fn this_linux_machine_uses_what_it_reports() {
+        let m = Machine::resolve(&Given::default(), &detected(), Os::Linux);
+        assert_eq!(m.os_source, Source::Detected);
+        assert_eq!(m.available, Some(Figure::detected(40 * GIB)));
+        assert_eq!(m.commit_limit, Some(Figure::detected(70 * GIB)));
+        assert_eq!(m.free_commit, Some(Figure::derived(50 * GIB)));
+        assert_eq!(m.overcommit_strict, Some(true));
+    }
+
+    #[test]
+    fn given_ram_is_the_available_ram() {
+        let given = Given {
+            ram: Some(16 * GIB),
+            vram: Some(24 * GIB),
+            ..Given::default()
+        };
+        let m = Machine::resolve(&given, &detected(), Os::Linux);
+        assert_eq!(m.available, Some(Figure::given(16 * GIB)));
+        assert_eq!(m.vram, Some(Figure::given(24 * GIB)));
+        assert_eq!(m.commit_limit, None);
+    }
+
+    #[test]
+    fn given_commit_limit_wins() {
+        let given = Given {
+            os: Some(Os::Windows),
+            commit_limit: Some(50 * GIB),
+            ..Given::default()
+        };
+        let m = Machine::resolve(&given, &detected(), Os::Windows);
+        assert_eq!(m.commit_limit, Some(Figure::given(50 * GIB)));
+        assert_eq!(m.free_commit, Some(Figure::derived(30 * GIB)));
+    }
+}

@@ -1,0 +1,426 @@
+//! `reshard fit` on a real fixture and on a "virtual" 70B checkpoint: real
+//! safetensors headers over sparse data sections, so ~128 GiB of weights
+//! cost no disk. fit reads headers only; a test checks it reads no data.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// Writes a safetensors header for `tensors` (name, shape) in BF16 and makes
+/// the data section a hole: the file is as long as the real one would be.
+fn write_sparse_shard(path: &Path, tensors: &[(String, Vec<u64>)]) -> u64 {
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), json!({"format": "pt"}));
+    let mut offset = 0u64;
+    for (name, shape) in tensors {
+        let len = shape.iter().product::<u64>() * 2;
+        header.insert(
+            name.clone(),
+            json!({"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + len]}),
+        );
+        offset += len;
+    }
+    let mut text = serde_json::to_vec(&Value::Object(header)).unwrap();
+    while text.len() % 8 != 0 {
+        text.push(b' ');
+    }
+    let mut f = File::create(path).unwrap();
+    f.write_all(&(text.len() as u64).to_le_bytes()).unwrap();
+    f.write_all(&text).unwrap();
+    f.set_len(8 + text.len() as u64 + offset).unwrap();
+    8 + text.len() as u64 + offset
+}
+
+/// Llama-2-70B's tensor shapes (hidden 8192, MLP 28672, 8 KV heads of 128,
+/// vocab 32000, 80 layers) in BF16:
+///
+/// | tensor | bytes |
+/// |---|---|
+/// | embed_tokens, lm_head | 32000 x 8192 x 2 = 500 MiB each (max(T)) |
+/// | q_proj, o_proj | 8192 x 8192 x 2 = 128 MiB each |
+/// | k_proj, v_proj | 1024 x 8192 x 2 = 16 MiB each |
+/// | gate, up, down | 28672 x 8192 x 2 = 448 MiB each |
+/// | two norms per layer, final norm | 16 KiB each |
+///
+/// A layer is 2 x 128 + 2 x 16 + 3 x 448 MiB + 32 KiB = 1632 MiB + 32 KiB,
+/// sum(T) = 80 layers + 2 x 500 MiB + 16 KiB. Saved as transformers v5
+/// does, in three big shards: embed + layers 0-29, layers 30-59, layers
+/// 60-79 + norm + head.
+const LAYER: u64 = 1632 * MIB + 32 * KIB;
+const WEIGHTS_70B: u64 = 80 * LAYER + 1000 * MIB + 16 * KIB;
+const MAX_T_70B: u64 = 500 * MIB;
+
+fn layer(l: u64) -> Vec<(String, Vec<u64>)> {
+    let p = format!("model.layers.{l}");
+    vec![
+        (format!("{p}.input_layernorm.weight"), vec![8192]),
+        (format!("{p}.self_attn.q_proj.weight"), vec![8192, 8192]),
+        (format!("{p}.self_attn.k_proj.weight"), vec![1024, 8192]),
+        (format!("{p}.self_attn.v_proj.weight"), vec![1024, 8192]),
+        (format!("{p}.self_attn.o_proj.weight"), vec![8192, 8192]),
+        (format!("{p}.post_attention_layernorm.weight"), vec![8192]),
+        (format!("{p}.mlp.gate_proj.weight"), vec![28672, 8192]),
+        (format!("{p}.mlp.up_proj.weight"), vec![28672, 8192]),
+        (format!("{p}.mlp.down_proj.weight"), vec![8192, 28672]),
+    ]
+}
+
+/// Writes the virtual 70B into `dir`; returns the three file sizes.
+fn virtual_70b(dir: &Path) -> [u64; 3] {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut shards: [Vec<(String, Vec<u64>)>; 3] = Default::default();
+    shards[0].push(("model.embed_tokens.weight".into(), vec![32000, 8192]));
+    for l in 0..80 {
+        shards[(l / 30) as usize].extend(layer(l));
+    }
+    shards[2].push(("model.norm.weight".into(), vec![8192]));
+    shards[2].push(("lm_head.weight".into(), vec![32000, 8192]));
+    let mut weight_map = serde_json::Map::new();
+    let mut sizes = [0; 3];
+    for (i, tensors) in shards.iter().enumerate() {
+        let file = format!("model-{:05}-of-00003.safetensors", i + 1);
+        sizes[i] = write_sparse_shard(&dir.join(&file), tensors);
+        for (name, _) in tensors {
+            weight_map.insert(name.clone(), json!(file));
+        }
+    }
+    let index = json!({"metadata": {"total_size": WEIGHTS_70B}, "weight_map": weight_map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    sizes
+}
+
+fn fit_json(path: &Path, extra: &[&str]) -> (Value, i32) {
+    let out = reshard()
+        .arg("fit")
+        .arg(path)
+        .args(extra)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let code = out.status.code().unwrap();
+    assert!(
+        code == 0 || code == 1,
+        "exit {code}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (serde_json::from_slice(&out.stdout).unwrap(), code)
+}
+
+fn loader<'a>(scenario: &'a Value, name: &str) -> &'a Value {
+    scenario["loaders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["loader"] == name)
+        .unwrap()
+}
+
+const WINDOWS_32_8: [&str; 8] = [
+    "--os",
+    "windows",
+    "--ram",
+    "32GiB",
+    "--pagefile",
+    "8GiB",
+    "--vram",
+    "141GiB",
+];
+
+#[test]
+fn fit_virtual_70b_per_loader_on_windows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("llama-70b");
+    let s = virtual_70b(&dir);
+    let (sum_s, max_s) = (s.iter().sum::<u64>(), *s.iter().max().unwrap());
+    // Shard 1 (embed + 30 layers) is the largest.
+    assert_eq!(max_s, s[0]);
+    assert!(s[0] > 500 * MIB + 30 * LAYER && s[0] < 500 * MIB + 30 * LAYER + MIB);
+
+    let (r, code) = fit_json(&dir, &WINDOWS_32_8);
+    assert_eq!(code, 1, "nothing but reshard's loader fits");
+    assert_eq!(
+        r["budget"]["host_bytes"],
+        40 * GIB,
+        "commit limit = 32 GiB RAM + 8 GiB pagefile"
+    );
+    assert_eq!(r["machine"]["commit_limit"]["source"], "derived");
+    assert_eq!(r["machine"]["ram"]["source"], "given");
+    let today = &r["today"];
+    assert_eq!(today["tensor_sum"], WEIGHTS_70B);
+    assert_eq!(today["tensor_max"], MAX_T_70B);
+    let cuda = 512 * MIB;
+    let cases = [
+        // sum(S) + max(S) + cuda
+        ("transformers-v5-mmap", sum_s + max_s + cuda),
+        // max(S) + 8 threads x 2 x 500 MiB + cuda
+        ("transformers-v5-pread", max_s + 8 * 2 * MAX_T_70B + cuda),
+        // 2 x max(S) + cuda
+        ("per-shard-mmap", 2 * max_s + cuda),
+        // sum(S) + cuda
+        ("full-read", sum_s + cuda),
+        // min(256 MiB, 500 MiB) + cuda
+        ("reshard", 256 * MIB + cuda),
+    ];
+    for (name, commit) in cases {
+        let l = loader(today, name);
+        assert_eq!(l["peak_commit"], commit, "{name}");
+        assert_eq!(l["vram"], WEIGHTS_70B, "{name}");
+        assert_eq!(
+            l["host_shortfall"],
+            commit.saturating_sub(40 * GIB),
+            "{name}"
+        );
+        assert_eq!(l["fits"], commit <= 40 * GIB, "{name}");
+    }
+    assert_eq!(today["vram"]["spill"], 0);
+    assert_eq!(today["vram"]["leading_blocks_fit"], 80);
+
+    // Only reshard's loader: it fits, exit 0.
+    let (r, code) = fit_json(
+        &dir,
+        &[&WINDOWS_32_8[..], &["--loader", "reshard"]].concat(),
+    );
+    assert_eq!((code, &r["fits"]), (0, &json!(true)));
+}
+
+#[test]
+fn fit_what_if_smaller_shards_lowers_per_shard_peak() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("llama-70b");
+    let s = virtual_70b(&dir);
+    let args = [&WINDOWS_32_8[..], &["--loader", "per-shard-mmap"]].concat();
+    let (_, code) = fit_json(&dir, &args);
+    assert_eq!(code, 1);
+    let (r, code) = fit_json(&dir, &[&args[..], &["--max-shard-size", "1GiB"]].concat());
+    assert_eq!(code, 0, "the what-if decides the exit status");
+    let today = loader(&r["today"], "per-shard-mmap")["peak_commit"]
+        .as_u64()
+        .unwrap();
+    let after = &r["what_if"];
+    assert_eq!(after["max_shard_size"], GIB);
+    let peak = loader(after, "per-shard-mmap")["peak_commit"]
+        .as_u64()
+        .unwrap();
+    // 2 x max(S) + cuda, with max(S) at most 1 GiB of data plus a header.
+    assert_eq!(today, 2 * s[0] + 512 * MIB);
+    assert!(
+        peak <= 2 * (GIB + 64 * KIB) + 512 * MIB && peak < today,
+        "{peak}"
+    );
+    // Text: both columns, side by side.
+    let out = reshard()
+        .arg("fit")
+        .arg(&dir)
+        .args(&args)
+        .args(["--max-shard-size", "1GiB"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("after reshard convert --max-shard-size 1.00 GiB"),
+        "{text}"
+    );
+    assert!(text.contains("now fits"), "{text}");
+}
+
+#[test]
+fn fit_recommends_resharding_and_says_what_it_cannot_help() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("llama-70b");
+    virtual_70b(&dir);
+    let (r, _) = fit_json(&dir, &WINDOWS_32_8);
+    // 5GB shards (at most 4.66 GiB): per-shard 2 x 4.66 + 0.5 < 40 GiB and
+    // pread 4.66 + 7.8 + 0.5 GiB < 40 GiB; 5GB is the largest candidate, so
+    // the least change.
+    let rec = &r["recommendation"];
+    assert_eq!(rec["max_shard_size_arg"], "5GB");
+    assert_eq!(rec["dtype"], Value::Null);
+    assert_eq!(
+        rec["fits"],
+        json!(["transformers-v5-pread", "per-shard-mmap", "reshard"])
+    );
+    assert_eq!(
+        r["not_helped_by_resharding"],
+        json!(["transformers-v5-mmap", "full-read"])
+    );
+    let out = reshard()
+        .arg("fit")
+        .arg(&dir)
+        .args(WINDOWS_32_8)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let cmd = format!(
+        "recommended: reshard convert {} OUT --max-shard-size 5GB",
+        dir.display()
+    );
+    assert!(text.contains(&cmd), "{text}");
+    assert!(text.contains("transformers-v5-mmap: resharding cannot make it fit: its peak is the sum of all shards"), "{text}");
+    assert!(
+        text.contains("commit limit    40.00 GiB (derived)"),
+        "{text}"
+    );
+    assert!(text.contains("ram             32.00 GiB (given)"), "{text}");
+}
+
+#[test]
+fn fit_short_vram_counts_leading_blocks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("llama-70b");
+    virtual_70b(&dir);
+    let (r, code) = fit_json(
+        &dir,
+        &[
+            "--os", "linux", "--ram", "64GiB", "--vram", "80GiB", "--loader", "reshard",
+        ],
+    );
+    assert_eq!(code, 1);
+    let v = &r["today"]["vram"];
+    // 80 GiB - 500 MiB of embeddings = 81420 MiB for blocks of 1632 MiB + 32 KiB: 49 whole.
+    assert_eq!(v["spill"], WEIGHTS_70B - 80 * GIB);
+    assert_eq!(v["leading_blocks_fit"], 49);
+    assert_eq!(v["blocks_total"], 80);
+    // Linux: reshard's loader keeps one 256 MiB private buffer, no CUDA term.
+    let l = loader(&r["today"], "reshard");
+    assert_eq!(
+        (&l["peak_rss_private"], &l["peak_commit"]),
+        (&json!(256 * MIB), &json!(256 * MIB))
+    );
+}
+
+/// fit reads headers only: the bytes the process read stay far below the
+/// 128 GiB the shards would hold.
+#[cfg(target_os = "linux")]
+#[test]
+fn fit_reads_no_tensor_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("llama-70b");
+    virtual_70b(&dir);
+    let bin = assert_cmd::cargo::cargo_bin("reshard");
+    // A reaped child's I/O counts are added to its parent's /proc/PID/io.
+    let script = format!(
+        "{} fit {} --os linux --ram 1GiB >/dev/null; cat /proc/$$/io",
+        bin.display(),
+        dir.display()
+    );
+    let out = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    let io = String::from_utf8_lossy(&out.stdout);
+    let Some(rchar) = io.lines().find_map(|l| l.strip_prefix("rchar: ")) else {
+        eprintln!("skipped: /proc/PID/io unreadable");
+        return;
+    };
+    let rchar: u64 = rchar.trim().parse().unwrap();
+    assert!(rchar < 64 * MIB, "fit read {rchar} bytes");
+}
+
+#[test]
+fn fit_fixture_on_linux_with_exact_figures() {
+    let path = fixture("tiny-llama-f32-sharded");
+    let ck = reshard::format::open(&path).unwrap();
+    let sum_s: u64 = ck.files.iter().map(|f| f.size).sum();
+    let max_s = ck.files.iter().map(|f| f.size).max().unwrap();
+    let sum_t = ck.total_bytes();
+    let (r, code) = fit_json(&path, &["--os", "linux", "--ram", "1GiB"]);
+    assert_eq!(code, 0);
+    assert_eq!(r["fits"], true);
+    assert_eq!(r["recommendation"], Value::Null);
+    let today = &r["today"];
+    assert_eq!(
+        (&today["shard_sum"], &today["shard_max"]),
+        (&json!(sum_s), &json!(max_s))
+    );
+    // No GPU: weights stay on the host.
+    let full = loader(today, "full-read");
+    assert_eq!(
+        (&full["peak_rss_private"], &full["peak_commit"]),
+        (&json!(sum_s), &json!(sum_s))
+    );
+    let per = loader(today, "per-shard-mmap");
+    assert_eq!(
+        (&per["peak_rss_private"], &per["peak_rss_file"]),
+        (&json!(sum_t), &json!(max_s))
+    );
+    let mmap = loader(today, "transformers-v5-mmap");
+    assert_eq!(
+        (&mmap["peak_rss_private"], &mmap["peak_rss_file"]),
+        (&json!(0), &json!(sum_s))
+    );
+}
+
+#[test]
+fn fit_fixture_recommends_bf16_for_f32() {
+    // Commit limit 900000 B, no GPU. transformers-v5-mmap needs
+    // sum(S) + max(S) = 878072 + 256128 today and about 2 x 441 KB in one
+    // bf16 shard: only the cast helps it.
+    let path = fixture("tiny-llama-f32-sharded");
+    let args = ["--os", "windows", "--commit-limit", "900000"];
+    let (r, code) = fit_json(&path, &args);
+    assert_eq!(code, 1);
+    assert_eq!(
+        loader(&r["today"], "transformers-v5-mmap")["peak_commit"],
+        878_072 + 256_128
+    );
+    let rec = &r["recommendation"];
+    assert_eq!(rec["dtype"], "BF16");
+    assert!(
+        rec["fits"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("transformers-v5-mmap")),
+        "{rec}"
+    );
+    assert!(r["not_helped_by_resharding"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("transformers-v5-mmap")));
+    let out = reshard().arg("fit").arg(&path).args(args).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("--max-shard-size 5GB --dtype bf16"), "{text}");
+    assert!(
+        text.contains("the smaller dtype in the command above does (BF16)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn fit_bad_input_is_an_error() {
+    reshard()
+        .args(["fit", "/nonexistent/model"])
+        .assert()
+        .code(2);
+    let tmp = tempfile::tempdir().unwrap();
+    reshard()
+        .arg("fit")
+        .arg(fixture("tiny-llama-f32-sharded"))
+        .args(["--ram", "lots"])
+        .assert()
+        .code(2);
+    reshard().arg("fit").arg(tmp.path()).assert().code(2);
+}
+
+#[test]
+fn fit_help_lists_loaders() {
+    let out = reshard().args(["fit", "--help"]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    for name in [
+        "transformers-v5-mmap",
+        "transformers-v5-pread",
+        "per-shard-mmap",
+        "full-read",
+        "reshard",
+    ] {
+        assert!(text.contains(name), "{name} missing from --help");
+    }
+}
