@@ -1,6 +1,7 @@
 //! The command line: flag parsing (clap) and one file per subcommand. This is
 //! the only layer that prints.
 
+mod batch;
 mod convert;
 mod exit;
 mod inspect;
@@ -26,6 +27,8 @@ enum Command {
     Inspect(inspect::Args),
     /// Rewrite a checkpoint into small, layer-ordered shards.
     Convert(convert::Args),
+    /// Convert every model under a folder, N at a time, within one window.
+    Batch(batch::Args),
 }
 
 /// Parses the command line, runs the subcommand and reports errors.
@@ -41,6 +44,7 @@ pub fn run() -> ExitStatus {
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(args),
         Command::Convert(args) => convert::run(args),
+        Command::Batch(args) => batch::run(args),
     };
     match result {
         Ok(status) => status,

@@ -4,6 +4,7 @@
 //! Fixtures in tests/fixtures were written by transformers, torch and
 //! huggingface_hub (see tests/fixtures/SOURCES.md), not by reshard.
 
+mod batch;
 mod common;
 mod inspect;
 mod convert;
