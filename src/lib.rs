@@ -17,6 +17,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod batch;
 pub mod cast;
 pub mod convert;
 pub mod exec;

@@ -1,6 +1,7 @@
 //! The command line: flag parsing (clap) and one file per subcommand. This is
 //! the only layer that prints.
 
+mod batch;
 mod convert;
 mod exit;
 mod fit;
@@ -29,6 +30,8 @@ enum Command {
     Convert(convert::Args),
     /// Predict whether a checkpoint loads on a machine, per loader, and what conversion makes it.
     Fit(fit::Args),
+    /// Convert every model under a folder, N at a time, within one window.
+    Batch(batch::Args),
 }
 
 /// Parses the command line, runs the subcommand and reports errors.
@@ -49,6 +52,7 @@ pub fn run() -> ExitStatus {
         Command::Inspect(args) => inspect::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Fit(args) => fit::run(args),
+        Command::Batch(args) => batch::run(args),
     };
     match result {
         Ok(status) => status,

@@ -1,0 +1,422 @@
+//! Finding every model under a folder, for `batch`.
+//!
+//! The rules, in the order they apply to each folder met in the walk:
+//!
+//! - Names starting with `.` are not entered (`.git`, `.locks`, `.cache`).
+//! - The output folder is not entered, so OUT may sit inside ROOT.
+//! - A symlink to one of its own ancestors is a loop, and a folder reached a
+//!   second time through another symlink is a duplicate: both are reported
+//!   as skipped entries, never followed (canonical paths are tracked, and the
+//!   walk uses an explicit stack, so no layout can hang it or overflow it).
+//! - A Hugging Face cache repo (`models--ORG--NAME` holding `snapshots/` and
+//!   `blobs/`) is one model, the snapshot `refs/main` names, written to
+//!   `OUT/ORG--NAME`; its snapshots are not listed separately. `datasets--`
+//!   and `spaces--` repos are skipped.
+//! - A folder with weights ([`looks_like_checkpoint`]) is a model, written to
+//!   `OUT/<its path under ROOT>`; the walk does not go below it.
+//! - Any other folder is walked into. So a diffusers pipeline (a folder with
+//!   `model_index.json` and no weights of its own) yields one model per
+//!   component folder with weights (`unet`, `vae`, `text_encoder`, ...), and
+//!   folders without weights (`scheduler`, `tokenizer`, a README-only folder)
+//!   yield nothing.
+//!
+//! This module only lists; it opens no headers (a broken model shows up when
+//! its job runs).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::format::discover::{looks_like_checkpoint, resolve_hf_cache};
+
+/// A model found under ROOT.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Model {
+    /// Its path under OUT with `/` separators (`org/llama`, `org--tiny`);
+    /// `.` when ROOT itself is the model. Also the key `--part` hashes.
+    pub name: String,
+    /// What `format::open` reads: a model folder or an HF cache repo folder.
+    pub source: PathBuf,
+    /// Where its conversion goes.
+    pub output: PathBuf,
+    /// True for an HF cache repo (what `--verify-source` can check).
+    pub hf_cache: bool,
+}
+
+/// Something discovery met and did not list as a model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Skipped {
+    /// Its path under ROOT with `/` separators.
+    pub name: String,
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+/// Everything found under ROOT, sorted by name.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Discovery {
+    pub models: Vec<Model>,
+    pub skipped: Vec<Skipped>,
+}
+
+/// Why discovery could not start. Problems below ROOT are [`Skipped`]
+/// entries instead.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoverError {
+    #[error("{}: cannot read the folder to convert", .root.display())]
+    Root {
+        root: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: not a folder", .root.display())]
+    RootNotDir { root: PathBuf },
+    #[error("{}: the output folder must not be ROOT itself", .out.display())]
+    OutIsRoot { out: PathBuf },
+}
+
+/// One folder waiting in the walk.
+struct Pending {
+    path: PathBuf,
+    /// Components under ROOT.
+    rel: Vec<String>,
+    /// Canonical path of the folder that listed it (None for ROOT).
+    parent: Option<PathBuf>,
+}
+
+/// Lists the models under `root` whose outputs go under `out`.
+pub fn discover(root: &Path, out: &Path) -> Result<Discovery, DiscoverError> {
+    let root_canon = root.canonicalize().map_err(|source| DiscoverError::Root {
+        root: root.to_path_buf(),
+        source,
+    })?;
+    if !root_canon.is_dir() {
+        return Err(DiscoverError::RootNotDir {
+            root: root.to_path_buf(),
+        });
+    }
+    let out_canon = out.canonicalize().ok();
+    if out_canon.as_ref() == Some(&root_canon) {
+        return Err(DiscoverError::OutIsRoot {
+            out: out.to_path_buf(),
+        });
+    }
+    let mut found = Discovery::default();
+    let mut visited: HashMap<PathBuf, String> = HashMap::new();
+    let mut stack = vec![Pending {
+        path: root.to_path_buf(),
+        rel: Vec::new(),
+        parent: None,
+    }];
+    while let Some(dir) = stack.pop() {
+        let name = rel_name(&dir.rel);
+        let canon = match dir.path.canonicalize() {
+            Ok(c) => c,
+            Err(e) => {
+                found.skipped.push(skip(&name, &dir.path, io_reason(&e)));
+                continue;
+            }
+        };
+        if out_canon.as_ref() == Some(&canon) {
+            continue;
+        }
+        if dir.parent.as_ref().is_some_and(|p| p.starts_with(&canon)) {
+            let reason = format!(
+                "symlink loop: points back to its ancestor {}",
+                canon.display()
+            );
+            found.skipped.push(skip(&name, &dir.path, reason));
+            continue;
+        }
+        if let Some(first) = visited.get(&canon) {
+            let reason = format!("same folder as {first} (reached through a symlink)");
+            found.skipped.push(skip(&name, &dir.path, reason));
+            continue;
+        }
+        visited.insert(canon.clone(), name.clone());
+        if is_hf_repo(&dir.path) {
+            hf_repo(&dir, &name, out, &mut found);
+            continue;
+        }
+        if looks_like_checkpoint(&dir.path) {
+            let output = dir.rel.iter().fold(out.to_path_buf(), |p, c| p.join(c));
+            found.models.push(Model {
+                name,
+                source: dir.path,
+                output,
+                hf_cache: false,
+            });
+            continue;
+        }
+        let children = match subfolders(&dir.path) {
+            Ok(c) => c,
+            Err(e) => {
+                found.skipped.push(skip(&name, &dir.path, io_reason(&e)));
+                continue;
+            }
+        };
+        for child in children.into_iter().rev() {
+            match child {
+                Ok((file_name, path)) => {
+                    let mut rel = dir.rel.clone();
+                    rel.push(file_name);
+                    stack.push(Pending {
+                        path,
+                        rel,
+                        parent: Some(canon.clone()),
+                    });
+                }
+                Err((file_name, path, reason)) => {
+                    let mut rel = dir.rel.clone();
+                    rel.push(file_name);
+                    found.skipped.push(skip(&rel_name(&rel), &path, reason));
+                }
+            }
+        }
+    }
+    dedupe_outputs(&mut found);
+    found.models.sort_by(|a, b| a.name.cmp(&b.name));
+    found.skipped.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(found)
+}
+
+type Child = Result<(String, PathBuf), (String, PathBuf, String)>;
+
+/// The folders (after following symlinks) in `dir`, sorted, without hidden
+/// ones; entries the OS cannot resolve (ELOOP, dangling links to folders)
+/// come back as errors to report.
+fn subfolders(dir: &Path) -> std::io::Result<Vec<Child>> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)?.filter_map(Result::ok).collect();
+    entries.sort_by_key(std::fs::DirEntry::file_name);
+    let mut out = Vec::new();
+    for entry in entries {
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        if file_name.starts_with('.') {
+            continue;
+        }
+        let path = entry.path();
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_dir() => out.push(Ok((file_name, path))),
+            Ok(_) => {}
+            // A dangling link is not a folder we lost; only a loop is news.
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                out.push(Err((file_name, path, io_reason(&e))))
+            }
+            Err(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+fn is_hf_repo(dir: &Path) -> bool {
+    dir.join("snapshots").is_dir() && dir.join("blobs").is_dir()
+}
+
+/// An HF cache repo: one model named ORG--NAME, or a skipped entry.
+fn hf_repo(dir: &Pending, name: &str, out: &Path, found: &mut Discovery) {
+    let file_name = dir.rel.last().cloned().or_else(|| {
+        dir.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+    });
+    let Some(repo) = file_name
+        .as_deref()
+        .and_then(|n| n.strip_prefix("models--"))
+    else {
+        found.skipped.push(skip(
+            name,
+            &dir.path,
+            "hugging face cache repo that is not a model (datasets--, spaces--)".into(),
+        ));
+        return;
+    };
+    // A repo whose refs/main is broken is still listed: its job fails with
+    // the reader's precise error instead of the model silently vanishing.
+    if let Ok(snapshot) = resolve_hf_cache(&dir.path) {
+        if !looks_like_checkpoint(&snapshot) {
+            found.skipped.push(skip(
+                name,
+                &dir.path,
+                "no weight files in the snapshot refs/main names".into(),
+            ));
+            return;
+        }
+    }
+    found.models.push(Model {
+        name: repo.to_string(),
+        source: dir.path.clone(),
+        output: out.join(repo),
+        hf_cache: true,
+    });
+}
+
+/// Two models may not share an output folder (two HF caches holding the same
+/// repo, or a cache repo next to a folder named ORG--NAME): the first in
+/// walk order keeps it.
+fn dedupe_outputs(found: &mut Discovery) {
+    let mut owner: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut kept = Vec::with_capacity(found.models.len());
+    for m in found.models.drain(..) {
+        if let Some(first) = owner.get(&m.name) {
+            let reason = format!(
+                "its output {} is already taken by {}",
+                m.output.display(),
+                first.display()
+            );
+            found.skipped.push(skip(&m.name, &m.source, reason));
+        } else {
+            owner.insert(m.name.clone(), m.source.clone());
+            kept.push(m);
+        }
+    }
+    found.models = kept;
+}
+
+fn rel_name(rel: &[String]) -> String {
+    if rel.is_empty() {
+        ".".to_string()
+    } else {
+        rel.join("/")
+    }
+}
+
+fn skip(name: &str, path: &Path, reason: String) -> Skipped {
+    Skipped {
+        name: name.to_string(),
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+fn io_reason(e: &std::io::Error) -> String {
+    if e.raw_os_error() == Some(libc::ELOOP) {
+        "symlink loop (too many levels of symbolic links)".to_string()
+    } else {
+        format!("cannot read: {e}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// A tiny but real safetensors file: discovery only looks at names, but
+    /// keep it openable.
+    fn weights(dir: &Path, name: &str) {
+        std::fs::create_dir_all(dir).unwrap();
+        let header = br#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}  "#;
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header);
+        bytes.extend_from_slice(&[0; 4]);
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+
+    fn names(d: &Discovery) -> Vec<&str> {
+        d.models.iter().map(|m| m.name.as_str()).collect()
+    }
+
+    #[test]
+    fn finds_models_and_stops_at_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        weights(&root.join("a"), "model.safetensors");
+        weights(&root.join("a/checkpoint-10"), "model.safetensors");
+        weights(&root.join("org/b"), "model-00001-of-00002.safetensors");
+        weights(&root.join("org/c"), "pytorch_model.bin");
+        std::fs::create_dir_all(root.join("docs")).unwrap();
+        std::fs::write(root.join("docs/README.md"), "hi").unwrap();
+        weights(&root.join(".hidden"), "model.safetensors");
+        let d = discover(&root, &tmp.path().join("out")).unwrap();
+        assert_eq!(names(&d), ["a", "org/b", "org/c"]);
+        assert_eq!(d.models[1].output, tmp.path().join("out/org/b"));
+        assert!(d.skipped.is_empty(), "{:?}", d.skipped);
+    }
+
+    #[test]
+    fn diffusers_components_are_models_and_out_inside_root_is_skipped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::create_dir_all(root.join("sd/scheduler")).unwrap();
+        std::fs::write(root.join("sd/model_index.json"), "{}").unwrap();
+        weights(&root.join("sd/unet"), "diffusion_pytorch_model.safetensors");
+        weights(&root.join("sd/vae"), "diffusion_pytorch_model.safetensors");
+        weights(&root.join("out/old"), "model.safetensors");
+        let d = discover(root, &root.join("out")).unwrap();
+        assert_eq!(names(&d), ["sd/unet", "sd/vae"]);
+    }
+
+    #[test]
+    fn hf_cache_repo_is_one_model_named_org_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = tmp.path().join("hub/models--org--tiny");
+        weights(&repo.join("snapshots/abc"), "model.safetensors");
+        weights(&repo.join("snapshots/old"), "model.safetensors");
+        std::fs::create_dir_all(repo.join("blobs")).unwrap();
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::write(repo.join("refs/main"), "abc").unwrap();
+        std::fs::create_dir_all(tmp.path().join("hub/datasets--org--d/snapshots")).unwrap();
+        std::fs::create_dir_all(tmp.path().join("hub/datasets--org--d/blobs")).unwrap();
+        let d = discover(tmp.path(), &tmp.path().join("../out")).unwrap();
+        assert_eq!(names(&d), ["org--tiny"]);
+        assert!(d.models[0].hf_cache);
+        assert!(d.models[0].output.ends_with("out/org--tiny"));
+        assert_eq!(d.skipped.len(), 1);
+        assert!(d.skipped[0].reason.contains("not a model"));
+    }
+
+    #[test]
+    fn symlink_loops_are_skipped_not_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        weights(&root.join("m"), "model.safetensors");
+        std::fs::create_dir_all(root.join("x/y")).unwrap();
+        symlink("..", root.join("x/y/up")).unwrap();
+        symlink("../../..", root.join("x/y/way-up")).unwrap();
+        symlink("self", root.join("x/self")).unwrap();
+        symlink("../m", root.join("x/same")).unwrap();
+        let d = discover(&root, &tmp.path().join("out")).unwrap();
+        assert_eq!(names(&d), ["m"]);
+        let skipped: Vec<(&str, &str)> = d
+            .skipped
+            .iter()
+            .map(|s| (s.name.as_str(), s.reason.as_str()))
+            .collect();
+        assert_eq!(skipped.len(), 4, "{skipped:?}");
+        assert!(
+            skipped[0].0 == "x/same" && skipped[0].1.contains("same folder as m"),
+            "{skipped:?}"
+        );
+        assert!(
+            skipped[1].0 == "x/self" && skipped[1].1.contains("loop"),
+            "{skipped:?}"
+        );
+        assert!(
+            skipped[2].0 == "x/y/up" && skipped[2].1.contains("loop"),
+            "{skipped:?}"
+        );
+        assert!(
+            skipped[3].0 == "x/y/way-up" && skipped[3].1.contains("loop"),
+            "{skipped:?}"
+        );
+    }
+
+    #[test]
+    fn root_errors() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            discover(&tmp.path().join("nope"), tmp.path()),
+            Err(DiscoverError::Root { .. })
+        ));
+        std::fs::write(tmp.path().join("f"), "x").unwrap();
+        assert!(matches!(
+            discover(&tmp.path().join("f"), tmp.path()),
+            Err(DiscoverError::RootNotDir { .. })
+        ));
+        assert!(matches!(
+            discover(tmp.path(), tmp.path()),
+            Err(DiscoverError::OutIsRoot { .. })
+        ));
+    }
+}

@@ -1,0 +1,398 @@
+//! `batch`: run one job (convert; later fit or validate) over every model
+//! under a folder.
+//!
+//! ```text
+//! discover (list models)  ->  part (keep this machine's share)
+//!     ->  run_batch (N jobs, one shared WindowPool)  ->  report
+//! ```
+//!
+//! This module owns the list, the scheduling and the per-model outcome. It
+//! does not own conversion (that is [`crate::convert`], which already makes
+//! each output idempotent, resumable and atomic) and it never prints:
+//! progress goes through [`BatchReporter`], results come back as
+//! [`ModelResult`] values.
+//!
+//! Failures are per model: an error in one job becomes that model's `failed`
+//! line and the other jobs go on (unless `fail_fast`).
+
+pub mod discover;
+pub mod part;
+pub mod report;
+pub mod verify;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::convert::{convert_with_pool, ConvertError, ConvertOptions};
+use crate::exec::{Reporter, WindowPool};
+use crate::format::discover::resolve_hf_cache;
+use crate::format::FormatError;
+use crate::write::manifest::{MANIFEST, PARTIAL};
+
+pub use self::discover::{discover, DiscoverError, Discovery, Model, Skipped};
+pub use self::part::{part_of, BadPart, Part};
+pub use self::report::{error_chain, BatchReport, ModelResult, Status, Totals};
+pub use self::verify::{verify_snapshot, Verified, VerifyError};
+
+/// What each model's job does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Convert,
+    Fit,
+    Validate,
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::Convert => "convert",
+            Mode::Fit => "fit",
+            Mode::Validate => "validate",
+        })
+    }
+}
+
+/// How to run a batch.
+#[derive(Debug, Clone)]
+pub struct BatchOptions {
+    /// Options of each conversion. `threads` is for the whole batch (each
+    /// job gets `threads / jobs`, at least 1); `window` is the shared budget;
+    /// `overwrite` also lets jobs write into folders reshard did not write.
+    pub convert: ConvertOptions,
+    pub mode: Mode,
+    /// Models run at once.
+    pub jobs: usize,
+    /// Check HF cache blobs against their sha256 names before each job.
+    pub verify_source: bool,
+    /// Start no new job after the first failure.
+    pub fail_fast: bool,
+}
+
+/// Why one model's job failed. Each variant forwards its cause's message.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Read(#[from] FormatError),
+    #[error(transparent)]
+    Verify(#[from] VerifyError),
+    #[error(transparent)]
+    Convert(#[from] ConvertError),
+    #[error("mode {mode} is not wired yet: batch runs only --mode convert for now")]
+    ModeNotWired { mode: Mode },
+}
+
+/// What a job that succeeded did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    pub status: Status,
+    pub bytes: u64,
+    pub resumed_shards: usize,
+}
+
+/// Receives progress from a running batch (the CLI draws bars with it).
+pub trait BatchReporter: Sync {
+    /// A job starts on `model`; its conversion reports through the result.
+    fn model_started(&self, model: &Model) -> Box<dyn Reporter + '_>;
+    /// A model is done (or skipped).
+    fn model_done(&self, _result: &ModelResult) {}
+}
+
+/// A [`BatchReporter`] that ignores everything.
+pub struct NoBatchReport;
+
+impl BatchReporter for NoBatchReport {
+    fn model_started(&self, _model: &Model) -> Box<dyn Reporter + '_> {
+        Box::new(crate::exec::NoReport)
+    }
+}
+
+/// What every job shares.
+pub struct JobContext<'a> {
+    /// Conversion options with this job's thread share.
+    pub convert: &'a ConvertOptions,
+    /// The one pool of window buffers for the whole process.
+    pub pool: &'a WindowPool,
+    pub verify_source: bool,
+    pub cancel: &'a AtomicBool,
+}
+
+/// Runs `models`, `options.jobs` at a time, all drawing buffers from `pool`.
+/// Results come back in the order of `models`.
+pub fn run_batch(
+    models: &[Model],
+    part_count: u64,
+    options: &BatchOptions,
+    pool: &WindowPool,
+    reporter: &dyn BatchReporter,
+    cancel: &AtomicBool,
+) -> Vec<ModelResult> {
+    let jobs = options.jobs.clamp(1, models.len().max(1));
+    let mut per_job = options.convert.clone();
+    per_job.threads = (options.convert.threads / jobs).max(1);
+    let ctx = JobContext {
+        convert: &per_job,
+        pool,
+        verify_source: options.verify_source,
+        cancel,
+    };
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let results: Mutex<Vec<Option<ModelResult>>> = Mutex::new(vec![None; models.len()]);
+    let worker = || loop {
+        let i = next.fetch_add(1, Ordering::SeqCst);
+        let Some(model) = models.get(i) else { break };
+        let part = part_of(&model.name, part_count);
+        let result = if cancel.load(Ordering::SeqCst) {
+            not_run(model, part, "interrupted before it started")
+        } else if stop.load(Ordering::SeqCst) {
+            not_run(
+                model,
+                part,
+                "not started: an earlier model failed (--fail-fast)",
+            )
+        } else {
+            let job_reporter = reporter.model_started(model);
+            run_model(model, part, options.mode, &ctx, job_reporter.as_ref())
+        };
+        if result.status == Status::Failed && options.fail_fast {
+            stop.store(true, Ordering::SeqCst);
+        }
+        reporter.model_done(&result);
+        results
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)[i] = Some(result);
+    };
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(worker);
+        }
+    });
+    let results = results
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    results
+        .into_iter()
+        .zip(models)
+        .map(|(r, m)| {
+            r.unwrap_or_else(|| not_run(m, part_of(&m.name, part_count), "job did not report"))
+        })
+        .collect()
+}
+
+/// One model's job: verify the source if asked, then run `mode`. Never
+/// fails: an error becomes the result's `failed` status and reason.
+///
+/// `fit` and `validate` go to [`mode_not_wired`] until those commands land;
+/// wiring one is a change to the `match` here.
+pub fn run_model(
+    model: &Model,
+    part: u64,
+    mode: Mode,
+    ctx: &JobContext,
+    reporter: &dyn Reporter,
+) -> ModelResult {
+    let started = Instant::now();
+    let mut verified_files = None;
+    let mut job = || -> Result<Outcome, ModelError> {
+        if ctx.verify_source {
+            verified_files = Some(verify_model_source(model)?.files);
+        }
+        match mode {
+            Mode::Convert => convert_model(model, ctx, reporter),
+            Mode::Fit | Mode::Validate => mode_not_wired(mode),
+        }
+    };
+    let outcome = job();
+    let (status, reason, bytes, resumed_shards) = match outcome {
+        Ok(o) => (o.status, None, o.bytes, o.resumed_shards),
+        Err(e) => (Status::Failed, Some(error_chain(&e)), 0, 0),
+    };
+    ModelResult {
+        name: model.name.clone(),
+        source: model.source.display().to_string(),
+        output: model.output.display().to_string(),
+        part,
+        status,
+        reason,
+        bytes,
+        resumed_shards,
+        verified_files,
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// The placeholder for modes other engineers are building (`fit`,
+/// `validate`): always an error naming the mode.
+pub fn mode_not_wired(mode: Mode) -> Result<Outcome, ModelError> {
+    Err(ModelError::ModeNotWired { mode })
+}
+
+/// Converts one model into its output folder through the shared pool.
+pub fn convert_model(
+    model: &Model,
+    ctx: &JobContext,
+    reporter: &dyn Reporter,
+) -> Result<Outcome, ModelError> {
+    let ck = crate::format::open(&model.source)?;
+    let mut options = ctx.convert.clone();
+    options.overwrite |= holds_reshard_output(&model.output);
+    options.copy_other_files = true;
+    let summary = convert_with_pool(&ck, &model.output, &options, ctx.pool, reporter, ctx.cancel)?;
+    Ok(Outcome {
+        status: if summary.up_to_date {
+            Status::UpToDate
+        } else {
+            Status::Converted
+        },
+        bytes: summary.bytes_written,
+        resumed_shards: summary.resumed_shards,
+    })
+}
+
+/// True if `dst` holds a conversion reshard wrote (finished or not). Batch
+/// replaces those when the source or options changed; a folder of anyone
+/// else's files is never replaced without `--overwrite`.
+pub fn holds_reshard_output(dst: &Path) -> bool {
+    dst.join(MANIFEST).is_file() || dst.join(PARTIAL).is_file()
+}
+
+/// `--verify-source` for one model: its HF cache snapshot's blobs. Folders
+/// outside the cache have nothing to check against (0 files).
+pub fn verify_model_source(model: &Model) -> Result<Verified, ModelError> {
+    if !model.hf_cache {
+        return Ok(Verified::default());
+    }
+    let snapshot = resolve_hf_cache(&model.source)?;
+    Ok(verify_snapshot(&snapshot)?)
+}
+
+/// The result line of a discovery skip.
+pub fn skipped_result(s: &Skipped, part_count: u64) -> ModelResult {
+    ModelResult {
+        name: s.name.clone(),
+        source: s.path.display().to_string(),
+        output: String::new(),
+        part: part_of(&s.name, part_count),
+        status: Status::Skipped,
+        reason: Some(s.reason.clone()),
+        bytes: 0,
+        resumed_shards: 0,
+        verified_files: None,
+        seconds: 0.0,
+    }
+}
+
+fn not_run(model: &Model, part: u64, reason: &str) -> ModelResult {
+    ModelResult {
+        name: model.name.clone(),
+        source: model.source.display().to_string(),
+        output: model.output.display().to_string(),
+        part,
+        status: Status::Skipped,
+        reason: Some(reason.to_string()),
+        bytes: 0,
+        resumed_shards: 0,
+        verified_files: None,
+        seconds: 0.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(dir: &Path, name: &str) -> Model {
+        Model {
+            name: name.into(),
+            source: dir.join("src").join(name),
+            output: dir.join("out").join(name),
+            hf_cache: false,
+        }
+    }
+
+    fn options(mode: Mode, jobs: usize, fail_fast: bool) -> BatchOptions {
+        BatchOptions {
+            convert: ConvertOptions::default(),
+            mode,
+            jobs,
+            verify_source: false,
+            fail_fast,
+        }
+    }
+
+    #[test]
+    fn unwired_modes_fail_per_model_naming_the_mode() {
+        let tmp = tempfile::tempdir().unwrap();
+        let models = [model(tmp.path(), "a"), model(tmp.path(), "b")];
+        let pool = WindowPool::new(1 << 20);
+        for mode in [Mode::Fit, Mode::Validate] {
+            let results = run_batch(
+                &models,
+                1,
+                &options(mode, 2, false),
+                &pool,
+                &NoBatchReport,
+                &AtomicBool::new(false),
+            );
+            assert_eq!(results.len(), 2);
+            for r in &results {
+                assert_eq!(r.status, Status::Failed);
+                assert_eq!(
+                    r.reason.as_deref(),
+                    Some(
+                        format!(
+                            "mode {mode} is not wired yet: batch runs only --mode convert for now"
+                        )
+                        .as_str()
+                    )
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn fail_fast_starts_nothing_after_a_failure() {
+        let tmp = tempfile::tempdir().unwrap();
+        let models = [
+            model(tmp.path(), "a"),
+            model(tmp.path(), "b"),
+            model(tmp.path(), "c"),
+        ];
+        let pool = WindowPool::new(1 << 20);
+        let results = run_batch(
+            &models,
+            1,
+            &options(Mode::Convert, 1, true),
+            &pool,
+            &NoBatchReport,
+            &AtomicBool::new(false),
+        );
+        let statuses: Vec<Status> = results.iter().map(|r| r.status).collect();
+        assert_eq!(statuses, [Status::Failed, Status::Skipped, Status::Skipped]);
+        assert!(results[1]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("--fail-fast"));
+        assert!(
+            results[0].reason.as_deref().unwrap().contains("src/a"),
+            "{:?}",
+            results[0].reason
+        );
+    }
+
+    #[test]
+    fn only_reshard_outputs_count_as_ours() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(!holds_reshard_output(tmp.path()));
+        std::fs::write(tmp.path().join("notes.txt"), "mine").unwrap();
+        assert!(!holds_reshard_output(tmp.path()));
+        std::fs::write(tmp.path().join(PARTIAL), "{}").unwrap();
+        assert!(holds_reshard_output(tmp.path()));
+    }
+}

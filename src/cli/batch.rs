@@ -1,0 +1,335 @@
+//! `reshard batch`: convert every model under a folder, N at a time, within
+//! one memory window; a deterministic `--part I/N` for running it on many
+//! machines.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use reshard::batch::{
+    self, part_of, skipped_result, BatchOptions, BatchReport, Mode, Model, ModelResult, Part,
+    Skipped,
+};
+use reshard::exec::WindowPool;
+use reshard::units::human;
+
+use super::convert::{ConvertArgs, CANCEL};
+use super::progress::MultiBar;
+use super::{printer, ExitStatus};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The folder to search for models (recursively; Hugging Face cache
+    /// folders included).
+    root: PathBuf,
+    /// The folder to write: each model goes to OUT/<its path under ROOT>
+    /// (an HF cache repo to OUT/ORG--NAME).
+    #[arg(long, short, value_name = "OUT")]
+    out: PathBuf,
+    #[command(flatten)]
+    options: ConvertArgs,
+    /// Models converted at once; they share one --window budget and split
+    /// --threads between them.
+    #[arg(long, default_value = "1", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    jobs: u32,
+    /// Take only part I of N (0 <= I < N): a stable hash of each model's
+    /// name decides, so N machines can each run one part of the same folder.
+    #[arg(long, value_name = "I/N")]
+    part: Option<Part>,
+    /// Before converting a Hugging Face cache model, check that every blob's
+    /// content still hashes to its sha256 name.
+    #[arg(long)]
+    verify_source: bool,
+    /// What to do with each model.
+    #[arg(long, value_enum, default_value = "convert")]
+    mode: ModeArg,
+    /// Also write the report as JSON to FILE (atomically).
+    #[arg(long, value_name = "FILE")]
+    report: Option<PathBuf>,
+    /// Start no new model after the first failure.
+    #[arg(long)]
+    fail_fast: bool,
+    /// List the models (name, output, part) and write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print the report (or, with --dry-run, the list) as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Print only errors and failed models.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    /// Convert each model (the default).
+    Convert,
+    /// Plan how each converted model fits a memory budget (not wired yet).
+    Fit,
+    /// Validate each converted model (not wired yet).
+    Validate,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Mode {
+        match m {
+            ModeArg::Convert => Mode::Convert,
+            ModeArg::Fit => Mode::Fit,
+            ModeArg::Validate => Mode::Validate,
+        }
+    }
+}
+
+/// What `--dry-run` lists.
+#[derive(Serialize)]
+struct Listing<'a> {
+    root: String,
+    out: String,
+    part: Part,
+    models: Vec<ListedModel<'a>>,
+    skipped: Vec<&'a Skipped>,
+}
+
+#[derive(Serialize)]
+struct ListedModel<'a> {
+    #[serde(flatten)]
+    model: &'a Model,
+    part: u64,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
+    let started = Instant::now();
+    let found = batch::discover(&args.root, &args.out)
+        .with_context(|| format!("cannot search {}", args.root.display()))?;
+    let part = args.part.unwrap_or(Part::ALL);
+    let models: Vec<Model> = found
+        .models
+        .iter()
+        .filter(|m| part.contains(&m.name))
+        .cloned()
+        .collect();
+    let skipped: Vec<&Skipped> = found
+        .skipped
+        .iter()
+        .filter(|s| part.contains(&s.name))
+        .collect();
+    if args.dry_run {
+        let listing = Listing {
+            root: args.root.display().to_string(),
+            out: args.out.display().to_string(),
+            part,
+            models: models
+                .iter()
+                .map(|m| ListedModel {
+                    model: m,
+                    part: part_of(&m.name, part.count),
+                })
+                .collect(),
+            skipped,
+        };
+        if args.json {
+            printer::json(&listing)?;
+        } else {
+            printer::text(&render_listing(&listing))?;
+        }
+        return Ok(ExitStatus::Ok);
+    }
+
+    let _ = ctrlc::set_handler(|| CANCEL.store(true, Ordering::SeqCst));
+    let options = BatchOptions {
+        convert: args.options.to_options(),
+        mode: args.mode.into(),
+        jobs: args.jobs as usize,
+        verify_source: args.verify_source,
+        fail_fast: args.fail_fast,
+    };
+    let pool = WindowPool::new(options.convert.window);
+    let bars = MultiBar::new(
+        !(args.quiet || args.options.no_progress || args.json),
+        models.len() as u64,
+    );
+    let mut results = batch::run_batch(&models, part.count, &options, &pool, &bars, &CANCEL);
+    bars.finish();
+    results.extend(skipped.iter().map(|s| skipped_result(s, part.count)));
+    results.sort_by(|a, b| a.name.cmp(&b.name));
+    let report = BatchReport {
+        reshard_version: env!("CARGO_PKG_VERSION").to_string(),
+        root: args.root.display().to_string(),
+        out: args.out.display().to_string(),
+        mode: options.mode,
+        part,
+        jobs: options.jobs,
+        window: pool.budget(),
+        peak_buffer_bytes: pool.peak(),
+        seconds: started.elapsed().as_secs_f64(),
+        totals: BatchReport::count(&results),
+        models: results,
+    };
+    if let Some(path) = &args.report {
+        report
+            .write(path)
+            .with_context(|| format!("cannot write the report {}", path.display()))?;
+    }
+    if args.json {
+        printer::json(&report)?;
+    } else {
+        printer::text(&render_report(&report, args.quiet))?;
+    }
+    Ok(if report.any_failed() {
+        ExitStatus::CheckFailed
+    } else {
+        ExitStatus::Ok
+    })
+}
+
+fn render_listing(l: &Listing) -> String {
+    let mut o = String::new();
+    let width = l
+        .models
+        .iter()
+        .map(|m| m.model.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(5);
+    let _ = writeln!(o, "{:<width$}  {:>5}  OUTPUT", "MODEL", "PART");
+    for m in &l.models {
+        let part = format!("{}/{}", m.part, l.part.count);
+        let _ = writeln!(
+            o,
+            "{:<width$}  {part:>5}  {}",
+            m.model.name,
+            m.model.output.display()
+        );
+    }
+    for s in &l.skipped {
+        let _ = writeln!(o, "skipped {}: {}", s.name, s.reason);
+    }
+    let _ = writeln!(
+        o,
+        "{} models in part {} ({} skipped)",
+        l.models.len(),
+        l.part,
+        l.skipped.len()
+    );
+    o
+}
+
+fn render_report(r: &BatchReport, quiet: bool) -> String {
+    let mut o = String::new();
+    let shown: Vec<&ModelResult> = r
+        .models
+        .iter()
+        .filter(|m| !quiet || m.status == batch::Status::Failed)
+        .collect();
+    let width = shown.iter().map(|m| m.name.len()).max().unwrap_or(0).max(5);
+    if !shown.is_empty() {
+        let _ = writeln!(
+            o,
+            "{:<width$}  {:>10}  {:>8}  STATUS",
+            "MODEL", "BYTES", "SECONDS"
+        );
+    }
+    for m in shown {
+        let status = match &m.reason {
+            Some(reason) => format!("{}: {reason}", m.status),
+            None if m.resumed_shards > 0 => {
+                format!("{} (resumed, kept {} shards)", m.status, m.resumed_shards)
+            }
+            None => m.status.to_string(),
+        };
+        let _ = writeln!(
+            o,
+            "{:<width$}  {:>10}  {:>8.2}  {status}",
+            m.name,
+            human(m.bytes),
+            m.seconds
+        );
+    }
+    if quiet {
+        return o;
+    }
+    let t = &r.totals;
+    let _ = writeln!(
+        o,
+        "{} converted, {} up to date, {} failed, {} skipped; wrote {} in {:.2} s; buffers peaked at {} of a {} window",
+        t.converted,
+        t.up_to_date,
+        t.failed,
+        t.skipped,
+        human(t.bytes),
+        r.seconds,
+        human(r.peak_buffer_bytes),
+        human(r.window)
+    );
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
+        let mut argv = vec!["batch", "root", "--out", "out"];
+        argv.extend_from_slice(extra);
+        Wrap::try_parse_from(argv).map(|w| w.args)
+    }
+
+    #[test]
+    fn defaults() {
+        let a = parse(&[]).unwrap();
+        assert_eq!((a.jobs, a.part, a.mode), (1, None, ModeArg::Convert));
+        assert!(!a.dry_run && !a.fail_fast && !a.verify_source);
+    }
+
+    #[test]
+    fn jobs_must_be_positive() {
+        assert_eq!(parse(&["--jobs", "3"]).unwrap().jobs, 3);
+        assert!(parse(&["--jobs", "0"]).is_err());
+    }
+
+    #[test]
+    fn part_parses_i_of_n() {
+        assert_eq!(
+            parse(&["--part", "2/8"]).unwrap().part,
+            Some(Part { index: 2, count: 8 })
+        );
+        assert!(parse(&["--part", "8/8"]).is_err());
+        assert!(parse(&["--part", "x"]).is_err());
+    }
+
+    #[test]
+    fn modes() {
+        assert_eq!(parse(&["--mode", "fit"]).unwrap().mode, ModeArg::Fit);
+        assert_eq!(
+            Mode::from(parse(&["--mode", "validate"]).unwrap().mode),
+            Mode::Validate
+        );
+        assert!(parse(&["--mode", "bake"]).is_err());
+    }
+
+    #[test]
+    fn convert_options_are_shared() {
+        let a = parse(&[
+            "--window",
+            "1MiB",
+            "--max-shard-size",
+            "50KB",
+            "--dtype",
+            "bf16",
+        ])
+        .unwrap();
+        let o = a.options.to_options();
+        assert_eq!((o.window, o.plan.max_shard_size), (1 << 20, 50_000));
+    }
+}
