@@ -31,6 +31,8 @@ use crate::convert::{convert_with_pool, ConvertError, ConvertOptions};
 use crate::exec::{Reporter, WindowPool};
 use crate::format::discover::resolve_hf_cache;
 use crate::format::FormatError;
+use crate::plan::fit::{FitError, FitOptions};
+use crate::plan::machine::Machine;
 use crate::write::manifest::{MANIFEST, PARTIAL};
 
 pub use self::discover::{discover, DiscoverError, Discovery, Model, Skipped};
@@ -71,6 +73,16 @@ pub struct BatchOptions {
     pub verify_source: bool,
     /// Start no new job after the first failure.
     pub fail_fast: bool,
+    /// The machine `--mode fit` judges against.
+    pub fit: Option<FitJob>,
+}
+
+/// What `--mode fit` judges each model on; the model is judged as `convert`
+/// would write it with the batch's options.
+#[derive(Debug, Clone)]
+pub struct FitJob {
+    pub machine: Machine,
+    pub options: FitOptions,
 }
 
 /// Why one model's job failed. Each variant forwards its cause's message.
@@ -84,6 +96,10 @@ pub enum ModelError {
     Convert(#[from] ConvertError),
     #[error("mode {mode} is not wired yet: batch runs only --mode convert for now")]
     ModeNotWired { mode: Mode },
+    #[error(transparent)]
+    Fit(#[from] FitError),
+    #[error("does not fit: {loaders}")]
+    DoesNotFit { loaders: String },
 }
 
 /// What a job that succeeded did.
@@ -119,6 +135,7 @@ pub struct JobContext<'a> {
     pub pool: &'a WindowPool,
     pub verify_source: bool,
     pub cancel: &'a AtomicBool,
+    pub fit: Option<&'a FitJob>,
 }
 
 /// Runs `models`, `options.jobs` at a time, all drawing buffers from `pool`.
@@ -139,6 +156,7 @@ pub fn run_batch(
         pool,
         verify_source: options.verify_source,
         cancel,
+        fit: options.fit.as_ref(),
     };
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
@@ -204,7 +222,11 @@ pub fn run_model(
         }
         match mode {
             Mode::Convert => convert_model(model, ctx, reporter),
-            Mode::Fit | Mode::Validate => mode_not_wired(mode),
+            Mode::Fit => match ctx.fit {
+                Some(job) => fit_model(model, job, ctx),
+                None => mode_not_wired(mode),
+            },
+            Mode::Validate => mode_not_wired(mode),
         }
     };
     let outcome = job();
@@ -252,6 +274,35 @@ pub fn convert_model(
         bytes: summary.bytes_written,
         resumed_shards: summary.resumed_shards,
     })
+}
+
+/// `--mode fit` for one model: judged as the batch's options would convert
+/// it; a loader that does not fit fails the model, naming the shortfall.
+pub fn fit_model(model: &Model, job: &FitJob, ctx: &JobContext) -> Result<Outcome, ModelError> {
+    let ck = crate::format::open(&model.source)?;
+    let mut options = job.options.clone();
+    options.what_if = Some(ctx.convert.plan.clone());
+    options.path = model.source.display().to_string();
+    let report = crate::plan::fit::fit(&ck, job.machine.clone(), &options)?;
+    if report.fits {
+        return Ok(Outcome {
+            status: Status::Passed,
+            bytes: ck.total_bytes(),
+            resumed_shards: 0,
+        });
+    }
+    let judged = report.what_if.as_ref().unwrap_or(&report.today);
+    let loaders = judged
+        .loaders
+        .iter()
+        .filter(|l| !l.fits)
+        .map(|l| {
+            let short = l.host_shortfall.max(l.vram_shortfall);
+            format!("{} short by {}", l.loader, crate::units::human(short))
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(ModelError::DoesNotFit { loaders })
 }
 
 /// True if `dst` holds a conversion reshard wrote (finished or not). Batch
@@ -322,6 +373,7 @@ mod tests {
             jobs,
             verify_source: false,
             fail_fast,
+            fit: None,
         }
     }
 

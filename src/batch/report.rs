@@ -18,6 +18,8 @@ pub enum Status {
     Converted,
     /// The output already held this exact conversion: nothing written.
     UpToDate,
+    /// The check (`--mode fit` or `validate`) ran and passed.
+    Passed,
     /// The job ran and failed; `reason` says why.
     Failed,
     /// The job did not run (symlink loop, duplicate, --fail-fast, Ctrl-C).
@@ -29,6 +31,7 @@ impl fmt::Display for Status {
         f.write_str(match self {
             Status::Converted => "converted",
             Status::UpToDate => "up to date",
+            Status::Passed => "passed",
             Status::Failed => "failed",
             Status::Skipped => "skipped",
         })
@@ -64,6 +67,7 @@ pub struct ModelResult {
 pub struct Totals {
     pub converted: usize,
     pub up_to_date: usize,
+    pub passed: usize,
     pub failed: usize,
     pub skipped: usize,
     pub bytes: u64,
@@ -96,6 +100,7 @@ impl BatchReport {
             match m.status {
                 Status::Converted => t.converted += 1,
                 Status::UpToDate => t.up_to_date += 1,
+                Status::Passed => t.passed += 1,
                 Status::Failed => t.failed += 1,
                 Status::Skipped => t.skipped += 1,
             }

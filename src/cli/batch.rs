@@ -18,6 +18,7 @@ use reshard::exec::WindowPool;
 use reshard::units::human;
 
 use super::convert::{ConvertArgs, CANCEL};
+use super::fit::MachineArgs;
 use super::progress::MultiBar;
 use super::{printer, ExitStatus};
 
@@ -32,6 +33,9 @@ pub struct Args {
     out: PathBuf,
     #[command(flatten)]
     options: ConvertArgs,
+    /// The machine `--mode fit` judges against (default: this one).
+    #[command(flatten, next_help_heading = "Machine (--mode fit)")]
+    machine: MachineArgs,
     /// Models converted at once; they share one --window budget and split
     /// --threads between them.
     #[arg(long, default_value = "1", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -68,7 +72,8 @@ pub struct Args {
 pub enum ModeArg {
     /// Convert each model (the default).
     Convert,
-    /// Plan how each converted model fits a memory budget (not wired yet).
+    /// Judge whether each model, as converted with these options, fits the
+    /// machine (see `reshard fit`); a model that does not fit fails.
     Fit,
     /// Validate each converted model (not wired yet).
     Validate,
@@ -146,6 +151,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         jobs: args.jobs as usize,
         verify_source: args.verify_source,
         fail_fast: args.fail_fast,
+        fit: (args.mode == ModeArg::Fit).then(|| batch::FitJob {
+            machine: args.machine.machine(),
+            options: args.machine.options(String::new(), None),
+        }),
     };
     let pool = WindowPool::new(options.convert.window);
     let bars = MultiBar::new(

@@ -17,10 +17,26 @@ use reshard::units::{human, ByteSize};
 use super::{printer, ExitStatus};
 
 #[derive(Debug, clap::Args)]
-#[command(group = clap::ArgGroup::new("commit").args(["pagefile", "commit_limit"]))]
 pub struct Args {
     /// A .safetensors/.bin file, a model folder, or a Hugging Face cache folder.
     path: PathBuf,
+    #[command(flatten)]
+    pub machine: MachineArgs,
+    /// What if the checkpoint were converted with this --dtype?
+    #[arg(long, value_name = "DTYPE")]
+    dtype: Option<Dtype>,
+    /// What if the checkpoint were converted with this --max-shard-size?
+    #[arg(long, value_name = "SIZE")]
+    max_shard_size: Option<ByteSize>,
+    /// Print JSON (every figure in bytes, stable field names).
+    #[arg(long)]
+    json: bool,
+}
+
+/// The machine and loaders to judge; shared by `fit` and `batch --mode fit`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(group = clap::ArgGroup::new("commit").args(["pagefile", "commit_limit"]))]
+pub struct MachineArgs {
     /// The OS of the machine to judge (default: the running one).
     #[arg(long, value_enum)]
     os: Option<OsArg>,
@@ -42,21 +58,12 @@ pub struct Args {
     /// depends on these only.
     #[arg(long = "loader", value_enum, value_name = "NAME")]
     loaders: Vec<LoaderArg>,
-    /// What if the checkpoint were converted with this --dtype?
-    #[arg(long, value_name = "DTYPE")]
-    dtype: Option<Dtype>,
-    /// What if the checkpoint were converted with this --max-shard-size?
-    #[arg(long, value_name = "SIZE")]
-    max_shard_size: Option<ByteSize>,
     /// Host memory a CUDA context commits on Windows (an estimate).
     #[arg(long, value_name = "SIZE", default_value = "512MiB")]
     cuda_overhead: ByteSize,
     /// Reader threads of transformers' pread backend.
-    #[arg(long, value_name = "N", default_value_t = fit::DEFAULT_THREADS)]
-    threads: u64,
-    /// Print JSON (every figure in bytes, stable field names).
-    #[arg(long)]
-    json: bool,
+    #[arg(long = "pread-threads", value_name = "N", default_value_t = fit::DEFAULT_THREADS)]
+    pread_threads: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -92,7 +99,12 @@ impl From<LoaderArg> for Loader {
     }
 }
 
-impl Args {
+impl MachineArgs {
+    /// The machine: given figures over detected ones.
+    pub fn machine(&self) -> Machine {
+        Machine::resolve(&self.given(), &machine::detect(), Os::current())
+    }
+
     fn given(&self) -> Given {
         Given {
             os: self.os.map(|o| match o {
@@ -106,6 +118,20 @@ impl Args {
         }
     }
 
+    /// Fit options judging `path`, optionally as converted with `what_if`.
+    pub fn options(&self, path: String, what_if: Option<PlanOptions>) -> FitOptions {
+        FitOptions {
+            loaders: self.loaders.iter().map(|&l| l.into()).collect(),
+            threads: self.pread_threads,
+            window: fit::DEFAULT_WINDOW,
+            cuda_overhead: self.cuda_overhead.bytes(),
+            what_if,
+            path,
+        }
+    }
+}
+
+impl Args {
     fn options(&self) -> FitOptions {
         let what_if =
             (self.dtype.is_some() || self.max_shard_size.is_some()).then(|| PlanOptions {
@@ -115,21 +141,15 @@ impl Args {
                 dtype: self.dtype,
                 ..PlanOptions::default()
             });
-        FitOptions {
-            loaders: self.loaders.iter().map(|&l| l.into()).collect(),
-            threads: self.threads,
-            window: fit::DEFAULT_WINDOW,
-            cuda_overhead: self.cuda_overhead.bytes(),
-            what_if,
-            path: self.path.display().to_string(),
-        }
+        self.machine
+            .options(self.path.display().to_string(), what_if)
     }
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     let ck =
         format::open(&args.path).with_context(|| format!("cannot read {}", args.path.display()))?;
-    let machine = Machine::resolve(&args.given(), &machine::detect(), Os::current());
+    let machine = args.machine.machine();
     let report = fit::fit(&ck, machine, &args.options())
         .with_context(|| format!("cannot judge {}", args.path.display()))?;
     if args.json {
