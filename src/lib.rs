@@ -25,3 +25,4 @@ pub mod cast;
 pub mod exec;
 pub mod write;
 pub mod convert;
+pub mod validate;

@@ -6,6 +6,7 @@ mod exit;
 mod inspect;
 mod printer;
 mod progress;
+mod validate;
 
 use clap::{Parser, Subcommand};
 
@@ -26,6 +27,11 @@ enum Command {
     Inspect(inspect::Args),
     /// Rewrite a checkpoint into small, layer-ordered shards.
     Convert(convert::Args),
+    /// Check a checkpoint's bytes and load it within a memory budget.
+    Validate(validate::Args),
+    /// The budget child of `validate` (internal).
+    #[command(name = "__validate-child", hide = true)]
+    ValidateChild,
 }
 
 /// Parses the command line, runs the subcommand and reports errors.
@@ -41,6 +47,8 @@ pub fn run() -> ExitStatus {
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(args),
         Command::Convert(args) => convert::run(args),
+        Command::Validate(args) => validate::run(args),
+        Command::ValidateChild => Ok(validate::run_child()),
     };
     match result {
         Ok(status) => status,

@@ -8,3 +8,4 @@ mod common;
 mod inspect;
 mod convert;
 mod readers;
+mod validate;
