@@ -243,6 +243,12 @@ fn dst_state(dst: &Path, id: &str, overwrite: bool) -> Result<DstState, ConvertE
     match (manifest, partial) {
         (Some(m), _) if m.plan_id == id => return Ok(DstState::UpToDate(m)),
         (None, Some(p)) if p.plan_id == id => return Ok(DstState::Resume(p)),
+        (None, Some(_)) => {
+            // Our own unfinished run of another plan (the source or options
+            // changed since): nothing was committed, so start over.
+            clear_outputs(dst)?;
+            return Ok(DstState::Fresh);
+        }
         _ => {}
     }
     let occupied = std::fs::read_dir(dst)

@@ -26,3 +26,5 @@ pub mod exec;
 pub mod write;
 pub mod convert;
 pub mod validate;
+#[doc(hidden)]
+pub mod fuzz;

@@ -168,10 +168,10 @@ fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
         let _ = writeln!(o, "{} is up to date ({} shards); nothing written", s.dst, s.shards);
         return o;
     }
-    let rate = s.bytes_read as f64 / s.seconds.max(1e-9) / 1e9;
+    let rate = human((s.bytes_read as f64 / s.seconds.max(1e-9)) as u64);
     let _ = writeln!(
         o,
-        "wrote {} shards ({}) to {} in {:.2} s ({rate:.2} GB/s), buffers peaked at {} of a {} window",
+        "wrote {} shards ({}) to {} in {:.2} s ({rate}/s), buffers peaked at {} of a {} window",
         s.shards,
         human(s.bytes_written),
         s.dst,

@@ -81,8 +81,9 @@ fn render_summary(s: &Summary) -> String {
         format::Layout::Single => "single file".to_string(),
         format::Layout::Loose => format!("{} loose shards, no index", s.files.len()),
         format::Layout::Indexed { index } => format!(
-            "{} shards + {}",
+            "{} shard{} + {}",
             s.files.len(),
+            if s.files.len() == 1 { "" } else { "s" },
             index.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
         ),
     };

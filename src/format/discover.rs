@@ -228,6 +228,12 @@ fn open_indexed(dir: &Path, index_path: &Path, format: Format) -> Result<Checkpo
         paths.push(path);
     }
     let mut checkpoint = open_files(dir, &paths, format)?;
+    let weights = WeightFiles::scan(dir)?;
+    let siblings = if format == Format::Safetensors { weights.safetensors } else { weights.pytorch };
+    for path in siblings.iter().filter(|p| !paths.contains(p)) {
+        let file = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        checkpoint.findings.push(Finding::FileNotInIndex { file });
+    }
     let names: Vec<String> = checkpoint.files.iter().map(SourceFile::name).collect();
     let findings = cross_check(index_path, &index, &checkpoint.tensors, &names)?;
     checkpoint.findings.extend(findings);

@@ -167,6 +167,9 @@ pub enum Finding {
     /// A shard holds a tensor that its index does not list; loaders that go
     /// by the index will never load it.
     TensorNotInIndex { tensor: String, file: String },
+    /// A weight file sits beside an index that does not list it; loaders
+    /// that go by the index ignore it.
+    FileNotInIndex { file: String },
     /// `metadata.total_size` of an index disagrees with the tensors' bytes.
     TotalSizeMismatch { declared: u64, actual: u64 },
     /// A safetensors file without `"format": "pt"` in `__metadata__`;
@@ -203,6 +206,9 @@ impl fmt::Display for Finding {
         match self {
             Finding::TensorNotInIndex { tensor, file } => {
                 write!(f, "tensor {tensor:?} is in {file} but not in the index; index-driven loaders will skip it")
+            }
+            Finding::FileNotInIndex { file } => {
+                write!(f, "{file} is in the folder but the index does not list it; index-driven loaders ignore it")
             }
             Finding::TotalSizeMismatch { declared, actual } => write!(
                 f,

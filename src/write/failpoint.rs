@@ -1,8 +1,9 @@
 //! A test hook for crash-consistency tests: with `RESHARD_PAUSE_AT=N` in the
 //! environment, the Nth write step (a chunk written, a file renamed) prints
-//! `reshard: paused at write step N` on stderr and waits forever, so a test
-//! can SIGKILL the process at a known point. Without the variable this is
-//! one relaxed atomic add per step.
+//! `reshard: paused at write step N` on stderr and waits, so a test can
+//! SIGKILL the process at a known point, or change the source under it and
+//! let it go on by creating the file named by `RESHARD_PAUSE_UNTIL`.
+//! Without the variables this is one cached lookup per step.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -20,8 +21,12 @@ pub fn step() {
     let n = STEPS.fetch_add(1, Ordering::Relaxed) + 1;
     if n == at {
         eprintln!("reshard: paused at write step {n}");
+        let release = std::env::var_os("RESHARD_PAUSE_UNTIL").map(std::path::PathBuf::from);
         loop {
-            std::thread::sleep(std::time::Duration::from_secs(3600));
+            if release.as_ref().is_some_and(|p| p.exists()) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
 }

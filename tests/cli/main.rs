@@ -7,5 +7,8 @@
 mod common;
 mod inspect;
 mod convert;
+mod crash;
+mod fuzz_corpus;
+mod hostile;
 mod readers;
 mod validate;
