@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use reshard::units::{human, ByteSize};
-use reshard::validate::{self, DeviceSpec, Loader, ValidateOptions, ValidateReport, DEFAULT_STAGING};
+use reshard::validate::{
+    self, DeviceSpec, Loader, ValidateOptions, ValidateReport, DEFAULT_STAGING,
+};
 
 use super::{printer, ExitStatus};
 
@@ -64,7 +66,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     } else {
         printer::text(&render(&report))?;
     }
-    Ok(if report.passed { ExitStatus::Ok } else { ExitStatus::CheckFailed })
+    Ok(if report.passed {
+        ExitStatus::Ok
+    } else {
+        ExitStatus::CheckFailed
+    })
 }
 
 /// The hidden entry of the budget child process.
@@ -77,8 +83,18 @@ pub fn run_child() -> ExitStatus {
 
 fn render(r: &ValidateReport) -> String {
     let mut o = String::new();
-    let checks = if r.manifest { "sha256 and xxh3 checked against reshard.json" } else { "no reshard.json: bytes read back, not checksummed" };
-    let _ = writeln!(o, "{}: {} tensors in {} shards, {checks}", r.path, r.tensors, r.shards.len());
+    let checks = if r.manifest {
+        "sha256 and xxh3 checked against reshard.json"
+    } else {
+        "no reshard.json: bytes read back, not checksummed"
+    };
+    let _ = writeln!(
+        o,
+        "{}: {} tensors in {} shards, {checks}",
+        r.path,
+        r.tensors,
+        r.shards.len()
+    );
     if let Some(e) = &r.emulation {
         let _ = writeln!(
             o,
@@ -90,15 +106,42 @@ fn render(r: &ValidateReport) -> String {
             human(e.predicted_peak)
         );
     } else {
-        let mem = r.device.total_memory.map(|m| format!(", {} dedicated", human(m))).unwrap_or_default();
-        let pinned = if r.device.pinned_staging { "pinned " } else { "" };
-        let _ = writeln!(o, "device {} ({}{mem}), {pinned}staging buffer {}", r.device.device, r.device.name, human(r.staging));
+        let mem = r
+            .device
+            .total_memory
+            .map(|m| format!(", {} dedicated", human(m)))
+            .unwrap_or_default();
+        let pinned = if r.device.pinned_staging {
+            "pinned "
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            o,
+            "device {} ({}{mem}), {pinned}staging buffer {}",
+            r.device.device,
+            r.device.name,
+            human(r.staging)
+        );
     }
     for s in &r.shards {
         let rate = s.bytes as f64 / s.seconds.max(1e-9) / 1e9;
-        let _ = writeln!(o, "  {}  {:>10}  {:>4} tensors  {:.3} s  {rate:.2} GB/s", s.file, human(s.bytes), s.tensors, s.seconds);
+        let _ = writeln!(
+            o,
+            "  {}  {:>10}  {:>4} tensors  {:.3} s  {rate:.2} GB/s",
+            s.file,
+            human(s.bytes),
+            s.tensors,
+            s.seconds
+        );
     }
-    let _ = writeln!(o, "loaded {} in {:.3} s ({:.2} GB/s)", human(r.bytes_loaded), r.load_seconds, r.throughput_gb_s);
+    let _ = writeln!(
+        o,
+        "loaded {} in {:.3} s ({:.2} GB/s)",
+        human(r.bytes_loaded),
+        r.load_seconds,
+        r.throughput_gb_s
+    );
     if r.emulation.is_none() {
         let _ = writeln!(
             o,
@@ -118,7 +161,10 @@ fn render(r: &ValidateReport) -> String {
         );
     }
     if let Some(c) = &r.commit {
-        let budget = r.commit_budget.map(|b| format!(", budget {} (enforced)", human(b))).unwrap_or_default();
+        let budget = r
+            .commit_budget
+            .map(|b| format!(", budget {} (enforced)", human(b)))
+            .unwrap_or_default();
         let _ = writeln!(
             o,
             "commit ({}): peak {} above a baseline of {} ({} absolute){budget}",
@@ -129,7 +175,11 @@ fn render(r: &ValidateReport) -> String {
         );
     }
     if let Some(a) = &r.against {
-        let _ = writeln!(o, "against {}: {} tensors compared ({} through a cast)", a.source, a.tensors_compared, a.cast_compared);
+        let _ = writeln!(
+            o,
+            "against {}: {} tensors compared ({} through a cast)",
+            a.source, a.tensors_compared, a.cast_compared
+        );
     }
     if r.passed {
         let _ = writeln!(o, "passed");

@@ -26,8 +26,13 @@ const THREAD_STACK: usize = 2 << 20;
 /// Starts the global rayon pool now, so its thread stacks exist before the
 /// commit baseline. Returns the bytes of stack it reserved.
 pub fn warm_threads() -> u64 {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
-    let built = rayon::ThreadPoolBuilder::new().num_threads(threads).stack_size(THREAD_STACK).build_global();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8);
+    let built = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .stack_size(THREAD_STACK)
+        .build_global();
     // An error means the pool already exists: its stacks predate us.
     if built.is_ok() {
         (threads * THREAD_STACK) as u64
@@ -50,38 +55,74 @@ pub fn compare(
     let src_reader = SourceReader::open(&source)?;
     let out_reader = SourceReader::open(ck)?;
     let policy = policy.unwrap_or(OverflowPolicy::Inf);
-    let chunk = usize::try_from(staging).unwrap_or(MAX_CHUNK).clamp(4096, MAX_CHUNK);
+    let chunk = usize::try_from(staging)
+        .unwrap_or(MAX_CHUNK)
+        .clamp(4096, MAX_CHUNK);
     let mut bufs = Buffers::new(chunk);
     let committed = ledger.sample();
     if let Err(needed) = bufs {
         let budget = report.commit_budget;
-        report.fail(Failure::OverBudget { shard: "(--against buffers)".into(), tensor: None, needed, committed, budget });
+        report.fail(Failure::OverBudget {
+            shard: "(--against buffers)".into(),
+            tensor: None,
+            needed,
+            committed,
+            budget,
+        });
     }
-    let mut summary = AgainstReport { source: src.display().to_string(), ..AgainstReport::default() };
-    let by_name: HashMap<&str, &Tensor> = source.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let mut summary = AgainstReport {
+        source: src.display().to_string(),
+        ..AgainstReport::default()
+    };
+    let by_name: HashMap<&str, &Tensor> = source
+        .tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t))
+        .collect();
     let names: Vec<&str> = ck.tensors.iter().map(|t| t.name.as_str()).collect();
     for i in sort_indices(&names, Order::Forward) {
         let out = &ck.tensors[i];
         let file = ck.files[out.file].name();
         let Some(&theirs) = by_name.get(out.name.as_str()) else {
-            report.fail(Failure::AgainstMissing { tensor: out.name.clone(), side: "the output".into() });
+            report.fail(Failure::AgainstMissing {
+                tensor: out.name.clone(),
+                side: "the output".into(),
+            });
             continue;
         };
         let Ok(bufs) = bufs.as_mut() else {
             continue;
         };
-        let mismatch = |reason: String| Failure::AgainstMismatch { tensor: out.name.clone(), file: file.clone(), reason };
+        let mismatch = |reason: String| Failure::AgainstMismatch {
+            tensor: out.name.clone(),
+            file: file.clone(),
+            reason,
+        };
         if theirs.shape != out.shape {
-            report.fail(mismatch(format!("shape {:?} but the source's is {:?}", out.shape, theirs.shape)));
+            report.fail(mismatch(format!(
+                "shape {:?} but the source's is {:?}",
+                out.shape, theirs.shape
+            )));
             continue;
         }
-        if theirs.dtype != out.dtype && !matches!(cast::target_for(theirs.dtype, out.dtype), Ok(Some(_))) {
-            report.fail(mismatch(format!("{} but the source's is {}, which reshard does not cast", out.dtype, theirs.dtype)));
+        if theirs.dtype != out.dtype
+            && !matches!(cast::target_for(theirs.dtype, out.dtype), Ok(Some(_)))
+        {
+            report.fail(mismatch(format!(
+                "{} but the source's is {}, which reshard does not cast",
+                out.dtype, theirs.dtype
+            )));
             continue;
         }
         if let Some(at) = first_difference(&src_reader, theirs, &out_reader, out, bufs, policy)? {
-            let how = if theirs.dtype == out.dtype { String::new() } else { format!(" cast from {}", theirs.dtype) };
-            report.fail(mismatch(format!("differs from the source's{how} at element {at}")));
+            let how = if theirs.dtype == out.dtype {
+                String::new()
+            } else {
+                format!(" cast from {}", theirs.dtype)
+            };
+            report.fail(mismatch(format!(
+                "differs from the source's{how} at element {at}"
+            )));
         }
         summary.tensors_compared += 1;
         summary.cast_compared += usize::from(theirs.dtype != out.dtype);
@@ -89,7 +130,10 @@ pub fn compare(
     let ours: std::collections::HashSet<&str> = names.iter().copied().collect();
     for t in &source.tensors {
         if !ours.contains(t.name.as_str()) && !dropped.contains(&t.name) {
-            report.fail(Failure::AgainstMissing { tensor: t.name.clone(), side: "the source".into() });
+            report.fail(Failure::AgainstMissing {
+                tensor: t.name.clone(),
+                side: "the source".into(),
+            });
         }
     }
     report.against = Some(summary);
@@ -105,7 +149,11 @@ struct Buffers {
 impl Buffers {
     fn new(chunk: usize) -> Result<Buffers, u64> {
         let get = || try_zeroed(chunk).map_err(|_| chunk as u64);
-        Ok(Buffers { source: get()?, cast: get()?, output: get()? })
+        Ok(Buffers {
+            source: get()?,
+            cast: get()?,
+            output: get()?,
+        })
     }
 }
 
@@ -128,7 +176,9 @@ fn first_difference(
     let mut out_stream: TensorBytes = out_reader.tensor_bytes(out);
     let mut done = 0u64;
     while done < numel {
-        let n = usize::try_from(numel - done).unwrap_or(usize::MAX).min(per_chunk);
+        let n = usize::try_from(numel - done)
+            .unwrap_or(usize::MAX)
+            .min(per_chunk);
         let input = &mut bufs.source[..n * in_elem];
         src_reader.read_chunk(theirs, &mut src_stream, input)?;
         let expected: &[u8] = if casting {
@@ -141,7 +191,11 @@ fn first_difference(
         let got = &mut bufs.output[..n * out_elem];
         out_reader.read_chunk(out, &mut out_stream, got)?;
         if expected != &got[..] {
-            let at = expected.chunks(out_elem).zip(got.chunks(out_elem)).position(|(a, b)| a != b).unwrap_or(0);
+            let at = expected
+                .chunks(out_elem)
+                .zip(got.chunks(out_elem))
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
             return Ok(Some(done + at as u64));
         }
         done += n as u64;

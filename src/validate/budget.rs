@@ -46,13 +46,24 @@ enum ChildOutcome {
 
 /// Validates `path` with `options.commit_budget` enforced in a child
 /// process (without a budget, the same as [`validate`]).
-pub fn validate_with_budget(path: &Path, options: &ValidateOptions) -> Result<ValidateReport, ValidateError> {
+pub fn validate_with_budget(
+    path: &Path,
+    options: &ValidateOptions,
+) -> Result<ValidateReport, ValidateError> {
     let Some(budget) = options.commit_budget else {
         return validate(path, options);
     };
-    let exe = std::env::current_exe().map_err(|e| ValidateError::Io { what: "find the current executable".into(), source: e })?;
-    let args = ChildArgs { path: path.to_path_buf(), options: options.clone() };
-    let json = serde_json::to_string(&args).map_err(|e| ValidateError::Child { reason: e.to_string() })?;
+    let exe = std::env::current_exe().map_err(|e| ValidateError::Io {
+        what: "find the current executable".into(),
+        source: e,
+    })?;
+    let args = ChildArgs {
+        path: path.to_path_buf(),
+        options: options.clone(),
+    };
+    let json = serde_json::to_string(&args).map_err(|e| ValidateError::Child {
+        reason: e.to_string(),
+    })?;
     let output = Command::new(&exe)
         .arg(CHILD_SUBCOMMAND)
         .env(CHILD_ENV, json)
@@ -60,21 +71,40 @@ pub fn validate_with_budget(path: &Path, options: &ValidateOptions) -> Result<Va
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .output()
-        .map_err(|e| ValidateError::Io { what: format!("start {}", exe.display()), source: e })?;
+        .map_err(|e| ValidateError::Io {
+            what: format!("start {}", exe.display()),
+            source: e,
+        })?;
     match serde_json::from_slice::<ChildOutcome>(&output.stdout) {
         Ok(ChildOutcome::Report(report)) => return Ok(*report),
-        Ok(ChildOutcome::Error { chain }) => return Err(ValidateError::Child { reason: chain.join(": ") }),
+        Ok(ChildOutcome::Error { chain }) => {
+            return Err(ValidateError::Child {
+                reason: chain.join(": "),
+            })
+        }
         Err(_) => {}
     }
     let stderr = String::from_utf8_lossy(&output.stderr);
-    let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
+    let last = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+        .to_string();
     if let Some(signal) = signal_of(&output.status) {
         let mut report = ValidateReport::new(path, options);
-        let detail = if last.is_empty() { format!("signal {signal}") } else { format!("signal {signal}; {last}") };
+        let detail = if last.is_empty() {
+            format!("signal {signal}")
+        } else {
+            format!("signal {signal}; {last}")
+        };
         report.fail(Failure::Stopped { budget, detail });
         return Ok(report);
     }
-    Err(ValidateError::Child { reason: format!("the budget child exited with {}: {last}", output.status) })
+    Err(ValidateError::Child {
+        reason: format!("the budget child exited with {}: {last}", output.status),
+    })
 }
 
 #[cfg(unix)]
@@ -110,8 +140,12 @@ pub fn child_main() -> i32 {
 }
 
 fn child_run() -> Result<ValidateReport, ValidateError> {
-    let text = std::env::var(CHILD_ENV).map_err(|_| ValidateError::Child { reason: format!("{CHILD_ENV} is not set") })?;
-    let args: ChildArgs = serde_json::from_str(&text).map_err(|e| ValidateError::Child { reason: format!("bad {CHILD_ENV}: {e}") })?;
+    let text = std::env::var(CHILD_ENV).map_err(|_| ValidateError::Child {
+        reason: format!("{CHILD_ENV} is not set"),
+    })?;
+    let args: ChildArgs = serde_json::from_str(&text).map_err(|e| ValidateError::Child {
+        reason: format!("bad {CHILD_ENV}: {e}"),
+    })?;
     let budget = args.options.commit_budget.unwrap_or(u64::MAX);
     let mut ledger = CommitLedger::start();
     let mut limit = None;
@@ -135,7 +169,10 @@ impl DataLimit {
     #[cfg(unix)]
     fn set(bytes: u64) -> Result<DataLimit, ValidateError> {
         use nix::sys::resource::{getrlimit, setrlimit, Resource};
-        let err = |e: nix::Error| ValidateError::Io { what: "set RLIMIT_DATA".into(), source: std::io::Error::from(e) };
+        let err = |e: nix::Error| ValidateError::Io {
+            what: "set RLIMIT_DATA".into(),
+            source: std::io::Error::from(e),
+        };
         let previous = getrlimit(Resource::RLIMIT_DATA).map_err(err)?;
         let soft = (bytes as nix::libc::rlim_t).min(previous.1);
         setrlimit(Resource::RLIMIT_DATA, soft, previous.1).map_err(err)?;
@@ -152,7 +189,11 @@ impl Drop for DataLimit {
     fn drop(&mut self) {
         #[cfg(unix)]
         {
-            let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_DATA, self.previous.0, self.previous.1);
+            let _ = nix::sys::resource::setrlimit(
+                nix::sys::resource::Resource::RLIMIT_DATA,
+                self.previous.0,
+                self.previous.1,
+            );
         }
     }
 }

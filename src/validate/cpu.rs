@@ -20,7 +20,12 @@ pub struct CpuDevice {
 
 impl CpuDevice {
     pub fn new(staging_len: usize) -> CpuDevice {
-        CpuDevice { staging_len, staging: Vec::new(), allocs: Vec::new(), held: 0 }
+        CpuDevice {
+            staging_len,
+            staging: Vec::new(),
+            allocs: Vec::new(),
+            held: 0,
+        }
     }
 }
 
@@ -28,14 +33,23 @@ impl CpuDevice {
 /// `RLIMIT_DATA`) refuses it.
 pub fn try_zeroed(len: usize) -> Result<Vec<u8>, DeviceError> {
     let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| DeviceError::OutOfMemory { needed: len as u64, host: true })?;
+    v.try_reserve_exact(len)
+        .map_err(|_| DeviceError::OutOfMemory {
+            needed: len as u64,
+            host: true,
+        })?;
     v.resize(len, 0);
     Ok(v)
 }
 
 impl Device for CpuDevice {
     fn info(&self) -> DeviceInfo {
-        DeviceInfo { device: "cpu".into(), name: "host memory (CPU stand-in for a device)".into(), total_memory: None, pinned_staging: false }
+        DeviceInfo {
+            device: "cpu".into(),
+            name: "host memory (CPU stand-in for a device)".into(),
+            total_memory: None,
+            pinned_staging: false,
+        }
     }
 
     fn prepare(&mut self) -> Result<(), DeviceError> {
@@ -50,7 +64,10 @@ impl Device for CpuDevice {
     }
 
     fn alloc(&mut self, len: u64) -> Result<usize, DeviceError> {
-        let oom = || DeviceError::OutOfMemory { needed: len, host: true };
+        let oom = || DeviceError::OutOfMemory {
+            needed: len,
+            host: true,
+        };
         let len = usize::try_from(len).map_err(|_| oom())?;
         // The handle table grows first, so its growth cannot fail later.
         self.allocs.try_reserve(1).map_err(|_| oom())?;
@@ -62,9 +79,13 @@ impl Device for CpuDevice {
     }
 
     fn upload(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError> {
-        let dst = self.allocs.get_mut(alloc).ok_or_else(|| DeviceError::Driver(format!("no allocation {alloc}")))?;
+        let dst = self
+            .allocs
+            .get_mut(alloc)
+            .ok_or_else(|| DeviceError::Driver(format!("no allocation {alloc}")))?;
         let src = &self.staging[..len];
-        let offset = usize::try_from(offset).map_err(|_| DeviceError::Driver("offset out of range".into()))?;
+        let offset = usize::try_from(offset)
+            .map_err(|_| DeviceError::Driver("offset out of range".into()))?;
         if offset == dst.len() && dst.capacity() - dst.len() >= len {
             // Sequential uploads append into the reserved capacity: no
             // reallocation, no zero-fill pass.
@@ -72,18 +93,26 @@ impl Device for CpuDevice {
         } else if offset.checked_add(len).is_some_and(|end| end <= dst.len()) {
             dst[offset..offset + len].copy_from_slice(src);
         } else {
-            return Err(DeviceError::Driver(format!("upload past the end of allocation {alloc}")));
+            return Err(DeviceError::Driver(format!(
+                "upload past the end of allocation {alloc}"
+            )));
         }
         Ok(())
     }
 
     fn download(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError> {
-        let src = self.allocs.get(alloc).ok_or_else(|| DeviceError::Driver(format!("no allocation {alloc}")))?;
-        let offset = usize::try_from(offset).map_err(|_| DeviceError::Driver("offset out of range".into()))?;
+        let src = self
+            .allocs
+            .get(alloc)
+            .ok_or_else(|| DeviceError::Driver(format!("no allocation {alloc}")))?;
+        let offset = usize::try_from(offset)
+            .map_err(|_| DeviceError::Driver("offset out of range".into()))?;
         let bytes = offset
             .checked_add(len)
             .and_then(|end| src.get(offset..end))
-            .ok_or_else(|| DeviceError::Driver(format!("download past the end of allocation {alloc}")))?;
+            .ok_or_else(|| {
+                DeviceError::Driver(format!("download past the end of allocation {alloc}"))
+            })?;
         self.staging[..len].copy_from_slice(bytes);
         Ok(())
     }
@@ -122,6 +151,9 @@ mod tests {
     #[test]
     fn an_impossible_allocation_is_an_error_value() {
         let mut d = CpuDevice::new(4);
-        assert!(matches!(d.alloc(u64::MAX / 2), Err(DeviceError::OutOfMemory { host: true, .. })));
+        assert!(matches!(
+            d.alloc(u64::MAX / 2),
+            Err(DeviceError::OutOfMemory { host: true, .. })
+        ));
     }
 }

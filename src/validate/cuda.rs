@@ -57,7 +57,9 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, ValidateError>) -> Result<T, Validat
 }
 
 fn cuda_err(what: &str) -> impl Fn(DriverError) -> ValidateError + '_ {
-    move |e| ValidateError::Cuda { reason: format!("{what}: {e}") }
+    move |e| ValidateError::Cuda {
+        reason: format!("{what}: {e}"),
+    }
 }
 
 fn device_err(e: DriverError) -> DeviceError {
@@ -78,8 +80,12 @@ impl CudaDevice {
                 return Err(ValidateError::NoSuchCudaDevice { ordinal, count });
             }
             let ctx = CudaContext::new(ordinal).map_err(cuda_err("cannot create a context"))?;
-            let name = ctx.name().map_err(cuda_err("cannot read the device name"))?;
-            let total = ctx.total_mem().map_err(cuda_err("cannot read the device memory"))?;
+            let name = ctx
+                .name()
+                .map_err(cuda_err("cannot read the device name"))?;
+            let total = ctx
+                .total_mem()
+                .map_err(cuda_err("cannot read the device memory"))?;
             let stream = ctx.default_stream();
             let info = DeviceInfo {
                 device: format!("cuda:{ordinal}"),
@@ -87,7 +93,15 @@ impl CudaDevice {
                 total_memory: Some(total as u64),
                 pinned_staging: false,
             };
-            Ok(CudaDevice { ctx, stream, staging_len, staging: None, allocs: Vec::new(), held: 0, info })
+            Ok(CudaDevice {
+                ctx,
+                stream,
+                staging_len,
+                staging: None,
+                allocs: Vec::new(),
+                held: 0,
+                info,
+            })
         })
     }
 
@@ -132,40 +146,60 @@ impl Device for CudaDevice {
     }
 
     fn alloc(&mut self, len: u64) -> Result<usize, DeviceError> {
-        let n = usize::try_from(len).map_err(|_| DeviceError::OutOfMemory { needed: len, host: false })?;
+        let n = usize::try_from(len).map_err(|_| DeviceError::OutOfMemory {
+            needed: len,
+            host: false,
+        })?;
         match self.stream.alloc_zeros::<u8>(n) {
             Ok(slice) => {
                 self.allocs.push(slice);
                 self.held += len;
                 Ok(self.allocs.len() - 1)
             }
-            Err(DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY)) => Err(DeviceError::OutOfMemory { needed: len, host: false }),
+            Err(DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY)) => Err(DeviceError::OutOfMemory {
+                needed: len,
+                host: false,
+            }),
             Err(e) => Err(device_err(e)),
         }
     }
 
     fn upload(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError> {
-        let off = usize::try_from(offset).map_err(|_| DeviceError::Driver("offset out of range".into()))?;
+        let off = usize::try_from(offset)
+            .map_err(|_| DeviceError::Driver("offset out of range".into()))?;
         let src: &[u8] = match &self.staging {
             Some(Staging::Pinned(p)) => &p.as_slice().map_err(device_err)?[..len],
             Some(Staging::Plain(v)) => &v[..len],
             None => return Err(DeviceError::Driver("staging buffer not allocated".into())),
         };
-        let dst = self.allocs.get_mut(alloc).ok_or_else(|| DeviceError::Driver(format!("no allocation {alloc}")))?;
+        let dst = self
+            .allocs
+            .get_mut(alloc)
+            .ok_or_else(|| DeviceError::Driver(format!("no allocation {alloc}")))?;
         if off.checked_add(len).is_none_or(|end| end > dst.len()) {
-            return Err(DeviceError::Driver(format!("upload past the end of allocation {alloc}")));
+            return Err(DeviceError::Driver(format!(
+                "upload past the end of allocation {alloc}"
+            )));
         }
         let mut view = dst.slice_mut(off..off + len);
-        self.stream.memcpy_htod(src, &mut view).map_err(device_err)?;
+        self.stream
+            .memcpy_htod(src, &mut view)
+            .map_err(device_err)?;
         // The staging buffer is refilled next: wait for the copy.
         self.stream.synchronize().map_err(device_err)
     }
 
     fn download(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError> {
-        let off = usize::try_from(offset).map_err(|_| DeviceError::Driver("offset out of range".into()))?;
-        let src = self.allocs.get(alloc).ok_or_else(|| DeviceError::Driver(format!("no allocation {alloc}")))?;
+        let off = usize::try_from(offset)
+            .map_err(|_| DeviceError::Driver("offset out of range".into()))?;
+        let src = self
+            .allocs
+            .get(alloc)
+            .ok_or_else(|| DeviceError::Driver(format!("no allocation {alloc}")))?;
         if off.checked_add(len).is_none_or(|end| end > src.len()) {
-            return Err(DeviceError::Driver(format!("download past the end of allocation {alloc}")));
+            return Err(DeviceError::Driver(format!(
+                "download past the end of allocation {alloc}"
+            )));
         }
         let view = src.slice(off..off + len);
         let dst: &mut [u8] = match &mut self.staging {
@@ -196,6 +230,9 @@ mod tests {
             eprintln!("skipped: a CUDA driver is present");
             return;
         }
-        assert!(matches!(CudaDevice::open(0, 4096), Err(ValidateError::NoCudaDriver)));
+        assert!(matches!(
+            CudaDevice::open(0, 4096),
+            Err(ValidateError::NoCudaDriver)
+        ));
     }
 }

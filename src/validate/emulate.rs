@@ -48,7 +48,11 @@ pub enum Loader {
 }
 
 impl Loader {
-    pub const ALL: [Loader; 3] = [Loader::TransformersV5Mmap, Loader::PerShardMmap, Loader::FullRead];
+    pub const ALL: [Loader; 3] = [
+        Loader::TransformersV5Mmap,
+        Loader::PerShardMmap,
+        Loader::FullRead,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -74,10 +78,13 @@ impl FromStr for Loader {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Loader::ALL.into_iter().find(|l| l.name() == s).ok_or_else(|| {
-            let names: Vec<&str> = Loader::ALL.iter().map(|l| l.name()).collect();
-            format!("unknown loader {s:?}: use one of {}", names.join(", "))
-        })
+        Loader::ALL
+            .into_iter()
+            .find(|l| l.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Loader::ALL.iter().map(|l| l.name()).collect();
+                format!("unknown loader {s:?}: use one of {}", names.join(", "))
+            })
     }
 }
 
@@ -121,18 +128,30 @@ pub fn run(
         predicted_peak: if loader.keeps_all() { sum } else { max },
     });
     let mut kept: Vec<Held> = Vec::new();
-    kept.try_reserve_exact(order.len()).map_err(|_| ValidateError::Child { reason: "out of memory".into() })?;
+    kept.try_reserve_exact(order.len())
+        .map_err(|_| ValidateError::Child {
+            reason: "out of memory".into(),
+        })?;
     for &file in order {
         let started = Instant::now();
         let source = &ck.files[file];
         let name = source.name();
-        let io = |e: std::io::Error| ValidateError::Io { what: format!("read {}", source.path.display()), source: e };
+        let io = |e: std::io::Error| ValidateError::Io {
+            what: format!("read {}", source.path.display()),
+            source: e,
+        };
         let f = File::open(&source.path).map_err(io)?;
         let held = match hold(&f, source.size, loader) {
             Ok(h) => h,
             Err(e) if is_enomem(&e) => {
                 let committed = ledger.sample();
-                report.fail(Failure::OverBudget { shard: name, tensor: None, needed: source.size, committed, budget: report.commit_budget });
+                report.fail(Failure::OverBudget {
+                    shard: name,
+                    tensor: None,
+                    needed: source.size,
+                    committed,
+                    budget: report.commit_budget,
+                });
                 return Ok(());
             }
             Err(e) => return Err(io(e)),
@@ -144,11 +163,18 @@ pub fn run(
         check.finish(&mut report.failures);
         let mut tensor_bytes = 0;
         let mut count = 0;
-        for (i, t) in ck.tensors.iter().enumerate().filter(|(_, t)| t.file == file) {
+        for (i, t) in ck
+            .tensors
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.file == file)
+        {
             let DataRef::Contiguous { offset } = t.data else {
                 continue;
             };
-            let range = usize::try_from(offset).ok().zip(usize::try_from(offset + t.len).ok());
+            let range = usize::try_from(offset)
+                .ok()
+                .zip(usize::try_from(offset + t.len).ok());
             let Some(data) = range.and_then(|(a, b)| bytes.get(a..b)) else {
                 continue; // format::open checked the offsets against the size
             };
@@ -161,7 +187,12 @@ pub fn run(
             kept.push(held);
         }
         report.bytes_loaded += tensor_bytes;
-        report.shards.push(ShardTiming { file: name, bytes: tensor_bytes, tensors: count, seconds: started.elapsed().as_secs_f64() });
+        report.shards.push(ShardTiming {
+            file: name,
+            bytes: tensor_bytes,
+            tensors: count,
+            seconds: started.elapsed().as_secs_f64(),
+        });
     }
     Ok(())
 }
@@ -180,9 +211,11 @@ fn hold(file: &File, size: u64, loader: Loader) -> std::io::Result<Held> {
             Ok(Held::Map(map))
         }
         Loader::FullRead => {
-            let len = usize::try_from(size).map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
+            let len = usize::try_from(size)
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
             let mut v = Vec::new();
-            v.try_reserve_exact(len).map_err(|_| std::io::Error::from_raw_os_error(libc::ENOMEM))?;
+            v.try_reserve_exact(len)
+                .map_err(|_| std::io::Error::from_raw_os_error(libc::ENOMEM))?;
             v.resize(len, 0);
             file.read_exact_at(&mut v, 0)?;
             Ok(Held::Read(v))
@@ -198,7 +231,10 @@ mod tests {
     fn parses_loader_names() {
         for l in Loader::ALL {
             assert_eq!(l.name().parse::<Loader>().unwrap(), l);
-            assert_eq!(serde_json::to_string(&l).unwrap(), format!("\"{}\"", l.name()));
+            assert_eq!(
+                serde_json::to_string(&l).unwrap(),
+                format!("\"{}\"", l.name())
+            );
         }
         assert!("transformers".parse::<Loader>().is_err());
     }

@@ -16,7 +16,12 @@ use crate::write::shard::hex;
 /// Turns the errors of [`crate::format::open`] that mean "a tensor is
 /// missing or listed twice" into failures; other errors stay errors.
 pub fn failure_of_open_error(e: &FormatError) -> Option<Failure> {
-    let name = |p: &std::path::Path| p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let name = |p: &std::path::Path| {
+        p.file_name().map_or_else(
+            || p.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
+    };
     match e {
         FormatError::IndexTensorMissing { path, tensor, file } => Some(Failure::MissingTensor {
             tensor: tensor.clone(),
@@ -28,10 +33,17 @@ pub fn failure_of_open_error(e: &FormatError) -> Option<Failure> {
             file: file.clone(),
             reason: format!("{} maps it to {file}, which does not exist", name(path)),
         }),
-        FormatError::TensorInTwoFiles { tensor, first, second } => Some(Failure::UnlistedTensor {
+        FormatError::TensorInTwoFiles {
+            tensor,
+            first,
+            second,
+        } => Some(Failure::UnlistedTensor {
             tensor: tensor.clone(),
             file: name(second),
-            reason: format!("is also in {}; a tensor must be stored exactly once", name(first)),
+            reason: format!(
+                "is also in {}; a tensor must be stored exactly once",
+                name(first)
+            ),
         }),
         _ => None,
     }
@@ -48,31 +60,49 @@ pub struct Expected<'a> {
 impl<'a> Expected<'a> {
     /// Cross-checks `ck` against its index findings and `manifest`,
     /// pushing a failure for every tensor missing or unlisted on either side.
-    pub fn new(ck: &Checkpoint, manifest: Option<&'a Manifest>, failures: &mut Vec<Failure>) -> Expected<'a> {
+    pub fn new(
+        ck: &Checkpoint,
+        manifest: Option<&'a Manifest>,
+        failures: &mut Vec<Failure>,
+    ) -> Expected<'a> {
         for finding in &ck.findings {
             if let Finding::TensorNotInIndex { tensor, file } = finding {
                 failures.push(Failure::UnlistedTensor {
                     tensor: tensor.clone(),
                     file: file.clone(),
-                    reason: "is not in the index; loaders that go by the index never load it".into(),
+                    reason: "is not in the index; loaders that go by the index never load it"
+                        .into(),
                 });
             }
         }
-        let mut expected = Expected { shards: vec![None; ck.files.len()], tensors: vec![None; ck.tensors.len()] };
+        let mut expected = Expected {
+            shards: vec![None; ck.files.len()],
+            tensors: vec![None; ck.tensors.len()],
+        };
         let Some(manifest) = manifest else {
             return expected;
         };
         let file_names: Vec<String> = ck.files.iter().map(|f| f.name()).collect();
-        let by_name: std::collections::HashMap<&str, usize> =
-            ck.tensors.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
+        let by_name: std::collections::HashMap<&str, usize> = ck
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.as_str(), i))
+            .collect();
         for shard in &manifest.shards {
             let Some(file) = file_names.iter().position(|n| *n == shard.file) else {
-                failures.push(Failure::MissingShard { file: shard.file.clone() });
+                failures.push(Failure::MissingShard {
+                    file: shard.file.clone(),
+                });
                 continue;
             };
             expected.shards[file] = Some(shard);
             if ck.files[file].size != shard.size {
-                failures.push(Failure::ShardSize { file: shard.file.clone(), expected: shard.size, actual: ck.files[file].size });
+                failures.push(Failure::ShardSize {
+                    file: shard.file.clone(),
+                    expected: shard.size,
+                    actual: ck.files[file].size,
+                });
             }
             for record in &shard.tensors {
                 let Some(&i) = by_name.get(record.name.as_str()) else {
@@ -121,7 +151,13 @@ impl<'a> Expected<'a> {
     }
 
     /// Compares a tensor's xxh3 with the manifest's, if it lists one.
-    pub fn check_tensor(&self, ck: &Checkpoint, tensor: usize, xxh3: u64, failures: &mut Vec<Failure>) {
+    pub fn check_tensor(
+        &self,
+        ck: &Checkpoint,
+        tensor: usize,
+        xxh3: u64,
+        failures: &mut Vec<Failure>,
+    ) {
         let Some(record) = self.tensors[tensor] else {
             return;
         };
@@ -149,7 +185,11 @@ pub struct ShardCheck<'a> {
 impl<'a> ShardCheck<'a> {
     /// A check against `record`; without one, nothing is hashed.
     pub fn new(record: Option<&'a ShardRecord>) -> ShardCheck<'a> {
-        ShardCheck { record, sha: Sha256::new(), pos: 0 }
+        ShardCheck {
+            record,
+            sha: Sha256::new(),
+            pos: 0,
+        }
     }
 
     /// Whether there is a checksum to compare with.
@@ -170,7 +210,11 @@ impl<'a> ShardCheck<'a> {
         if let Some(record) = self.record {
             let actual = hex(&self.sha.finalize());
             if actual != record.sha256 {
-                failures.push(Failure::ShardChecksum { file: record.file.clone(), expected: record.sha256.clone(), actual });
+                failures.push(Failure::ShardChecksum {
+                    file: record.file.clone(),
+                    expected: record.sha256.clone(),
+                    actual,
+                });
             }
         }
     }
@@ -190,8 +234,14 @@ mod tests {
         };
         let f = failure_of_open_error(&e).unwrap();
         let text = f.to_string();
-        assert!(text.contains("a.weight") && text.contains("model-00001-of-00002.safetensors"), "{text}");
-        assert!(failure_of_open_error(&FormatError::NotFound { path: PathBuf::from("/x") }).is_none());
+        assert!(
+            text.contains("a.weight") && text.contains("model-00001-of-00002.safetensors"),
+            "{text}"
+        );
+        assert!(failure_of_open_error(&FormatError::NotFound {
+            path: PathBuf::from("/x")
+        })
+        .is_none());
     }
 
     #[test]

@@ -52,7 +52,14 @@ impl CommitLedger {
     pub fn start() -> CommitLedger {
         let now = read_commit();
         let v = now.unwrap_or(0);
-        CommitLedger { baseline: v, peak: v, last: v, stacks: 0, samples: 1, available: now.is_some() }
+        CommitLedger {
+            baseline: v,
+            peak: v,
+            last: v,
+            stacks: 0,
+            samples: 1,
+            available: now.is_some(),
+        }
     }
 
     /// Takes the baseline again, now, and forgets the peak.
@@ -91,7 +98,12 @@ impl CommitLedger {
 
     pub fn figures(&self) -> CommitFigures {
         CommitFigures {
-            source: if self.available { SOURCE } else { "unavailable" }.to_string(),
+            source: if self.available {
+                SOURCE
+            } else {
+                "unavailable"
+            }
+            .to_string(),
             baseline: self.baseline.saturating_sub(self.stacks),
             peak: self.peak.saturating_sub(self.stacks),
             peak_above_baseline: self.peak.saturating_sub(self.baseline),
@@ -129,7 +141,9 @@ fn read_commit() -> Option<u64> {
 /// The `VmData:` line of a /proc/PID/status text, in bytes.
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 fn parse_vm_data(status: &[u8]) -> Option<u64> {
-    let line = status.split(|&b| b == b'\n').find(|l| l.starts_with(b"VmData:"))?;
+    let line = status
+        .split(|&b| b == b'\n')
+        .find(|l| l.starts_with(b"VmData:"))?;
     let rest = std::str::from_utf8(&line[b"VmData:".len()..]).ok()?;
     let mut parts = rest.split_whitespace();
     let n: u64 = parts.next()?.parse().ok()?;
@@ -146,7 +160,9 @@ fn parse_vm_data(status: &[u8]) -> Option<u64> {
 #[cfg(windows)]
 #[allow(unsafe_code)]
 fn read_commit() -> Option<u64> {
-    use windows_sys::Win32::System::ProcessStatus::{GetProcessMemoryInfo, PROCESS_MEMORY_COUNTERS, PROCESS_MEMORY_COUNTERS_EX};
+    use windows_sys::Win32::System::ProcessStatus::{
+        GetProcessMemoryInfo, PROCESS_MEMORY_COUNTERS, PROCESS_MEMORY_COUNTERS_EX,
+    };
     use windows_sys::Win32::System::Threading::GetCurrentProcess;
     let mut counters: PROCESS_MEMORY_COUNTERS_EX = unsafe {
         // SAFETY: PROCESS_MEMORY_COUNTERS_EX is a plain C struct of integers;
@@ -159,7 +175,11 @@ fn read_commit() -> Option<u64> {
     // closing; the pointer is to a live, correctly sized struct whose `cb`
     // says its size, as the API requires for the _EX variant.
     let ok = unsafe {
-        GetProcessMemoryInfo(GetCurrentProcess(), (&mut counters as *mut PROCESS_MEMORY_COUNTERS_EX).cast::<PROCESS_MEMORY_COUNTERS>(), size)
+        GetProcessMemoryInfo(
+            GetCurrentProcess(),
+            (&mut counters as *mut PROCESS_MEMORY_COUNTERS_EX).cast::<PROCESS_MEMORY_COUNTERS>(),
+            size,
+        )
     };
     (ok != 0).then_some(counters.PrivateUsage as u64)
 }

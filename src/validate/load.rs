@@ -62,7 +62,11 @@ pub fn staging_len(requested: u64, ck: &Checkpoint) -> usize {
 }
 
 /// Opens the device `spec` names, with a staging buffer for `ck`.
-pub fn open_device(spec: DeviceSpec, staging: u64, ck: &Checkpoint) -> Result<Box<dyn Device>, ValidateError> {
+pub fn open_device(
+    spec: DeviceSpec,
+    staging: u64,
+    ck: &Checkpoint,
+) -> Result<Box<dyn Device>, ValidateError> {
     let len = staging_len(staging, ck);
     Ok(match spec {
         DeviceSpec::Cpu => Box::new(super::cpu::CpuDevice::new(len)),
@@ -111,7 +115,12 @@ pub fn vram_fit(ck: &Checkpoint, budget: u64) -> VramFit {
         }
     }
     let blocks_fit = blocks.iter().take_while(|(_, last)| *last < cut).count();
-    VramFit { budget, needed, blocks_fit, blocks_total: blocks.len() }
+    VramFit {
+        budget,
+        needed,
+        blocks_fit,
+        blocks_total: blocks.len(),
+    }
 }
 
 /// Loads every shard of `ck` in `order` into `device`, checking bytes as
@@ -126,17 +135,30 @@ pub fn run(
     report: &mut ValidateReport,
 ) -> Result<(), ValidateError> {
     let reader = SourceReader::open(ck)?;
-    let first_shard = order.first().map(|&f| ck.files[f].name()).unwrap_or_default();
+    let first_shard = order
+        .first()
+        .map(|&f| ck.files[f].name())
+        .unwrap_or_default();
     let staging_len = staging_len(options.staging, ck) as u64;
     report.staging = staging_len;
     match device.prepare() {
         Ok(()) => {}
         Err(DeviceError::OutOfMemory { .. }) => {
             let committed = ledger.sample();
-            report.fail(Failure::OverBudget { shard: first_shard, tensor: None, needed: staging_len, committed, budget: options.commit_budget });
+            report.fail(Failure::OverBudget {
+                shard: first_shard,
+                tensor: None,
+                needed: staging_len,
+                committed,
+                budget: options.commit_budget,
+            });
             return Ok(());
         }
-        Err(e) => return Err(ValidateError::Cuda { reason: format!("cannot allocate the staging buffer: {e}") }),
+        Err(e) => {
+            return Err(ValidateError::Cuda {
+                reason: format!("cannot allocate the staging buffer: {e}"),
+            })
+        }
     }
     ledger.sample();
     let fit = options.vram_budget.map(|b| vram_fit(ck, b));
@@ -146,12 +168,19 @@ pub fn run(
     for &file in order {
         let started = Instant::now();
         let name = ck.files[file].name();
-        let mut tensors: Vec<usize> = (0..ck.tensors.len()).filter(|&i| ck.tensors[i].file == file).collect();
+        let mut tensors: Vec<usize> = (0..ck.tensors.len())
+            .filter(|&i| ck.tensors[i].file == file)
+            .collect();
         tensors.sort_by_key(|&i| (ck.tensors[i].offset(), i));
-        let all_contiguous = tensors.iter().all(|&i| matches!(ck.tensors[i].data, DataRef::Contiguous { .. }));
+        let all_contiguous = tensors
+            .iter()
+            .all(|&i| matches!(ck.tensors[i].data, DataRef::Contiguous { .. }));
         let mut check = ShardCheck::new(expect.shard(file).filter(|_| all_contiguous));
         let raw = if check.active() {
-            Some(File::open(&ck.files[file].path).map_err(|e| FormatError::io(&ck.files[file].path, e))?)
+            Some(
+                File::open(&ck.files[file].path)
+                    .map_err(|e| FormatError::io(&ck.files[file].path, e))?,
+            )
         } else {
             None
         };
@@ -167,7 +196,11 @@ pub fn run(
                 if let (Some(b), Some(fit)) = (options.vram_budget, &fit) {
                     if cumulative.saturating_add(t.len) > b {
                         vram_refused = true;
-                        report.fail(Failure::VramBudget { shard: name.clone(), tensor: t.name.clone(), fit: fit.clone() });
+                        report.fail(Failure::VramBudget {
+                            shard: name.clone(),
+                            tensor: t.name.clone(),
+                            fit: fit.clone(),
+                        });
                     }
                 }
                 if !vram_refused {
@@ -190,9 +223,17 @@ pub fn run(
                             let total = report.device.total_memory.unwrap_or(cumulative);
                             let fit = fit.clone().unwrap_or_else(|| vram_fit(ck, total));
                             report.vram = Some(fit.clone());
-                            report.fail(Failure::VramBudget { shard: name.clone(), tensor: t.name.clone(), fit });
+                            report.fail(Failure::VramBudget {
+                                shard: name.clone(),
+                                tensor: t.name.clone(),
+                                fit,
+                            });
                         }
-                        Err(e) => return Err(ValidateError::Cuda { reason: format!("tensor {:?}: {e}", t.name) }),
+                        Err(e) => {
+                            return Err(ValidateError::Cuda {
+                                reason: format!("tensor {:?}: {e}", t.name),
+                            })
+                        }
                     }
                     ledger.sample();
                 }
@@ -206,34 +247,60 @@ pub fn run(
             expect.check_tensor(ck, i, file_hash, &mut report.failures);
             if let Some(h) = alloc {
                 if readback_hash(device, h, t.len)? != file_hash {
-                    report.fail(Failure::Readback { file: name.clone(), tensor: t.name.clone(), device: report.device.device.clone() });
+                    report.fail(Failure::Readback {
+                        file: name.clone(),
+                        tensor: t.name.clone(),
+                        device: report.device.device.clone(),
+                    });
                 }
             }
             bytes += t.len;
         }
         if let Some(raw) = &raw {
-            hash_raw(device, raw, &ck.files[file].path, &mut check, ck.files[file].size)?;
+            hash_raw(
+                device,
+                raw,
+                &ck.files[file].path,
+                &mut check,
+                ck.files[file].size,
+            )?;
         }
         check.finish(&mut report.failures);
         ledger.sample();
         device.end_shard();
         report.bytes_loaded += bytes;
-        report.shards.push(ShardTiming { file: name, bytes, tensors: tensors.len(), seconds: started.elapsed().as_secs_f64() });
+        report.shards.push(ShardTiming {
+            file: name,
+            bytes,
+            tensors: tensors.len(),
+            seconds: started.elapsed().as_secs_f64(),
+        });
     }
     Ok(())
 }
 
 fn device_err(e: DeviceError) -> ValidateError {
-    ValidateError::Cuda { reason: e.to_string() }
+    ValidateError::Cuda {
+        reason: e.to_string(),
+    }
 }
 
 /// Feeds the shard check the file's bytes from its position up to `end`
 /// (the header before the first tensor, any gap, the tail), via staging.
-fn hash_raw(device: &mut dyn Device, raw: &File, path: &std::path::Path, check: &mut ShardCheck<'_>, end: u64) -> Result<(), ValidateError> {
+fn hash_raw(
+    device: &mut dyn Device,
+    raw: &File,
+    path: &std::path::Path,
+    check: &mut ShardCheck<'_>,
+    end: u64,
+) -> Result<(), ValidateError> {
     let staging = device.staging().map_err(device_err)?;
     while check.pos < end {
-        let n = usize::try_from(end - check.pos).unwrap_or(usize::MAX).min(staging.len());
-        raw.read_exact_at(&mut staging[..n], check.pos).map_err(|e| FormatError::io(path, e))?;
+        let n = usize::try_from(end - check.pos)
+            .unwrap_or(usize::MAX)
+            .min(staging.len());
+        raw.read_exact_at(&mut staging[..n], check.pos)
+            .map_err(|e| FormatError::io(path, e))?;
         check.update(&staging[..n]);
     }
     Ok(())
@@ -253,7 +320,9 @@ fn stream_tensor(
     let mut done = 0u64;
     while done < t.len {
         let staging = device.staging().map_err(device_err)?;
-        let n = usize::try_from(t.len - done).unwrap_or(usize::MAX).min(staging.len());
+        let n = usize::try_from(t.len - done)
+            .unwrap_or(usize::MAX)
+            .min(staging.len());
         reader.read_chunk(t, &mut stream, &mut staging[..n])?;
         hash.update(&staging[..n]);
         check.update(&staging[..n]);
@@ -287,7 +356,11 @@ mod tests {
 
     fn ck(tensors: &[(&str, u64, usize)]) -> Checkpoint {
         let files = (0..=tensors.iter().map(|t| t.2).max().unwrap_or(0))
-            .map(|i| SourceFile { path: PathBuf::from(format!("f{i}")), size: 0, mtime_ns: 0 })
+            .map(|i| SourceFile {
+                path: PathBuf::from(format!("f{i}")),
+                size: 0,
+                mtime_ns: 0,
+            })
             .collect();
         Checkpoint {
             dir: PathBuf::from("."),
@@ -332,7 +405,11 @@ mod tests {
 
     #[test]
     fn orders_shards_by_their_first_layer() {
-        let c = ck(&[("model.layers.10.a", 1, 0), ("model.layers.2.a", 1, 1), ("model.embed_tokens.weight", 1, 2)]);
+        let c = ck(&[
+            ("model.layers.10.a", 1, 0),
+            ("model.layers.2.a", 1, 1),
+            ("model.embed_tokens.weight", 1, 2),
+        ]);
         assert_eq!(shard_order(&c), vec![2, 1, 0]);
     }
 

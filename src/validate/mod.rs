@@ -198,7 +198,11 @@ pub(crate) fn run(
     match options.emulate {
         Some(loader) => {
             if ck.format != format::Format::Safetensors {
-                return Err(ValidateError::EmulateNeedsSafetensors { loader, path: path.to_path_buf(), format: ck.format });
+                return Err(ValidateError::EmulateNeedsSafetensors {
+                    loader,
+                    path: path.to_path_buf(),
+                    format: ck.format,
+                });
             }
             before_load(ledger)?;
             emulate::run(&ck, &order, loader, &expect, ledger, &mut report)?;
@@ -212,14 +216,36 @@ pub(crate) fn run(
                 ledger.add_thread_stacks(against::warm_threads());
             }
             before_load(ledger)?;
-            load::run(&ck, &order, device.as_mut(), options, &expect, ledger, &mut report)?;
+            load::run(
+                &ck,
+                &order,
+                device.as_mut(),
+                options,
+                &expect,
+                ledger,
+                &mut report,
+            )?;
         }
     }
     if let Some(src) = &options.against {
         let policy = manifest.as_ref().map(|m| m.options.on_overflow);
-        let dropped: Vec<String> = manifest.iter().flat_map(|m| m.dropped.iter().map(|d| d.tensor.clone())).collect();
-        let result = against::compare(&ck, src, policy, &dropped, load::staging_len(options.staging, &ck) as u64, ledger, &mut report);
-        result.map_err(|e| ValidateError::Against { path: src.clone(), source: Box::new(e) })?;
+        let dropped: Vec<String> = manifest
+            .iter()
+            .flat_map(|m| m.dropped.iter().map(|d| d.tensor.clone()))
+            .collect();
+        let result = against::compare(
+            &ck,
+            src,
+            policy,
+            &dropped,
+            load::staging_len(options.staging, &ck) as u64,
+            ledger,
+            &mut report,
+        );
+        result.map_err(|e| ValidateError::Against {
+            path: src.clone(),
+            source: Box::new(e),
+        })?;
     }
     report.commit = Some(ledger.figures());
     report.finish(options);
@@ -249,7 +275,8 @@ mod tests {
             against: Some(PathBuf::from("/src")),
             ..ValidateOptions::default()
         };
-        let back: ValidateOptions = serde_json::from_str(&serde_json::to_string(&o).unwrap()).unwrap();
+        let back: ValidateOptions =
+            serde_json::from_str(&serde_json::to_string(&o).unwrap()).unwrap();
         assert_eq!(back, o);
     }
 }

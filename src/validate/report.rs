@@ -73,19 +73,54 @@ pub struct AgainstReport {
 pub enum Failure {
     /// The manifest lists a tensor that no file holds, or the index names a
     /// file that does not hold it.
-    MissingTensor { tensor: String, file: String, reason: String },
+    MissingTensor {
+        tensor: String,
+        file: String,
+        reason: String,
+    },
     /// A file holds a tensor the manifest or index does not list.
-    UnlistedTensor { tensor: String, file: String, reason: String },
+    UnlistedTensor {
+        tensor: String,
+        file: String,
+        reason: String,
+    },
     /// The manifest lists a shard that is not there.
     MissingShard { file: String },
-    ShardChecksum { file: String, expected: String, actual: String },
-    ShardSize { file: String, expected: u64, actual: u64 },
-    TensorChecksum { file: String, tensor: String, expected: String, actual: String },
-    TensorMeta { file: String, tensor: String, reason: String },
+    ShardChecksum {
+        file: String,
+        expected: String,
+        actual: String,
+    },
+    ShardSize {
+        file: String,
+        expected: u64,
+        actual: u64,
+    },
+    TensorChecksum {
+        file: String,
+        tensor: String,
+        expected: String,
+        actual: String,
+    },
+    TensorMeta {
+        file: String,
+        tensor: String,
+        reason: String,
+    },
     /// The bytes read back from the device differ from the file's.
-    Readback { file: String, tensor: String, device: String },
+    Readback {
+        file: String,
+        tensor: String,
+        device: String,
+    },
     /// An allocation or mapping failed under the commit budget.
-    OverBudget { shard: String, tensor: Option<String>, needed: u64, committed: u64, budget: Option<u64> },
+    OverBudget {
+        shard: String,
+        tensor: Option<String>,
+        needed: u64,
+        committed: u64,
+        budget: Option<u64>,
+    },
     /// The budget child was stopped by a signal (an allocation failure in a
     /// path that cannot report it).
     Stopped { budget: u64, detail: String },
@@ -93,9 +128,17 @@ pub enum Failure {
     /// is enforced, elsewhere only measured.
     PeakOverBudget { peak: u64, budget: u64 },
     /// The device refused an allocation past `--vram-budget` or ran out.
-    VramBudget { shard: String, tensor: String, fit: VramFit },
+    VramBudget {
+        shard: String,
+        tensor: String,
+        fit: VramFit,
+    },
     /// A tensor differs from the `--against` source.
-    AgainstMismatch { tensor: String, file: String, reason: String },
+    AgainstMismatch {
+        tensor: String,
+        file: String,
+        reason: String,
+    },
     /// A tensor exists on one side of `--against` only.
     AgainstMissing { tensor: String, side: String },
 }
@@ -214,9 +257,15 @@ impl ValidateReport {
         self.load_seconds = self.shards.iter().fold(0.0, |a, s| a + s.seconds);
         self.throughput_gb_s = self.bytes_loaded as f64 / self.load_seconds.max(1e-9) / 1e9;
         if let (Some(budget), Some(c)) = (options.commit_budget, &self.commit) {
-            let over_already = self.failures.iter().any(|f| matches!(f, Failure::OverBudget { .. }));
+            let over_already = self
+                .failures
+                .iter()
+                .any(|f| matches!(f, Failure::OverBudget { .. }));
             if c.peak_above_baseline > budget && !over_already {
-                self.failures.push(Failure::PeakOverBudget { peak: c.peak_above_baseline, budget });
+                self.failures.push(Failure::PeakOverBudget {
+                    peak: c.peak_above_baseline,
+                    budget,
+                });
             }
         }
         self.passed = self.failures.is_empty();

@@ -7,26 +7,58 @@ use std::path::Path;
 
 use crate::common::*;
 
-const SAFETENSORS_FIXTURES: [&str; 5] = ["tiny-llama", "tiny-llama-f32-sharded", "tiny-gpt2", "tiny-moe-sharded", "tiny-t5"];
+const SAFETENSORS_FIXTURES: [&str; 5] = [
+    "tiny-llama",
+    "tiny-llama-f32-sharded",
+    "tiny-gpt2",
+    "tiny-moe-sharded",
+    "tiny-t5",
+];
 
 fn convert(src: &Path, dst: &Path, extra: &[&str]) {
-    reshard().arg("convert").arg(src).arg(dst).arg("--no-progress").args(extra).assert().success();
+    reshard()
+        .arg("convert")
+        .arg(src)
+        .arg(dst)
+        .arg("--no-progress")
+        .args(extra)
+        .assert()
+        .success();
 }
 
 /// Runs `reshard validate PATH ARGS --json`; returns the exit code and the
 /// parsed report.
 fn validate_json(path: &Path, args: &[&str]) -> (i32, serde_json::Value) {
-    let out = reshard().arg("validate").arg(path).args(args).arg("--json").output().unwrap();
+    let out = reshard()
+        .arg("validate")
+        .arg(path)
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
     let code = out.status.code().unwrap_or(-1);
-    let report = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr: {}", String::from_utf8_lossy(&out.stderr)));
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON report ({e}); stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
     (code, report)
 }
 
 /// Runs `reshard validate PATH ARGS`; returns the exit code and stdout+stderr.
 fn validate_text(path: &Path, args: &[&str]) -> (i32, String) {
-    let out = reshard().arg("validate").arg(path).args(args).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let out = reshard()
+        .arg("validate")
+        .arg(path)
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     (out.status.code().unwrap_or(-1), text)
 }
 
@@ -50,7 +82,11 @@ fn every_fixture_validates_raw_and_converted_and_against_its_source() {
         assert_eq!(out["tensors"], expected.tensors.len());
         assert_eq!(out["bytes_loaded"], expected.total_bytes());
         assert_eq!(out["against"]["tensors_compared"], expected.tensors.len());
-        assert!(out["shards"].as_array().unwrap().iter().all(|s| s["seconds"].as_f64().unwrap() >= 0.0));
+        assert!(out["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["seconds"].as_f64().unwrap() >= 0.0));
     }
 }
 
@@ -58,11 +94,18 @@ fn every_fixture_validates_raw_and_converted_and_against_its_source() {
 fn a_budget_below_one_shard_fails_and_a_generous_one_passes() {
     let tmp = tempfile::tempdir().unwrap();
     let dst = tmp.path().join("out");
-    convert(&fixture("tiny-llama-f32-sharded"), &dst, &["--max-shard-size", "200KiB"]);
+    convert(
+        &fixture("tiny-llama-f32-sharded"),
+        &dst,
+        &["--max-shard-size", "200KiB"],
+    );
     // The largest shard holds a 250 KiB tensor: 192 KiB cannot hold it.
     let (code, text) = validate_text(&dst, &["--commit-budget", "192KiB", "--staging", "16KiB"]);
     assert_eq!(code, 1, "{text}");
-    assert!(text.contains("over budget at shard model-00001-of-00004.safetensors"), "{text}");
+    assert!(
+        text.contains("over budget at shard model-00001-of-00004.safetensors"),
+        "{text}"
+    );
     assert!(text.contains("model.embed_tokens.weight"), "{text}");
 
     let (code, report) = validate_json(&dst, &["--commit-budget", "64MiB"]);
@@ -79,16 +122,26 @@ fn a_budget_below_one_shard_fails_and_a_generous_one_passes() {
 fn drop_tensor(path: &Path, drop: &str) {
     let bytes = std::fs::read(path).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     let data = &bytes[8 + n..];
     let mut entries: Vec<(String, serde_json::Value)> = header.into_iter().collect();
     entries.retain(|(k, _)| k != drop);
-    entries.sort_by_key(|(k, v)| if k == "__metadata__" { 0 } else { v["data_offsets"][0].as_u64().unwrap() + 1 });
+    entries.sort_by_key(|(k, v)| {
+        if k == "__metadata__" {
+            0
+        } else {
+            v["data_offsets"][0].as_u64().unwrap() + 1
+        }
+    });
     let mut new_header = serde_json::Map::new();
     let mut new_data = Vec::new();
     for (k, mut v) in entries {
         if k != "__metadata__" {
-            let (a, b) = (v["data_offsets"][0].as_u64().unwrap() as usize, v["data_offsets"][1].as_u64().unwrap() as usize);
+            let (a, b) = (
+                v["data_offsets"][0].as_u64().unwrap() as usize,
+                v["data_offsets"][1].as_u64().unwrap() as usize,
+            );
             let start = new_data.len();
             new_data.extend_from_slice(&data[a..b]);
             v["data_offsets"] = serde_json::json!([start, new_data.len()]);
@@ -102,9 +155,17 @@ fn drop_tensor(path: &Path, drop: &str) {
 fn corrupted_outputs_fail_naming_the_file_and_tensor() {
     let tmp = tempfile::tempdir().unwrap();
     let good = tmp.path().join("good");
-    convert(&fixture("tiny-llama-f32-sharded"), &good, &["--max-shard-size", "200KiB"]);
+    convert(
+        &fixture("tiny-llama-f32-sharded"),
+        &good,
+        &["--max-shard-size", "200KiB"],
+    );
     let ck = reshard::format::open(&good).unwrap();
-    let victim = ck.tensors.iter().find(|t| t.name == "model.layers.0.self_attn.q_proj.weight").unwrap();
+    let victim = ck
+        .tensors
+        .iter()
+        .find(|t| t.name == "model.layers.0.self_attn.q_proj.weight")
+        .unwrap();
     let file = ck.files[victim.file].name();
 
     // A flipped byte in a shard's data.
@@ -116,14 +177,18 @@ fn corrupted_outputs_fail_naming_the_file_and_tensor() {
     std::fs::write(&path, bytes).unwrap();
     let (code, text) = validate_text(&flipped, &[]);
     assert_eq!(code, 1, "{text}");
-    assert!(text.contains(&format!("{file}: tensor \"{}\": xxh3", victim.name)), "{text}");
+    assert!(
+        text.contains(&format!("{file}: tensor \"{}\": xxh3", victim.name)),
+        "{text}"
+    );
     assert!(text.contains(&format!("{file}: sha256")), "{text}");
 
     // A wrong checksum in the manifest.
     let wrong = tmp.path().join("wrong-manifest");
     copy_dir(&good, &wrong);
     let manifest_path = wrong.join("reshard.json");
-    let mut manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
     for shard in manifest["shards"].as_array_mut().unwrap() {
         for t in shard["tensors"].as_array_mut().unwrap() {
             if t["name"] == victim.name.as_str() {
@@ -132,12 +197,25 @@ fn corrupted_outputs_fail_naming_the_file_and_tensor() {
         }
     }
     manifest["shards"][0]["sha256"] = "00".repeat(32).into();
-    std::fs::write(&manifest_path, serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
+    std::fs::write(
+        &manifest_path,
+        serde_json::to_vec_pretty(&manifest).unwrap(),
+    )
+    .unwrap();
     let (code, text) = validate_text(&wrong, &[]);
     assert_eq!(code, 1, "{text}");
-    assert!(text.contains(&format!("tensor \"{}\": xxh3 is", victim.name)), "{text}");
-    assert!(text.contains("reshard.json says 0123456789abcdef"), "{text}");
-    assert!(text.contains("model-00001-of-00004.safetensors: sha256"), "{text}");
+    assert!(
+        text.contains(&format!("tensor \"{}\": xxh3 is", victim.name)),
+        "{text}"
+    );
+    assert!(
+        text.contains("reshard.json says 0123456789abcdef"),
+        "{text}"
+    );
+    assert!(
+        text.contains("model-00001-of-00004.safetensors: sha256"),
+        "{text}"
+    );
 
     // A tensor missing from a shard that the index still lists.
     let missing = tmp.path().join("missing");
@@ -145,7 +223,10 @@ fn corrupted_outputs_fail_naming_the_file_and_tensor() {
     drop_tensor(&missing.join(&file), &victim.name);
     let (code, text) = validate_text(&missing, &[]);
     assert_eq!(code, 1, "{text}");
-    assert!(text.contains(&format!("{file}: tensor \"{}\" is missing", victim.name)), "{text}");
+    assert!(
+        text.contains(&format!("{file}: tensor \"{}\" is missing", victim.name)),
+        "{text}"
+    );
 
     // The same in a single-file output: only the manifest knows it.
     let single = tmp.path().join("single");
@@ -153,24 +234,39 @@ fn corrupted_outputs_fail_naming_the_file_and_tensor() {
     drop_tensor(&single.join("model.safetensors"), "model.norm.weight");
     let (code, text) = validate_text(&single, &[]);
     assert_eq!(code, 1, "{text}");
-    assert!(text.contains("tensor \"model.norm.weight\" is missing: reshard.json lists it"), "{text}");
+    assert!(
+        text.contains("tensor \"model.norm.weight\" is missing: reshard.json lists it"),
+        "{text}"
+    );
 }
 
 #[test]
 fn against_another_model_names_what_differs() {
-    let (code, text) = validate_text(&fixture("tiny-llama"), &["--against", fixture("tiny-gpt2").to_str().unwrap()]);
+    let (code, text) = validate_text(
+        &fixture("tiny-llama"),
+        &["--against", fixture("tiny-gpt2").to_str().unwrap()],
+    );
     assert_eq!(code, 1, "{text}");
-    assert!(text.contains("is only in the output") && text.contains("is only in the source"), "{text}");
+    assert!(
+        text.contains("is only in the output") && text.contains("is only in the source"),
+        "{text}"
+    );
 }
 
 #[test]
 fn vram_budget_reports_how_many_leading_blocks_fit() {
-    let (code, report) = validate_json(&fixture("tiny-llama-f32-sharded"), &["--vram-budget", "600KiB"]);
+    let (code, report) = validate_json(
+        &fixture("tiny-llama-f32-sharded"),
+        &["--vram-budget", "600KiB"],
+    );
     assert_eq!(code, 1, "{report:#}");
     let vram = &report["vram"];
     assert_eq!(vram["blocks_total"], 2, "{vram}");
     assert_eq!(vram["blocks_fit"], 1, "{vram}");
-    let (code, report) = validate_json(&fixture("tiny-llama-f32-sharded"), &["--vram-budget", "1MiB"]);
+    let (code, report) = validate_json(
+        &fixture("tiny-llama-f32-sharded"),
+        &["--vram-budget", "1MiB"],
+    );
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(report["vram"]["blocks_fit"], 2);
 }
@@ -181,7 +277,10 @@ fn cuda_without_a_driver_exits_2_without_panicking() {
         eprintln!("skipped: a CUDA driver is present here");
         return;
     }
-    for args in [&["--device", "cuda"][..], &["--device", "cuda:1", "--commit-budget", "1GiB"]] {
+    for args in [
+        &["--device", "cuda"][..],
+        &["--device", "cuda:1", "--commit-budget", "1GiB"],
+    ] {
         let (code, text) = validate_text(&fixture("tiny-llama"), args);
         assert_eq!(code, 2, "{text}");
         assert!(text.contains("no CUDA driver found"), "{text}");
@@ -215,13 +314,20 @@ fn write_four_shards(dir: &Path) -> u64 {
         write_safetensors(&dir.join(&file), &serde_json::Value::Object(header), &data);
     }
     let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
-    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::to_vec(&index).unwrap(),
+    )
+    .unwrap();
     total
 }
 
 fn assert_near(measured: u64, predicted: u64, what: &str) {
     let tolerance = (predicted / 10).max(16 * MIB);
-    assert!(measured.abs_diff(predicted) <= tolerance, "{what}: measured {measured}, predicted {predicted}");
+    assert!(
+        measured.abs_diff(predicted) <= tolerance,
+        "{what}: measured {measured}, predicted {predicted}"
+    );
 }
 
 #[test]
@@ -233,29 +339,110 @@ fn v5_mmap_of_the_original_fails_a_budget_that_per_shard_mmap_of_the_reshard_pas
     convert(&original, &resharded, &["--max-shard-size", "32MiB"]);
     let budget = "96MiB"; // one and a half original shards
 
-    let (code, text) = validate_text(&original, &["--emulate", "transformers-v5-mmap", "--commit-budget", budget]);
+    let (code, text) = validate_text(
+        &original,
+        &[
+            "--emulate",
+            "transformers-v5-mmap",
+            "--commit-budget",
+            budget,
+        ],
+    );
     assert_eq!(code, 1, "{text}");
-    assert!(text.contains("over budget at shard model-00002-of-00004.safetensors"), "{text}");
+    assert!(
+        text.contains("over budget at shard model-00002-of-00004.safetensors"),
+        "{text}"
+    );
 
-    let (code, report) = validate_json(&resharded, &["--emulate", "per-shard-mmap", "--commit-budget", budget]);
+    let (code, report) = validate_json(
+        &resharded,
+        &["--emulate", "per-shard-mmap", "--commit-budget", budget],
+    );
     assert_eq!(code, 0, "{report:#}");
     let e = &report["emulation"];
     assert_eq!(e["shards"], 8);
     let max_s = e["max_shard"].as_u64().unwrap();
     assert_eq!(e["predicted_peak"].as_u64().unwrap(), max_s);
-    assert_near(report["commit"]["peak_above_baseline"].as_u64().unwrap(), max_s, "per-shard-mmap peak");
+    assert_near(
+        report["commit"]["peak_above_baseline"].as_u64().unwrap(),
+        max_s,
+        "per-shard-mmap peak",
+    );
 
     // Without a budget, all-mapped peaks at sum(S); resharding cannot help it.
     let (code, report) = validate_json(&original, &["--emulate", "transformers-v5-mmap"]);
     assert_eq!(code, 0, "{report:#}");
     let sum_s = report["emulation"]["sum_shards"].as_u64().unwrap();
     assert!(sum_s > 256 * MIB);
-    assert_near(report["commit"]["peak_above_baseline"].as_u64().unwrap(), sum_s, "transformers-v5-mmap peak");
-    let (code, text) = validate_text(&resharded, &["--emulate", "transformers-v5-mmap", "--commit-budget", budget]);
+    assert_near(
+        report["commit"]["peak_above_baseline"].as_u64().unwrap(),
+        sum_s,
+        "transformers-v5-mmap peak",
+    );
+    let (code, text) = validate_text(
+        &resharded,
+        &[
+            "--emulate",
+            "transformers-v5-mmap",
+            "--commit-budget",
+            budget,
+        ],
+    );
     assert_eq!(code, 1, "{text}");
 
     // full-read keeps every file too.
-    let (code, report) = validate_json(&resharded, &["--emulate", "full-read", "--commit-budget", "300MiB"]);
+    let (code, report) = validate_json(
+        &resharded,
+        &["--emulate", "full-read", "--commit-budget", "300MiB"],
+    );
     assert_eq!(code, 0, "{report:#}");
-    assert_near(report["commit"]["peak_above_baseline"].as_u64().unwrap(), sum_s, "full-read peak");
+    assert_near(
+        report["commit"]["peak_above_baseline"].as_u64().unwrap(),
+        sum_s,
+        "full-read peak",
+    );
+}
+
+#[test]
+fn a_budget_too_small_for_anything_fails_cleanly() {
+    // Whether the staging allocation fails (reported) or an infallible one
+    // aborts the child (reported by the parent), it is exit 1, never 2.
+    let (code, text) = validate_text(&fixture("tiny-llama"), &["--commit-budget", "1"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("over budget"), "{text}");
+}
+
+/// Whether the cast kernels are in (the cast stage was a stub for a while).
+fn casts_available() -> bool {
+    let probe = std::panic::catch_unwind(|| {
+        use reshard::format::Dtype;
+        let mut out = [0u8; 2];
+        reshard::cast::cast_parallel(
+            Dtype::F32,
+            Dtype::BF16,
+            &1f32.to_le_bytes(),
+            &mut out,
+            Default::default(),
+        );
+    });
+    probe.is_ok()
+}
+
+#[test]
+fn against_passes_through_a_cast() {
+    if !casts_available() {
+        eprintln!("skipped: the cast kernels are not merged yet");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixture("tiny-llama-f32-sharded");
+    let dst = tmp.path().join("bf16");
+    convert(&src, &dst, &["--dtype", "bf16"]);
+    let (code, report) = validate_json(&dst, &["--against", src.to_str().unwrap()]);
+    assert_eq!(code, 0, "{report:#}");
+    let against = &report["against"];
+    assert_eq!(
+        against["cast_compared"], against["tensors_compared"],
+        "{against}"
+    );
 }
