@@ -90,10 +90,10 @@ fn render(r: &ValidateReport) -> String {
     };
     let _ = writeln!(
         o,
-        "{}: {} tensors in {} shards, {checks}",
+        "{}: {} tensors in {} files, {checks}",
         r.path,
         r.tensors,
-        r.shards.len()
+        r.files
     );
     if let Some(e) = &r.emulation {
         let _ = writeln!(

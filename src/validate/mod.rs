@@ -192,6 +192,7 @@ pub(crate) fn run(
     let manifest = Manifest::read(&ck.dir.join(MANIFEST))?;
     report.manifest = manifest.is_some();
     report.tensors = ck.tensors.len();
+    report.files = ck.files.len();
     let expect = integrity::Expected::new(&ck, manifest.as_ref(), &mut report.failures);
     let order = load::shard_order(&ck);
 

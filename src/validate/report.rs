@@ -205,6 +205,10 @@ pub struct ValidateReport {
     /// Whether `reshard.json` was there and its checksums were checked.
     pub manifest: bool,
     pub tensors: usize,
+    /// Weight files of the checkpoint.
+    pub files: usize,
+    /// The shards loaded, in load order (fewer than `files` when the load
+    /// stopped early).
     pub shards: Vec<ShardTiming>,
     pub bytes_loaded: u64,
     pub load_seconds: f64,
@@ -232,6 +236,7 @@ impl ValidateReport {
             device: DeviceInfo::default(),
             manifest: false,
             tensors: 0,
+            files: 0,
             shards: Vec::new(),
             bytes_loaded: 0,
             load_seconds: 0.0,
