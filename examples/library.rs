@@ -14,31 +14,46 @@ use reshard::plan::{Plan, PlanOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args_os().skip(1).map(PathBuf::from);
-    let src = args.next().unwrap_or_else(|| PathBuf::from("examples/tiny-llama"));
-    let dst = args.next().unwrap_or_else(|| std::env::temp_dir().join("reshard-library-example"));
+    let src = args
+        .next()
+        .unwrap_or_else(|| PathBuf::from("examples/tiny-llama"));
+    let dst = args
+        .next()
+        .unwrap_or_else(|| std::env::temp_dir().join("reshard-library-example"));
 
     // Stage 1: read headers only.
     let ck = reshard::format::open(&src)?;
-    println!("{}: {} tensors, {} bytes", src.display(), ck.tensors.len(), ck.total_bytes());
+    println!(
+        "{}: {} tensors, {} bytes",
+        src.display(),
+        ck.tensors.len(),
+        ck.total_bytes()
+    );
 
     // Stage 2: a plan is plain data; this is what `convert --dry-run` prints.
     let options = ConvertOptions {
-        plan: PlanOptions { max_shard_size: 100_000, ..PlanOptions::default() },
+        plan: PlanOptions {
+            max_shard_size: 100_000,
+            ..PlanOptions::default()
+        },
         window: 16 << 20,
         ..ConvertOptions::default()
     };
     let plan = Plan::build(&ck, &options.plan)?;
     for shard in &plan.shards {
-        println!("  {} {} bytes, {} tensors", shard.file, shard.data_len, shard.tensors.len());
+        println!(
+            "  {} {} bytes, {} tensors",
+            shard.file,
+            shard.data_len,
+            shard.tensors.len()
+        );
     }
 
     // Stages 3 and 4: stream, hash, write atomically, commit.
     let summary = convert(&ck, &dst, &options, &NoReport, &AtomicBool::new(false))?;
     println!(
         "wrote {} shards to {} (buffers peaked at {} bytes)",
-        summary.shards,
-        summary.dst,
-        summary.peak_buffer_bytes
+        summary.shards, summary.dst, summary.peak_buffer_bytes
     );
     Ok(())
 }

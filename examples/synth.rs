@@ -23,12 +23,26 @@ struct Args {
 }
 
 fn parse_args() -> Args {
-    let mut args = Args { out: PathBuf::new(), size: 1 << 30, dtype: "BF16", shards: 1, hidden: 2048 };
+    let mut args = Args {
+        out: PathBuf::new(),
+        size: 1 << 30,
+        dtype: "BF16",
+        shards: 1,
+        hidden: 2048,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
-        let mut value = || it.next().unwrap_or_else(|| usage(&format!("{a} needs a value")));
+        let mut value = || {
+            it.next()
+                .unwrap_or_else(|| usage(&format!("{a} needs a value")))
+        };
         match a.as_str() {
-            "--size" => args.size = value().parse::<reshard::units::ByteSize>().unwrap_or_else(|e| usage(&e.to_string())).0,
+            "--size" => {
+                args.size = value()
+                    .parse::<reshard::units::ByteSize>()
+                    .unwrap_or_else(|e| usage(&e.to_string()))
+                    .0
+            }
             "--dtype" => {
                 args.dtype = match value().to_ascii_lowercase().as_str() {
                     "bf16" => "BF16",
@@ -37,8 +51,16 @@ fn parse_args() -> Args {
                     other => usage(&format!("unsupported dtype {other}")),
                 }
             }
-            "--shards" => args.shards = value().parse().unwrap_or_else(|_| usage("--shards takes a number")),
-            "--hidden" => args.hidden = value().parse().unwrap_or_else(|_| usage("--hidden takes a number")),
+            "--shards" => {
+                args.shards = value()
+                    .parse()
+                    .unwrap_or_else(|_| usage("--shards takes a number"))
+            }
+            "--hidden" => {
+                args.hidden = value()
+                    .parse()
+                    .unwrap_or_else(|_| usage("--hidden takes a number"))
+            }
             _ if args.out.as_os_str().is_empty() => args.out = PathBuf::from(a),
             _ => usage(&format!("unexpected argument {a}")),
         }
@@ -96,23 +118,44 @@ fn main() {
     let mut total = 0;
     let mut rng = 0x9E37_79B9_7F4A_7C15u64;
     for (k, chunk) in chunks.iter().enumerate() {
-        let name = if n == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n:05}.safetensors", k + 1) };
+        let name = if n == 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-{:05}-of-{n:05}.safetensors", k + 1)
+        };
         total += write_file(&args.out.join(&name), chunk, args.dtype, elem, &mut rng);
         for (t, _) in chunk.iter() {
             weight_map.insert(t.clone(), serde_json::Value::String(name.clone()));
         }
     }
     if n > 1 {
-        let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
-        std::fs::write(args.out.join("model.safetensors.index.json"), serde_json::to_vec_pretty(&index).unwrap_or_default())
-            .unwrap_or_else(|e| usage(&e.to_string()));
+        let index =
+            serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+        std::fs::write(
+            args.out.join("model.safetensors.index.json"),
+            serde_json::to_vec_pretty(&index).unwrap_or_default(),
+        )
+        .unwrap_or_else(|e| usage(&e.to_string()));
     }
     let config = serde_json::json!({"architectures": ["LlamaForCausalLM"], "hidden_size": h, "num_hidden_layers": layers, "dtype": if elem == 4 {"float32"} else {"bfloat16"}});
-    std::fs::write(args.out.join("config.json"), serde_json::to_vec_pretty(&config).unwrap_or_default()).unwrap_or_else(|e| usage(&e.to_string()));
-    println!("{}: {layers} layers, {n} files, {total} tensor bytes", args.out.display());
+    std::fs::write(
+        args.out.join("config.json"),
+        serde_json::to_vec_pretty(&config).unwrap_or_default(),
+    )
+    .unwrap_or_else(|e| usage(&e.to_string()));
+    println!(
+        "{}: {layers} layers, {n} files, {total} tensor bytes",
+        args.out.display()
+    );
 }
 
-fn write_file(path: &Path, tensors: &[(String, Vec<u64>)], dtype: &str, elem: u64, rng: &mut u64) -> u64 {
+fn write_file(
+    path: &Path,
+    tensors: &[(String, Vec<u64>)],
+    dtype: &str,
+    elem: u64,
+    rng: &mut u64,
+) -> u64 {
     let mut header = serde_json::Map::new();
     header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
     let mut offset = 0;

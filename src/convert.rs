@@ -14,7 +14,9 @@ use crate::cast;
 use crate::exec::{self, ExecError, ExecOptions, Reporter, WindowPool};
 use crate::format::{Checkpoint, FormatError};
 use crate::plan::{Plan, PlanError, PlanOptions};
-use crate::write::manifest::{plan_id, Manifest, ManifestError, ShardRecord, SourceIdentity, MANIFEST, PARTIAL};
+use crate::write::manifest::{
+    plan_id, Manifest, ManifestError, ShardRecord, SourceIdentity, MANIFEST, PARTIAL,
+};
 use crate::write::shard::sha256_file;
 use crate::write::{copy_atomic, remove_stale_temps, sync_dir, write_atomic, WriteError};
 
@@ -94,7 +96,14 @@ pub fn convert(
     reporter: &dyn Reporter,
     cancel: &AtomicBool,
 ) -> Result<ConvertSummary, ConvertError> {
-    convert_with_pool(ck, dst, options, &WindowPool::new(options.window), reporter, cancel)
+    convert_with_pool(
+        ck,
+        dst,
+        options,
+        &WindowPool::new(options.window),
+        reporter,
+        cancel,
+    )
 }
 
 /// As [`convert`], with buffers from a pool shared with other jobs (`batch`).
@@ -115,7 +124,9 @@ pub fn convert_with_pool(
 
     let done = match dst_state(dst, &id, options.overwrite)? {
         DstState::UpToDate(manifest) => {
-            return Ok(summary(dst, true, 0, &plan, 0, started, pool, options, manifest));
+            return Ok(summary(
+                dst, true, 0, &plan, 0, started, pool, options, manifest,
+            ));
         }
         DstState::Resume(partial) => verified_shards(dst, &plan, partial.shards),
         DstState::Fresh => Vec::new(),
@@ -136,7 +147,9 @@ pub fn convert_with_pool(
     };
     let progress = Mutex::new(manifest.clone());
     let record_shard = |record: &ShardRecord| -> Result<(), WriteError> {
-        let mut partial = progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut partial = progress
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         partial.shards.push(record.clone());
         write_atomic(dst, PARTIAL, &partial.to_json())
     };
@@ -149,17 +162,13 @@ pub fn convert_with_pool(
         .flat_map(|s| s.tensors.iter().map(|t| ck.tensors[t.source].len))
         .sum();
     reporter.start(todo_bytes);
-    let exec_options = ExecOptions { threads: options.threads, cancel };
-    let new = exec::execute(
-        ck,
-        &plan,
-        dst,
-        pool,
-        &exec_options,
-        &|s| finished.contains(&s.file),
-        &record_shard,
-        reporter,
-    );
+    let exec_options = ExecOptions {
+        threads: options.threads,
+        cancel,
+        skip: &|s| finished.contains(&s.file),
+        on_shard: &record_shard,
+    };
+    let new = exec::execute(ck, &plan, dst, pool, &exec_options, reporter);
     reporter.finish();
     manifest.shards.extend(new?);
     // Shards in plan order, whatever order the workers finished in.
@@ -177,7 +186,9 @@ pub fn convert_with_pool(
     write_atomic(dst, MANIFEST, &manifest.to_json())?;
     let _ = std::fs::remove_file(dst.join(PARTIAL));
     sync_dir(dst)?;
-    Ok(summary(dst, false, resumed, &plan, todo_bytes, started, pool, options, manifest))
+    Ok(summary(
+        dst, false, resumed, &plan, todo_bytes, started, pool, options, manifest,
+    ))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -199,7 +210,11 @@ fn summary(
         resumed_shards: resumed,
         tensors: plan.layer_order.len(),
         bytes_read,
-        bytes_written: if up_to_date { 0 } else { manifest.shards.iter().map(|s| s.size).sum() },
+        bytes_written: if up_to_date {
+            0
+        } else {
+            manifest.shards.iter().map(|s| s.size).sum()
+        },
         seconds: started.elapsed().as_secs_f64(),
         peak_buffer_bytes: pool.peak(),
         window: options.window,
@@ -208,7 +223,10 @@ fn summary(
 }
 
 fn refuse_dst_in_source(ck: &Checkpoint, dst: &Path) -> Result<(), ConvertError> {
-    let src = ck.dir.canonicalize().map_err(|e| FormatError::io(&ck.dir, e))?;
+    let src = ck
+        .dir
+        .canonicalize()
+        .map_err(|e| FormatError::io(&ck.dir, e))?;
     // DST may not exist yet: canonicalize its nearest existing ancestor.
     let mut existing = dst.to_path_buf();
     let mut tail = Vec::new();
@@ -216,15 +234,23 @@ fn refuse_dst_in_source(ck: &Checkpoint, dst: &Path) -> Result<(), ConvertError>
         match (existing.parent(), existing.file_name()) {
             (Some(parent), Some(name)) => {
                 tail.push(name.to_os_string());
-                existing = if parent.as_os_str().is_empty() { PathBuf::from(".") } else { parent.to_path_buf() };
+                existing = if parent.as_os_str().is_empty() {
+                    PathBuf::from(".")
+                } else {
+                    parent.to_path_buf()
+                };
             }
             _ => break,
         }
     }
-    let mut full = existing.canonicalize().map_err(|e| WriteError::io(&existing, e))?;
+    let mut full = existing
+        .canonicalize()
+        .map_err(|e| WriteError::io(&existing, e))?;
     full.extend(tail.iter().rev());
     if full.starts_with(&src) {
-        return Err(ConvertError::DstInsideSource { dst: dst.to_path_buf() });
+        return Err(ConvertError::DstInsideSource {
+            dst: dst.to_path_buf(),
+        });
     }
     Ok(())
 }
@@ -254,16 +280,24 @@ fn dst_state(dst: &Path, id: &str, overwrite: bool) -> Result<DstState, ConvertE
     let occupied = std::fs::read_dir(dst)
         .map_err(|e| WriteError::io(dst, e))?
         .filter_map(Result::ok)
-        .any(|e| !e.file_name().to_string_lossy().ends_with(crate::write::TEMP_SUFFIX));
+        .any(|e| {
+            !e.file_name()
+                .to_string_lossy()
+                .ends_with(crate::write::TEMP_SUFFIX)
+        });
     if !occupied {
         return Ok(DstState::Fresh);
     }
     if !overwrite {
         let ours = dst.join(MANIFEST).exists() || dst.join(PARTIAL).exists();
         return Err(if ours {
-            ConvertError::DstHoldsOther { dst: dst.to_path_buf() }
+            ConvertError::DstHoldsOther {
+                dst: dst.to_path_buf(),
+            }
         } else {
-            ConvertError::DstNotEmpty { dst: dst.to_path_buf() }
+            ConvertError::DstNotEmpty {
+                dst: dst.to_path_buf(),
+            }
         });
     }
     clear_outputs(dst)?;
@@ -275,11 +309,16 @@ fn dst_state(dst: &Path, id: &str, overwrite: bool) -> Result<DstState, ConvertE
 fn clear_outputs(dst: &Path) -> Result<(), WriteError> {
     for name in [MANIFEST, PARTIAL] {
         match std::fs::remove_file(dst.join(name)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(WriteError::io(&dst.join(name), e)),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(WriteError::io(&dst.join(name), e))
+            }
             _ => {}
         }
     }
-    for entry in std::fs::read_dir(dst).map_err(|e| WriteError::io(dst, e))?.filter_map(Result::ok) {
+    for entry in std::fs::read_dir(dst)
+        .map_err(|e| WriteError::io(dst, e))?
+        .filter_map(Result::ok)
+    {
         let name = entry.file_name().to_string_lossy().into_owned();
         if name.ends_with(".index.json") || name.ends_with(".safetensors") {
             std::fs::remove_file(entry.path()).map_err(|e| WriteError::io(&entry.path(), e))?;
@@ -304,7 +343,11 @@ fn verified_shards(dst: &Path, plan: &Plan, recorded: Vec<ShardRecord>) -> Vec<S
 /// Copies the source folder's other files (config, tokenizer, README, ...),
 /// rewriting config.json's dtype when casting. Weight files, indexes and
 /// pickles are not copied.
-fn copy_other_files(ck: &Checkpoint, dst: &Path, dtype: Option<crate::format::Dtype>) -> Result<Vec<String>, ConvertError> {
+fn copy_other_files(
+    ck: &Checkpoint,
+    dst: &Path,
+    dtype: Option<crate::format::Dtype>,
+) -> Result<Vec<String>, ConvertError> {
     let weight_files: Vec<&Path> = ck.files.iter().map(|f| f.path.as_path()).collect();
     let mut copied = Vec::new();
     let mut entries: Vec<_> = std::fs::read_dir(&ck.dir)
@@ -314,13 +357,18 @@ fn copy_other_files(ck: &Checkpoint, dst: &Path, dtype: Option<crate::format::Dt
         .collect();
     entries.sort();
     for path in entries {
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let skip = name.starts_with('.')
             || !path.is_file()
             || weight_files.contains(&path.as_path())
             || name.ends_with(".index.json")
             || name.ends_with(".safetensors")
-            || [".bin", ".pt", ".pth", ".pkl", ".ckpt"].iter().any(|e| name.ends_with(e))
+            || [".bin", ".pt", ".pth", ".pkl", ".ckpt"]
+                .iter()
+                .any(|e| name.ends_with(e))
             || name == MANIFEST;
         if skip {
             continue;
@@ -328,8 +376,11 @@ fn copy_other_files(ck: &Checkpoint, dst: &Path, dtype: Option<crate::format::Dt
         match (name.as_str(), dtype) {
             ("config.json", Some(to)) => {
                 let text = std::fs::read_to_string(&path).map_err(|e| FormatError::io(&path, e))?;
-                let rewritten = cast::rewrite_config_dtype(&text, to)
-                    .map_err(|e| ConvertError::Config { path: path.clone(), reason: e.to_string() })?;
+                let rewritten =
+                    cast::rewrite_config_dtype(&text, to).map_err(|e| ConvertError::Config {
+                        path: path.clone(),
+                        reason: e.to_string(),
+                    })?;
                 write_atomic(dst, &name, rewritten.as_bytes())?;
             }
             _ => copy_atomic(&path, dst, &name)?,

@@ -22,8 +22,17 @@ pub fn safetensors_header(data: &[u8]) {
     let mut names = HashSet::new();
     for t in &header.tensors {
         assert_eq!(t.begin, cursor, "accepted a hole or overlap at {}", t.name);
-        let numel = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).expect("accepted an overflowing shape");
-        assert_eq!(t.dtype.byte_len(numel), Some(t.end - t.begin), "accepted a wrong length for {}", t.name);
+        let numel = t
+            .shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .expect("accepted an overflowing shape");
+        assert_eq!(
+            t.dtype.byte_len(numel),
+            Some(t.end - t.begin),
+            "accepted a wrong length for {}",
+            t.name
+        );
         assert!(names.insert(&t.name), "accepted a duplicate {}", t.name);
         cursor = t.end;
     }
@@ -36,7 +45,10 @@ pub fn index_json(data: &[u8]) {
         return;
     };
     for (_, file) in &index.weight_map {
-        assert!(!file.contains('/') && file != ".." && !file.is_empty(), "accepted {file:?}");
+        assert!(
+            !file.contains('/') && file != ".." && !file.is_empty(),
+            "accepted {file:?}"
+        );
     }
 }
 
@@ -70,7 +82,11 @@ pub fn planner(data: &[u8]) {
             offset += t.len;
         }
         assert_eq!(offset, shard.data_len);
-        assert!(shard.data_len <= limit || shard.tensors.len() == 1, "{} over the limit", shard.file);
+        assert!(
+            shard.data_len <= limit || shard.tensors.len() == 1,
+            "{} over the limit",
+            shard.file
+        );
     }
     assert_eq!(seen.len(), ck.tensors.len(), "tensors dropped");
     assert_eq!(plan.layer_order.len(), ck.tensors.len());
@@ -78,7 +94,14 @@ pub fn planner(data: &[u8]) {
 
 /// Tensors with Llama-like names decoded from bytes, three bytes a tensor.
 fn synthetic_checkpoint(data: &[u8]) -> Checkpoint {
-    const DTYPES: [Dtype; 6] = [Dtype::F32, Dtype::BF16, Dtype::F16, Dtype::I64, Dtype::U8, Dtype::F64];
+    const DTYPES: [Dtype; 6] = [
+        Dtype::F32,
+        Dtype::BF16,
+        Dtype::F16,
+        Dtype::I64,
+        Dtype::U8,
+        Dtype::F64,
+    ];
     let mut tensors = Vec::new();
     let mut names = HashSet::new();
     for (i, c) in data.chunks_exact(3).enumerate() {
@@ -86,7 +109,11 @@ fn synthetic_checkpoint(data: &[u8]) -> Checkpoint {
             0 => format!("model.embed_tokens.w{i}"),
             1 => format!("lm_head.w{i}"),
             2 => format!("model.norm.w{i}"),
-            _ => format!("model.layers.{}.mlp.experts.{}.w{i}", c[0] / 5 % 12, c[1] % 4),
+            _ => format!(
+                "model.layers.{}.mlp.experts.{}.w{i}",
+                c[0] / 5 % 12,
+                c[1] % 4
+            ),
         };
         if !names.insert(name.clone()) {
             continue;
@@ -94,14 +121,25 @@ fn synthetic_checkpoint(data: &[u8]) -> Checkpoint {
         let dtype = DTYPES[usize::from(c[1] / 4) % DTYPES.len()];
         let shape = vec![u64::from(c[2]), 3];
         let len = dtype.byte_len(shape.iter().product()).unwrap_or(0);
-        tensors.push(Tensor { name, dtype, shape, len, file: 0, data: DataRef::Contiguous { offset: 0 } });
+        tensors.push(Tensor {
+            name,
+            dtype,
+            shape,
+            len,
+            file: 0,
+            data: DataRef::Contiguous { offset: 0 },
+        });
     }
     Checkpoint {
         dir: PathBuf::from("fuzz"),
         format: Format::Safetensors,
         layout: Layout::Single,
         prefix: "model".into(),
-        files: vec![SourceFile { path: PathBuf::from("fuzz.safetensors"), size: 0, mtime_ns: 0 }],
+        files: vec![SourceFile {
+            path: PathBuf::from("fuzz.safetensors"),
+            size: 0,
+            mtime_ns: 0,
+        }],
         tensors,
         metadata: BTreeMap::new(),
         findings: Vec::new(),

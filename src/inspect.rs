@@ -68,16 +68,14 @@ impl Summary {
         for t in &ck.tensors {
             *bytes_per_dtype.entry(t.dtype).or_insert(0) += t.len;
         }
-        let largest_tensor = ck
-            .tensors
-            .iter()
-            .max_by_key(|t| t.len)
-            .map(|t| NamedSize { name: t.name.clone(), bytes: t.len });
-        let largest_file = ck
-            .files
-            .iter()
-            .max_by_key(|f| f.size)
-            .map(|f| NamedSize { name: f.name(), bytes: f.size });
+        let largest_tensor = ck.tensors.iter().max_by_key(|t| t.len).map(|t| NamedSize {
+            name: t.name.clone(),
+            bytes: t.len,
+        });
+        let largest_file = ck.files.iter().max_by_key(|f| f.size).map(|f| NamedSize {
+            name: f.name(),
+            bytes: f.size,
+        });
         Summary {
             path: path.to_string(),
             format: ck.format,
@@ -86,7 +84,11 @@ impl Summary {
             files: ck
                 .files
                 .iter()
-                .map(|f| FileSummary { name: f.name(), path: f.path.display().to_string(), size: f.size })
+                .map(|f| FileSummary {
+                    name: f.name(),
+                    path: f.path.display().to_string(),
+                    size: f.size,
+                })
                 .collect(),
             tensor_count: ck.tensors.len(),
             parameter_count: ck.parameter_count(),

@@ -17,14 +17,15 @@
 
 #![deny(unsafe_code)]
 
+pub mod cast;
+pub mod convert;
+pub mod exec;
 pub mod format;
 pub mod inspect;
 pub mod plan;
 pub mod units;
-pub mod cast;
-pub mod exec;
-pub mod write;
-pub mod convert;
 pub mod validate;
+pub mod write;
+
 #[doc(hidden)]
 pub mod fuzz;

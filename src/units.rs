@@ -29,7 +29,9 @@ impl FromStr for ByteSize {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || BadSize(s.to_string());
         let t = s.trim();
-        let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
         let unit = unit.trim();
         let mult: u64 = match unit.to_ascii_lowercase().as_str() {
@@ -83,7 +85,10 @@ pub fn human(bytes: u64) -> String {
 /// A signed difference in IEC units (`-1.00 GiB`).
 pub fn human_signed(bytes: i128) -> String {
     let sign = if bytes < 0 { "-" } else { "" };
-    format!("{sign}{}", human(u64::try_from(bytes.unsigned_abs()).unwrap_or(u64::MAX)))
+    format!(
+        "{sign}{}",
+        human(u64::try_from(bytes.unsigned_abs()).unwrap_or(u64::MAX))
+    )
 }
 
 #[cfg(test)]

@@ -103,7 +103,9 @@ impl ConvertArgs {
                 dedupe_tied: self.dedupe_tied,
             },
             window: self.window.bytes(),
-            threads: self.threads.unwrap_or_else(|| ConvertOptions::default().threads),
+            threads: self
+                .threads
+                .unwrap_or_else(|| ConvertOptions::default().threads),
             overwrite: self.overwrite,
             copy_other_files: true,
         }
@@ -111,11 +113,13 @@ impl ConvertArgs {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
-    let ck = format::open(&args.src).with_context(|| format!("cannot convert {}", args.src.display()))?;
+    let ck = format::open(&args.src)
+        .with_context(|| format!("cannot convert {}", args.src.display()))?;
     let mut options = args.options.to_options();
     options.copy_other_files = args.src.is_dir();
     if args.dry_run {
-        let plan = Plan::build(&ck, &options.plan).with_context(|| format!("cannot plan {}", args.src.display()))?;
+        let plan = Plan::build(&ck, &options.plan)
+            .with_context(|| format!("cannot plan {}", args.src.display()))?;
         if args.json {
             printer::json(&plan)?;
         } else {
@@ -125,8 +129,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     }
     let _ = ctrlc::set_handler(|| CANCEL.store(true, std::sync::atomic::Ordering::SeqCst));
     let bar = Bar::new(!(args.quiet || args.options.no_progress || args.json));
-    let summary = convert(&ck, &args.dst, &options, &bar, &CANCEL)
-        .with_context(|| format!("cannot convert {} into {}", args.src.display(), args.dst.display()))?;
+    let summary = convert(&ck, &args.dst, &options, &bar, &CANCEL).with_context(|| {
+        format!(
+            "cannot convert {} into {}",
+            args.src.display(),
+            args.dst.display()
+        )
+    })?;
     if args.json {
         printer::json(&summary)?;
     } else if !args.quiet {
@@ -137,35 +146,67 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
 
 pub fn render_plan(plan: &Plan, window: u64) -> String {
     let mut o = String::new();
-    let _ = writeln!(o, "plan: {} shards, {} of tensors, {} tensors", plan.shards.len(), human(plan.total_size), plan.layer_order.len());
+    let _ = writeln!(
+        o,
+        "plan: {} shards, {} of tensors, {} tensors",
+        plan.shards.len(),
+        human(plan.total_size),
+        plan.layer_order.len()
+    );
     for s in &plan.shards {
         let blocks = match (&s.first_block, &s.last_block) {
             (Some(a), Some(b)) if a == b => a.clone(),
             (Some(a), Some(b)) => format!("{a} .. {b}"),
             _ => "-".into(),
         };
-        let _ = writeln!(o, "  {}  {:>10}  {:>4} tensors  {blocks}", s.file, human(s.data_len), s.tensors.len());
+        let _ = writeln!(
+            o,
+            "  {}  {:>10}  {:>4} tensors  {blocks}",
+            s.file,
+            human(s.data_len),
+            s.tensors.len()
+        );
     }
     if let Some(index) = &plan.index_file {
         let _ = writeln!(o, "  {index}");
     }
     for c in &plan.casts {
-        let _ = writeln!(o, "cast {} -> {}: {} tensors, {} -> {}", c.from, c.to, c.tensors, human(c.bytes_before), human(c.bytes_after));
+        let _ = writeln!(
+            o,
+            "cast {} -> {}: {} tensors, {} -> {}",
+            c.from,
+            c.to,
+            c.tensors,
+            human(c.bytes_before),
+            human(c.bytes_after)
+        );
     }
     for t in &plan.oversized {
         let _ = writeln!(o, "oversized: {} is {}, larger than --max-shard-size; it gets {} alone and sets the floor of every loader's peak", t.tensor, human(t.bytes), t.file);
     }
     for d in &plan.dropped {
-        let _ = writeln!(o, "dropped tied name {} (same bytes as {})", d.tensor, d.same_as);
+        let _ = writeln!(
+            o,
+            "dropped tied name {} (same bytes as {})",
+            d.tensor, d.same_as
+        );
     }
-    let _ = writeln!(o, "peak memory: at most {} of buffers (--window) plus a small fixed overhead", human(window));
+    let _ = writeln!(
+        o,
+        "peak memory: at most {} of buffers (--window) plus a small fixed overhead",
+        human(window)
+    );
     o
 }
 
 fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
     let mut o = String::new();
     if s.up_to_date {
-        let _ = writeln!(o, "{} is up to date ({} shards); nothing written", s.dst, s.shards);
+        let _ = writeln!(
+            o,
+            "{} is up to date ({} shards); nothing written",
+            s.dst, s.shards
+        );
         return o;
     }
     let rate = human((s.bytes_read as f64 / s.seconds.max(1e-9)) as u64);
@@ -180,7 +221,11 @@ fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
         human(s.window)
     );
     if s.resumed_shards > 0 {
-        let _ = writeln!(o, "resumed: kept {} shards an earlier run had finished", s.resumed_shards);
+        let _ = writeln!(
+            o,
+            "resumed: kept {} shards an earlier run had finished",
+            s.resumed_shards
+        );
     }
     for sh in &s.manifest.shards {
         if verbose {
@@ -190,13 +235,23 @@ fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
             if let Some(c) = &t.cast {
                 let st = &c.stats;
                 if st.overflow + st.underflow + st.nan > 0 {
-                    let _ = writeln!(o, "  {}: {} -> {}: {} overflowed, {} underflowed to zero, {} NaN", t.name, c.from, c.to, st.overflow, st.underflow, st.nan);
+                    let _ = writeln!(
+                        o,
+                        "  {}: {} -> {}: {} overflowed, {} underflowed to zero, {} NaN",
+                        t.name, c.from, c.to, st.overflow, st.underflow, st.nan
+                    );
                 }
             }
         }
     }
     for t in &s.manifest.oversized {
-        let _ = writeln!(o, "note: {} ({}) is larger than --max-shard-size and sits alone in {}", t.tensor, human(t.bytes), t.file);
+        let _ = writeln!(
+            o,
+            "note: {} ({}) is larger than --max-shard-size and sits alone in {}",
+            t.tensor,
+            human(t.bytes),
+            t.file
+        );
     }
     o
 }

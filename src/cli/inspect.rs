@@ -65,14 +65,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     let summary = Summary::of(&args.path.display().to_string(), &ck);
     let lines = args.tensors.then(|| tensor_lines(&ck, args.order.into()));
     if args.json {
-        printer::json(&JsonReport { summary: &summary, tensors: lines })?;
+        printer::json(&JsonReport {
+            summary: &summary,
+            tensors: lines,
+        })?;
     } else if let Some(lines) = &lines {
         printer::text(&render_tensors(lines))?;
     } else {
         printer::text(&render_summary(&summary))?;
     }
     let failed = args.strict && !summary.findings.is_empty();
-    Ok(if failed { ExitStatus::CheckFailed } else { ExitStatus::Ok })
+    Ok(if failed {
+        ExitStatus::CheckFailed
+    } else {
+        ExitStatus::Ok
+    })
 }
 
 fn render_summary(s: &Summary) -> String {
@@ -84,7 +91,10 @@ fn render_summary(s: &Summary) -> String {
             "{} shard{} + {}",
             s.files.len(),
             if s.files.len() == 1 { "" } else { "s" },
-            index.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+            index
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
         ),
     };
     let _ = writeln!(o, "{}", s.path);
@@ -94,7 +104,12 @@ fn render_summary(s: &Summary) -> String {
     }
     let _ = writeln!(o, "  tensors       {}", s.tensor_count);
     let _ = writeln!(o, "  parameters    {}", group_thousands(s.parameter_count));
-    let _ = writeln!(o, "  tensor bytes  {} ({} bytes)", human(s.total_bytes), s.total_bytes);
+    let _ = writeln!(
+        o,
+        "  tensor bytes  {} ({} bytes)",
+        human(s.total_bytes),
+        s.total_bytes
+    );
     for (dtype, bytes) in &s.bytes_per_dtype {
         let _ = writeln!(o, "    {dtype:<10}  {}", human(*bytes));
     }
@@ -130,7 +145,12 @@ fn render_summary(s: &Summary) -> String {
 fn render_tensors(lines: &[TensorLine]) -> String {
     let mut o = String::new();
     for t in lines {
-        let shape = t.shape.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+        let shape = t
+            .shape
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
         let _ = writeln!(
             o,
             "{}  {}  [{}]  {}  {}@{}",

@@ -39,7 +39,11 @@ pub fn run() -> ExitStatus {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            let status = if e.use_stderr() { ExitStatus::Error } else { ExitStatus::Ok };
+            let status = if e.use_stderr() {
+                ExitStatus::Error
+            } else {
+                ExitStatus::Ok
+            };
             let _ = e.print();
             return status;
         }

@@ -9,8 +9,8 @@
 pub mod reporter;
 pub mod window;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 use xxhash_rust::xxh3::Xxh3;
@@ -49,23 +49,26 @@ pub enum ExecError {
 /// How to run a plan.
 pub struct ExecOptions<'a> {
     pub threads: usize,
+    /// Set from another thread (Ctrl-C) to stop between chunks.
     pub cancel: &'a AtomicBool,
+    /// Shards to leave alone (finished by an earlier run).
+    pub skip: &'a (dyn Fn(&ShardPlan) -> bool + Sync),
+    /// Called from the worker as each shard is committed.
+    pub on_shard: &'a (dyn Fn(&ShardRecord) -> Result<(), WriteError> + Sync),
 }
 
-/// Writes the shards of `plan` that `skip` does not rule out into `dst`,
-/// calling `on_shard` (from any worker) as each one is committed.
+/// Writes the shards of `plan` that `options.skip` does not rule out into
+/// `dst`, calling `options.on_shard` as each one is committed.
 pub fn execute(
     ck: &Checkpoint,
     plan: &Plan,
     dst: &Path,
     pool: &WindowPool,
     options: &ExecOptions<'_>,
-    skip: &dyn Fn(&ShardPlan) -> bool,
-    on_shard: &(dyn Fn(&ShardRecord) -> Result<(), WriteError> + Sync),
     reporter: &dyn Reporter,
 ) -> Result<Vec<ShardRecord>, ExecError> {
     let reader = SourceReader::open(ck)?;
-    let todo: Vec<&ShardPlan> = plan.shards.iter().filter(|s| !skip(s)).collect();
+    let todo: Vec<&ShardPlan> = plan.shards.iter().filter(|s| !(options.skip)(s)).collect();
     let workers = options.threads.clamp(1, todo.len().max(1));
     let buffer = buffer_len(pool.budget(), workers as u64, plan);
     let run = || {
@@ -73,7 +76,7 @@ pub fn execute(
             .map(|shard| {
                 let buf = pool.acquire(buffer.min(shard_need(ck, shard)))?;
                 let record = write_shard(&reader, ck, plan, shard, dst, buf, options, reporter)?;
-                on_shard(&record)?;
+                (options.on_shard)(&record)?;
                 Ok(record)
             })
             .collect::<Result<Vec<_>, ExecError>>()
@@ -108,7 +111,11 @@ fn shard_need(ck: &Checkpoint, shard: &ShardPlan) -> usize {
         .iter()
         .map(|t| {
             let input = ck.tensors[t.source].len;
-            if t.dtype == t.source_dtype { input } else { input + t.len }
+            if t.dtype == t.source_dtype {
+                input
+            } else {
+                input + t.len
+            }
         })
         .max()
         .unwrap_or(0)
@@ -145,7 +152,11 @@ fn write_shard(
             buf.len()
         };
         if chunk_in == 0 {
-            return Err(WindowTooSmall { requested: (in_elem + out_elem) as u64, budget: buf.len() as u64 }.into());
+            return Err(WindowTooSmall {
+                requested: (in_elem + out_elem) as u64,
+                budget: buf.len() as u64,
+            }
+            .into());
         }
         let mut stream = reader.tensor_bytes(source);
         let mut hash = Xxh3::new();
@@ -171,7 +182,13 @@ fn write_shard(
             left -= n as u64;
         }
         if casting && stats.overflow > 0 && plan.options.on_overflow == OverflowPolicy::Error {
-            return Err(CastError::Overflow { tensor: planned.name.clone(), from, to, count: stats.overflow }.into());
+            return Err(CastError::Overflow {
+                tensor: planned.name.clone(),
+                from,
+                to,
+                count: stats.overflow,
+            }
+            .into());
         }
         records.push(TensorRecord {
             name: planned.name.clone(),
@@ -183,5 +200,10 @@ fn write_shard(
     }
     let finished = writer.finish()?;
     reporter.shard_done(&shard.file);
-    Ok(ShardRecord { file: finished.file, size: finished.size, sha256: finished.sha256, tensors: records })
+    Ok(ShardRecord {
+        file: finished.file,
+        size: finished.size,
+        sha256: finished.sha256,
+        tensors: records,
+    })
 }

@@ -29,7 +29,11 @@ pub struct WindowTooSmall {
 
 impl WindowPool {
     pub fn new(budget: u64) -> WindowPool {
-        WindowPool { budget, state: Mutex::new(PoolState::default()), freed: Condvar::new() }
+        WindowPool {
+            budget,
+            state: Mutex::new(PoolState::default()),
+            freed: Condvar::new(),
+        }
     }
 
     pub fn budget(&self) -> u64 {
@@ -49,23 +53,34 @@ impl WindowPool {
     fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
         // A worker that panicked cannot leave the counters inconsistent:
         // they are updated in single statements.
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A zeroed buffer of `len` bytes, waiting until the budget allows it.
     pub fn acquire(&self, len: usize) -> Result<WindowBuf<'_>, WindowTooSmall> {
         let requested = len as u64;
         if requested > self.budget {
-            return Err(WindowTooSmall { requested, budget: self.budget });
+            return Err(WindowTooSmall {
+                requested,
+                budget: self.budget,
+            });
         }
         let mut state = self.lock();
         while state.in_use + requested > self.budget {
-            state = self.freed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+            state = self
+                .freed
+                .wait(state)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
         state.in_use += requested;
         state.peak = state.peak.max(state.in_use);
         drop(state);
-        Ok(WindowBuf { pool: self, buf: vec![0u8; len] })
+        Ok(WindowBuf {
+            pool: self,
+            buf: vec![0u8; len],
+        })
     }
 
     fn release(&self, len: u64) {

@@ -71,14 +71,31 @@ fn io_error(path: &Path, e: std::io::Error) -> FormatError {
 }
 
 fn open_file(path: &Path) -> Result<Checkpoint, FormatError> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let dir = path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-    let dir = if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let dir = path
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let dir = if dir.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        dir
+    };
     if name.ends_with(".index.json") {
-        let format = if name.contains(".safetensors.") { Format::Safetensors } else { Format::Pytorch };
+        let format = if name.contains(".safetensors.") {
+            Format::Safetensors
+        } else {
+            Format::Pytorch
+        };
         return open_indexed(&dir, path, format);
     }
-    let format = if name.ends_with(".safetensors") { Format::Safetensors } else { Format::Pytorch };
+    let format = if name.ends_with(".safetensors") {
+        Format::Safetensors
+    } else {
+        Format::Pytorch
+    };
     open_files(&dir, &[path.to_path_buf()], format)
 }
 
@@ -148,7 +165,10 @@ impl WeightFiles {
         let mut st_indexes = Vec::new();
         let mut pt_indexes = Vec::new();
         for path in list_dir(dir)? {
-            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             if name.starts_with('.') {
                 continue;
             }
@@ -178,7 +198,10 @@ impl WeightFiles {
 
 /// With several indexes in one folder, prefer the transformers default name.
 fn pick_index(mut indexes: Vec<PathBuf>, preferred: &str) -> Option<PathBuf> {
-    if let Some(i) = indexes.iter().position(|p| p.file_name().is_some_and(|n| n == preferred)) {
+    if let Some(i) = indexes
+        .iter()
+        .position(|p| p.file_name().is_some_and(|n| n == preferred))
+    {
         return Some(indexes.swap_remove(i));
     }
     indexes.into_iter().next()
@@ -229,9 +252,16 @@ fn open_indexed(dir: &Path, index_path: &Path, format: Format) -> Result<Checkpo
     }
     let mut checkpoint = open_files(dir, &paths, format)?;
     let weights = WeightFiles::scan(dir)?;
-    let siblings = if format == Format::Safetensors { weights.safetensors } else { weights.pytorch };
+    let siblings = if format == Format::Safetensors {
+        weights.safetensors
+    } else {
+        weights.pytorch
+    };
     for path in siblings.iter().filter(|p| !paths.contains(p)) {
-        let file = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let file = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         checkpoint.findings.push(Finding::FileNotInIndex { file });
     }
     let names: Vec<String> = checkpoint.files.iter().map(SourceFile::name).collect();
@@ -240,7 +270,10 @@ fn open_indexed(dir: &Path, index_path: &Path, format: Format) -> Result<Checkpo
     checkpoint.layout = Layout::Indexed {
         index: index_path.to_path_buf(),
     };
-    let index_name = index_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let index_name = index_path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     checkpoint.prefix = prefix_of(&index_name);
     Ok(checkpoint)
 }
@@ -263,10 +296,11 @@ fn open_files(dir: &Path, paths: &[PathBuf], format: Format) -> Result<Checkpoin
                 (t, header.metadata.unwrap_or_default(), f)
             }
             Format::Pytorch => {
-                let (t, f) = pytorch::read_file(&file, i).map_err(|source| FormatError::Pytorch {
-                    path: path.clone(),
-                    source,
-                })?;
+                let (t, f) =
+                    pytorch::read_file(&file, i).map_err(|source| FormatError::Pytorch {
+                        path: path.clone(),
+                        source,
+                    })?;
                 (t, BTreeMap::new(), f)
             }
         };
@@ -304,8 +338,14 @@ fn open_files(dir: &Path, paths: &[PathBuf], format: Format) -> Result<Checkpoin
         tensors.extend(file_tensors);
         files.push(file);
     }
-    let layout = if files.len() == 1 { Layout::Single } else { Layout::Loose };
-    let prefix = files.first().map_or_else(|| "model".into(), |f| prefix_of(&f.name()));
+    let layout = if files.len() == 1 {
+        Layout::Single
+    } else {
+        Layout::Loose
+    };
+    let prefix = files
+        .first()
+        .map_or_else(|| "model".into(), |f| prefix_of(&f.name()));
     Ok(Checkpoint {
         dir: dir.to_path_buf(),
         format,
@@ -326,8 +366,14 @@ mod tests {
     fn prefixes() {
         assert_eq!(prefix_of("model-00001-of-00003.safetensors"), "model");
         assert_eq!(prefix_of("model.safetensors"), "model");
-        assert_eq!(prefix_of("diffusion_pytorch_model.safetensors.index.json"), "diffusion_pytorch_model");
-        assert_eq!(prefix_of("pytorch_model-00002-of-00003.bin"), "pytorch_model");
+        assert_eq!(
+            prefix_of("diffusion_pytorch_model.safetensors.index.json"),
+            "diffusion_pytorch_model"
+        );
+        assert_eq!(
+            prefix_of("pytorch_model-00002-of-00003.bin"),
+            "pytorch_model"
+        );
         assert_eq!(prefix_of("pytorch_model.bin.index.json"), "pytorch_model");
         assert_eq!(prefix_of("my-model-v2.safetensors"), "my-model-v2");
     }

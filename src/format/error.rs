@@ -28,7 +28,11 @@ pub enum FormatError {
     #[error("{}: header length {len} is larger than the limit of {max} bytes", .path.display())]
     HeaderTooLarge { path: PathBuf, len: u64, max: u64 },
     #[error("{}: header length {len} runs past the end of the {file_len}-byte file", .path.display())]
-    HeaderPastEnd { path: PathBuf, len: u64, file_len: u64 },
+    HeaderPastEnd {
+        path: PathBuf,
+        len: u64,
+        file_len: u64,
+    },
     #[error("{}: header is not valid UTF-8", .path.display())]
     HeaderNotUtf8 { path: PathBuf },
     #[error("{}: header is not valid JSON: {reason}", .path.display())]

@@ -34,7 +34,9 @@ pub const MAX_INDEX: u64 = 256 * 1024 * 1024;
 
 /// Reads and parses the index at `path`.
 pub fn read_index(path: &Path) -> Result<Index, FormatError> {
-    let len = std::fs::metadata(path).map_err(|e| FormatError::io(path, e))?.len();
+    let len = std::fs::metadata(path)
+        .map_err(|e| FormatError::io(path, e))?
+        .len();
     if len > MAX_INDEX {
         return Err(FormatError::IndexNotJson {
             path: path.to_path_buf(),
@@ -149,7 +151,10 @@ mod tests {
     #[test]
     fn refuses_malformed_indexes() {
         let p = Path::new("i.json");
-        assert!(matches!(parse_index(p, b"{"), Err(FormatError::IndexNotJson { .. })));
+        assert!(matches!(
+            parse_index(p, b"{"),
+            Err(FormatError::IndexNotJson { .. })
+        ));
         assert!(matches!(
             parse_index(p, br#"{"metadata":{}}"#),
             Err(FormatError::IndexMissingWeightMap { .. })

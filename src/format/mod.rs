@@ -97,9 +97,10 @@ impl SourceFile {
 
     /// The file name, for messages and index entries.
     pub fn name(&self) -> String {
-        self.path
-            .file_name()
-            .map_or_else(|| self.path.display().to_string(), |n| n.to_string_lossy().into_owned())
+        self.path.file_name().map_or_else(
+            || self.path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
     }
 }
 
@@ -146,7 +147,10 @@ impl Tensor {
     /// Number of elements (product of the shape; 1 for a scalar).
     pub fn numel(&self) -> u64 {
         // Readers check this product when they build the tensor.
-        self.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).unwrap_or(u64::MAX)
+        self.shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .unwrap_or(u64::MAX)
     }
 
     /// The absolute file offset where the tensor's bytes (or its storage) begin.

@@ -128,7 +128,9 @@ enum Inner {
 
 impl Read for TensorBytes {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let want = buf.len().min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
+        let want = buf
+            .len()
+            .min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
         if want == 0 {
             return Ok(0);
         }
@@ -247,7 +249,9 @@ impl StridedReader {
             .index
             .iter()
             .zip(&self.strides)
-            .try_fold(self.elem_offset, |acc, (&i, &s)| acc.checked_add(i.checked_mul(s)?))?;
+            .try_fold(self.elem_offset, |acc, (&i, &s)| {
+                acc.checked_add(i.checked_mul(s)?)
+            })?;
         elem.checked_mul(self.elem_size)
     }
 }

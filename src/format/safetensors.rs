@@ -177,12 +177,17 @@ struct RawTensor {
 }
 
 fn parse_tensor(path: &Path, name: String, raw: &RawValue) -> Result<HeaderTensor, FormatError> {
-    let entry: RawTensor = serde_json::from_str(raw.get()).map_err(|e| FormatError::BadTensorEntry {
-        path: path.to_path_buf(),
-        tensor: name.clone(),
-        reason: format!("not a {{dtype, shape, data_offsets}} entry: {e}"),
-    })?;
-    let dtype = entry.dtype.parse::<Dtype>().ok().filter(|d| d.name() == entry.dtype);
+    let entry: RawTensor =
+        serde_json::from_str(raw.get()).map_err(|e| FormatError::BadTensorEntry {
+            path: path.to_path_buf(),
+            tensor: name.clone(),
+            reason: format!("not a {{dtype, shape, data_offsets}} entry: {e}"),
+        })?;
+    let dtype = entry
+        .dtype
+        .parse::<Dtype>()
+        .ok()
+        .filter(|d| d.name() == entry.dtype);
     let Some(dtype) = dtype else {
         return Err(FormatError::UnknownDtype {
             path: path.to_path_buf(),
@@ -190,10 +195,11 @@ fn parse_tensor(path: &Path, name: String, raw: &RawValue) -> Result<HeaderTenso
             dtype: entry.dtype,
         });
     };
-    let shape = entry
-        .shape
-        .as_array()
-        .and_then(|dims| dims.iter().map(serde_json::Value::as_u64).collect::<Option<Vec<u64>>>());
+    let shape = entry.shape.as_array().and_then(|dims| {
+        dims.iter()
+            .map(serde_json::Value::as_u64)
+            .collect::<Option<Vec<u64>>>()
+    });
     let Some(shape) = shape else {
         return Err(FormatError::BadShape {
             path: path.to_path_buf(),
@@ -208,7 +214,10 @@ fn parse_tensor(path: &Path, name: String, raw: &RawValue) -> Result<HeaderTenso
             reason: format!("data offset {v} is not a non-negative integer"),
         })
     };
-    let (begin, end) = (offset(&entry.data_offsets.0)?, offset(&entry.data_offsets.1)?);
+    let (begin, end) = (
+        offset(&entry.data_offsets.0)?,
+        offset(&entry.data_offsets.1)?,
+    );
     if end < begin {
         return Err(FormatError::OffsetsOutOfOrder {
             path: path.to_path_buf(),
@@ -243,7 +252,7 @@ fn parse_tensor(path: &Path, name: String, raw: &RawValue) -> Result<HeaderTenso
 /// Sorts tensors by offset and checks they tile the data section exactly.
 /// Returns the data section's length.
 fn check_offsets(path: &Path, tensors: &mut [HeaderTensor]) -> Result<u64, FormatError> {
-    tensors.sort_by(|a, b| (a.begin, a.end).cmp(&(b.begin, b.end)));
+    tensors.sort_by_key(|t| (t.begin, t.end));
     let mut cursor = 0u64;
     for i in 0..tensors.len() {
         let t = &tensors[i];
@@ -268,17 +277,22 @@ fn check_offsets(path: &Path, tensors: &mut [HeaderTensor]) -> Result<u64, Forma
 }
 
 fn check_file_length(path: &Path, header: &Header, file_len: u64) -> Result<(), FormatError> {
-    let expected = header.data_start.checked_add(header.data_len).ok_or_else(|| {
-        FormatError::Truncated {
+    let expected = header
+        .data_start
+        .checked_add(header.data_len)
+        .ok_or_else(|| FormatError::Truncated {
             path: path.to_path_buf(),
             expected: u64::MAX,
             actual: file_len,
             tensor: None,
-        }
-    })?;
+        })?;
     if file_len < expected {
         let have = file_len - header.data_start;
-        let cut = header.tensors.iter().find(|t| t.end > have).map(|t| t.name.clone());
+        let cut = header
+            .tensors
+            .iter()
+            .find(|t| t.end > have)
+            .map(|t| t.name.clone());
         return Err(FormatError::Truncated {
             path: path.to_path_buf(),
             expected,
@@ -304,7 +318,13 @@ pub fn read_file(
     let header = read_header(&file.path)?;
     let mut findings = Vec::new();
     let name = file.name();
-    if header.metadata.as_ref().and_then(|m| m.get("format")).map(String::as_str) != Some("pt") {
+    if header
+        .metadata
+        .as_ref()
+        .and_then(|m| m.get("format"))
+        .map(String::as_str)
+        != Some("pt")
+    {
         findings.push(Finding::MissingFormatPt { file: name.clone() });
     }
     let tensors = header
@@ -354,15 +374,26 @@ mod tests {
     #[test]
     fn refuses_duplicates_holes_overlaps_and_bad_lengths() {
         let dup = r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#;
-        assert!(matches!(parse(dup), Err(FormatError::DuplicateTensor { tensor, .. }) if tensor == "a"));
+        assert!(
+            matches!(parse(dup), Err(FormatError::DuplicateTensor { tensor, .. }) if tensor == "a")
+        );
         let hole = r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#;
         assert!(matches!(parse(hole), Err(FormatError::OffsetsHole { .. })));
         let overlap = r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}"#;
-        assert!(matches!(parse(overlap), Err(FormatError::OffsetsOverlap { .. })));
+        assert!(matches!(
+            parse(overlap),
+            Err(FormatError::OffsetsOverlap { .. })
+        ));
         let len = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}"#;
-        assert!(matches!(parse(len), Err(FormatError::ByteLenMismatch { .. })));
+        assert!(matches!(
+            parse(len),
+            Err(FormatError::ByteLenMismatch { .. })
+        ));
         let reversed = r#"{"a":{"dtype":"U8","shape":[0],"data_offsets":[4,0]}}"#;
-        assert!(matches!(parse(reversed), Err(FormatError::OffsetsOutOfOrder { .. })));
+        assert!(matches!(
+            parse(reversed),
+            Err(FormatError::OffsetsOutOfOrder { .. })
+        ));
     }
 
     #[test]
@@ -372,12 +403,23 @@ mod tests {
         let frac = r#"{"a":{"dtype":"U8","shape":[1.5],"data_offsets":[0,1]}}"#;
         assert!(matches!(parse(frac), Err(FormatError::BadShape { .. })));
         let dtype = r#"{"a":{"dtype":"F12","shape":[1],"data_offsets":[0,1]}}"#;
-        assert!(matches!(parse(dtype), Err(FormatError::UnknownDtype { .. })));
+        assert!(matches!(
+            parse(dtype),
+            Err(FormatError::UnknownDtype { .. })
+        ));
         let lower = r#"{"a":{"dtype":"bf16","shape":[1],"data_offsets":[0,2]}}"#;
-        assert!(matches!(parse(lower), Err(FormatError::UnknownDtype { .. })));
+        assert!(matches!(
+            parse(lower),
+            Err(FormatError::UnknownDtype { .. })
+        ));
         let meta = r#"{"__metadata__":{"format":1}}"#;
-        assert!(matches!(parse(meta), Err(FormatError::BadMetadata { key, .. }) if key == "format"));
-        assert!(matches!(parse("[1,2]"), Err(FormatError::HeaderNotObject { .. })));
+        assert!(
+            matches!(parse(meta), Err(FormatError::BadMetadata { key, .. }) if key == "format")
+        );
+        assert!(matches!(
+            parse("[1,2]"),
+            Err(FormatError::HeaderNotObject { .. })
+        ));
         assert!(matches!(parse("{"), Err(FormatError::HeaderNotJson { .. })));
         assert!(matches!(
             parse_header(Path::new("x"), &[0xff, 0xfe]),
@@ -388,6 +430,9 @@ mod tests {
     #[test]
     fn huge_shapes_do_not_overflow() {
         let huge = r#"{"a":{"dtype":"F64","shape":[18446744073709551615,2],"data_offsets":[0,8]}}"#;
-        assert!(matches!(parse(huge), Err(FormatError::ByteLenMismatch { .. })));
+        assert!(matches!(
+            parse(huge),
+            Err(FormatError::ByteLenMismatch { .. })
+        ));
     }
 }

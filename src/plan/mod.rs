@@ -141,7 +141,10 @@ impl Plan {
         let keep = keep_globs(&options.keep_dtype)?;
         let (kept, dropped) = dedupe(ck, options.dedupe_tied);
         let names: Vec<&str> = kept.iter().map(|&i| ck.tensors[i].name.as_str()).collect();
-        let ordered: Vec<usize> = sort_indices(&names, options.order).into_iter().map(|i| kept[i]).collect();
+        let ordered: Vec<usize> = sort_indices(&names, options.order)
+            .into_iter()
+            .map(|i| kept[i])
+            .collect();
 
         let mut planned = Vec::with_capacity(ordered.len());
         let mut casts: BTreeMap<(Dtype, Dtype), CastPair> = BTreeMap::new();
@@ -180,7 +183,10 @@ impl Plan {
 
         let items: Vec<Item<order::Block>> = planned
             .iter()
-            .map(|t| Item { bytes: t.len, block: block_of(&t.name) })
+            .map(|t| Item {
+                bytes: t.len,
+                block: block_of(&t.name),
+            })
             .collect();
         let ranges = pack(&items, options.max_shard_size);
         let prefix = output_prefix(ck);
@@ -191,7 +197,11 @@ impl Plan {
             let file = shard_name(&prefix, n, count);
             let tensors = planned[range].to_vec();
             if tensors.len() == 1 && tensors[0].len > options.max_shard_size {
-                oversized.push(Oversized { tensor: tensors[0].name.clone(), bytes: tensors[0].len, file: file.clone() });
+                oversized.push(Oversized {
+                    tensor: tensors[0].name.clone(),
+                    bytes: tensors[0].len,
+                    file: file.clone(),
+                });
             }
             shards.push(layout_shard(file, tensors));
         }
@@ -228,10 +238,16 @@ fn keep_globs(globs: &[String]) -> Result<globset::GlobSet, PlanError> {
         let glob = globset::GlobBuilder::new(g)
             .literal_separator(false)
             .build()
-            .map_err(|source| PlanError::BadGlob { glob: g.clone(), source })?;
+            .map_err(|source| PlanError::BadGlob {
+                glob: g.clone(),
+                source,
+            })?;
         set.add(glob);
     }
-    set.build().map_err(|source| PlanError::BadGlob { glob: globs.join(" "), source })
+    set.build().map_err(|source| PlanError::BadGlob {
+        glob: globs.join(" "),
+        source,
+    })
 }
 
 /// Source tensor indices to write, and the tied names left out. Only exact
@@ -248,7 +264,10 @@ fn dedupe(ck: &Checkpoint, dedupe_tied: bool) -> (Vec<usize>, Vec<Dropped>) {
         let key = (t.file, location, t.dtype, t.shape.clone());
         match first.get(&key) {
             Some(&k) => {
-                dropped.push(Dropped { tensor: t.name.clone(), same_as: ck.tensors[k].name.clone() });
+                dropped.push(Dropped {
+                    tensor: t.name.clone(),
+                    same_as: ck.tensors[k].name.clone(),
+                });
             }
             _ => {
                 first.insert(key, i);
@@ -281,13 +300,26 @@ pub fn shard_name(prefix: &str, n: usize, count: usize) -> String {
 /// Lays tensors out in a shard: layer order, stably regrouped by descending
 /// alignment so every offset is a multiple of its element size, no holes.
 fn layout_shard(file: String, mut tensors: Vec<PlannedTensor>) -> ShardPlan {
-    let first_block = tensors.iter().find_map(|t| block_of(&t.name)).map(|b| b.name());
-    let last_block = tensors.iter().rev().find_map(|t| block_of(&t.name)).map(|b| b.name());
+    let first_block = tensors
+        .iter()
+        .find_map(|t| block_of(&t.name))
+        .map(|b| b.name());
+    let last_block = tensors
+        .iter()
+        .rev()
+        .find_map(|t| block_of(&t.name))
+        .map(|b| b.name());
     tensors.sort_by_key(|t| std::cmp::Reverse(t.dtype.alignment()));
     let mut offset = 0u64;
     for t in &mut tensors {
         t.offset = offset;
         offset = offset.saturating_add(t.len);
     }
-    ShardPlan { file, tensors, data_len: offset, first_block, last_block }
+    ShardPlan {
+        file,
+        tensors,
+        data_len: offset,
+        first_block,
+        last_block,
+    }
 }

@@ -159,26 +159,52 @@ struct ForwardKey {
 fn forward_key(name: &str) -> ForwardKey {
     let block = block_of(name);
     if block.is_none() && is_input(name) {
-        return ForwardKey { class: 0, rank: 0, tail: 0, stack: String::new(), index: 0 };
+        return ForwardKey {
+            class: 0,
+            rank: 0,
+            tail: 0,
+            stack: String::new(),
+            index: 0,
+        };
     }
     if block.is_none() && is_head(name) {
-        return ForwardKey { class: 2, rank: 0, tail: 0, stack: String::new(), index: 0 };
+        return ForwardKey {
+            class: 2,
+            rank: 0,
+            tail: 0,
+            stack: String::new(),
+            index: 0,
+        };
     }
     match block {
-        Some(b) => ForwardKey { class: 1, rank: stack_rank(&b.stack), tail: 0, stack: b.stack, index: b.index },
+        Some(b) => ForwardKey {
+            class: 1,
+            rank: stack_rank(&b.stack),
+            tail: 0,
+            stack: b.stack,
+            index: b.index,
+        },
         None => {
             let rank = match stack_rank(name) {
                 3 => 9,
                 r => r,
             };
-            ForwardKey { class: 1, rank, tail: 1, stack: String::new(), index: 0 }
+            ForwardKey {
+                class: 1,
+                rank,
+                tail: 1,
+                stack: String::new(),
+                index: 0,
+            }
         }
     }
 }
 
 /// Compares two names in forward order.
 pub fn forward_cmp(a: &str, b: &str) -> Ordering {
-    forward_key(a).cmp(&forward_key(b)).then_with(|| natural_cmp(a, b))
+    forward_key(a)
+        .cmp(&forward_key(b))
+        .then_with(|| natural_cmp(a, b))
 }
 
 /// The permutation that puts `names` (given in source order) in `order`.
@@ -205,7 +231,10 @@ mod tests {
     use super::*;
 
     fn sorted(names: &[&str], order: Order) -> Vec<String> {
-        sort_indices(names, order).into_iter().map(|i| names[i].to_string()).collect()
+        sort_indices(names, order)
+            .into_iter()
+            .map(|i| names[i].to_string())
+            .collect()
     }
 
     #[test]
@@ -219,7 +248,10 @@ mod tests {
         assert_eq!(natural_cmp("a.0", "a.b"), Ordering::Less);
         // Ties on the key break on bytes.
         assert_eq!(natural_cmp("a.01", "a.1"), Ordering::Less);
-        assert_eq!(natural_cmp("a.99999999999999999999999", "a.100000000000000000000000"), Ordering::Less);
+        assert_eq!(
+            natural_cmp("a.99999999999999999999999", "a.100000000000000000000000"),
+            Ordering::Less
+        );
     }
 
     #[test]
@@ -245,10 +277,22 @@ mod tests {
 
     #[test]
     fn gpt2_forward_order() {
-        let names = ["transformer.ln_f.weight", "transformer.h.1.attn.c_attn.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight", "transformer.wte.weight"];
+        let names = [
+            "transformer.ln_f.weight",
+            "transformer.h.1.attn.c_attn.weight",
+            "transformer.wpe.weight",
+            "transformer.h.0.ln_1.weight",
+            "transformer.wte.weight",
+        ];
         assert_eq!(
             sorted(&names, Order::Forward),
-            ["transformer.wpe.weight", "transformer.wte.weight", "transformer.h.0.ln_1.weight", "transformer.h.1.attn.c_attn.weight", "transformer.ln_f.weight"]
+            [
+                "transformer.wpe.weight",
+                "transformer.wte.weight",
+                "transformer.h.0.ln_1.weight",
+                "transformer.h.1.attn.c_attn.weight",
+                "transformer.ln_f.weight"
+            ]
         );
     }
 
@@ -309,10 +353,21 @@ mod tests {
         ];
         let s = sorted(&names, Order::Forward);
         assert_eq!(s[0], "conv_in.weight");
-        assert_eq!(&s[1..3], ["down_blocks.0.resnets.1.conv1.weight", "down_blocks.1.resnets.0.conv1.weight"]);
+        assert_eq!(
+            &s[1..3],
+            [
+                "down_blocks.0.resnets.1.conv1.weight",
+                "down_blocks.1.resnets.0.conv1.weight"
+            ]
+        );
         assert_eq!(s[3], "mid_block.resnets.0.conv1.weight");
         assert_eq!(s[5], "up_blocks.0.resnets.0.conv1.weight");
-        assert_eq!(block_of("transformer_blocks.3.attn.to_q.weight").unwrap().name(), "transformer_blocks.3");
+        assert_eq!(
+            block_of("transformer_blocks.3.attn.to_q.weight")
+                .unwrap()
+                .name(),
+            "transformer_blocks.3"
+        );
     }
 
     #[test]
@@ -333,6 +388,12 @@ mod tests {
     #[test]
     fn names_without_blocks() {
         assert_eq!(block_of("lm_head.weight"), None);
-        assert_eq!(block_of("0.weight").unwrap(), Block { stack: String::new(), index: 0 });
+        assert_eq!(
+            block_of("0.weight").unwrap(),
+            Block {
+                stack: String::new(),
+                index: 0
+            }
+        );
     }
 }

@@ -87,13 +87,25 @@ mod tests {
     #[test]
     fn keeps_blocks_whole_when_they_fit() {
         // emb 4 | block0: 3+3 | block1: 3+3 | norm 1, limit 10
-        let items = [item(4, None), item(3, Some(0)), item(3, Some(0)), item(3, Some(1)), item(3, Some(1)), item(1, None)];
+        let items = [
+            item(4, None),
+            item(3, Some(0)),
+            item(3, Some(0)),
+            item(3, Some(1)),
+            item(3, Some(1)),
+            item(1, None),
+        ];
         assert_eq!(pack(&items, 10), vec![0..3, 3..6]);
     }
 
     #[test]
     fn splits_a_block_larger_than_the_limit_at_tensor_boundaries() {
-        let items = [item(4, Some(0)), item(4, Some(0)), item(4, Some(0)), item(1, None)];
+        let items = [
+            item(4, Some(0)),
+            item(4, Some(0)),
+            item(4, Some(0)),
+            item(1, None),
+        ];
         assert_eq!(pack(&items, 9), vec![0..2, 2..4]);
     }
 

@@ -12,7 +12,11 @@ static STEPS: AtomicU64 = AtomicU64::new(0);
 
 fn pause_at() -> Option<u64> {
     static AT: OnceLock<Option<u64>> = OnceLock::new();
-    *AT.get_or_init(|| std::env::var("RESHARD_PAUSE_AT").ok().and_then(|v| v.parse().ok()))
+    *AT.get_or_init(|| {
+        std::env::var("RESHARD_PAUSE_AT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    })
 }
 
 /// Marks one write step.

@@ -9,7 +9,11 @@ pub fn index_json(plan: &Plan) -> Vec<u8> {
     let file_of: std::collections::HashMap<&str, &str> = plan
         .shards
         .iter()
-        .flat_map(|s| s.tensors.iter().map(move |t| (t.name.as_str(), s.file.as_str())))
+        .flat_map(|s| {
+            s.tensors
+                .iter()
+                .map(move |t| (t.name.as_str(), s.file.as_str()))
+        })
         .collect();
     let mut weight_map = serde_json::Map::new();
     for name in &plan.layer_order {

@@ -28,7 +28,11 @@ pub struct SourceIdentity {
 
 impl SourceIdentity {
     pub fn of(ck: &Checkpoint) -> SourceIdentity {
-        SourceIdentity { dir: ck.dir.display().to_string(), format: ck.format, files: ck.files.clone() }
+        SourceIdentity {
+            dir: ck.dir.display().to_string(),
+            format: ck.format,
+            files: ck.files.clone(),
+        }
     }
 }
 
@@ -94,16 +98,26 @@ impl Manifest {
         let bytes = match std::fs::read(path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(ManifestError::Io { path: path.to_path_buf(), source }),
+            Err(source) => {
+                return Err(ManifestError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
         };
         serde_json::from_slice(&bytes)
             .map(Some)
-            .map_err(|e| ManifestError::Invalid { path: path.to_path_buf(), reason: e.to_string() })
+            .map_err(|e| ManifestError::Invalid {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            })
     }
 
     /// Every tensor record, shard by shard.
     pub fn tensors(&self) -> impl Iterator<Item = (&ShardRecord, &TensorRecord)> {
-        self.shards.iter().flat_map(|s| s.tensors.iter().map(move |t| (s, t)))
+        self.shards
+            .iter()
+            .flat_map(|s| s.tensors.iter().map(move |t| (s, t)))
     }
 }
 
@@ -116,7 +130,10 @@ pub enum ManifestError {
         source: std::io::Error,
     },
     #[error("{}: not a reshard manifest: {reason}", .path.display())]
-    Invalid { path: std::path::PathBuf, reason: String },
+    Invalid {
+        path: std::path::PathBuf,
+        reason: String,
+    },
 }
 
 /// The plan id: sha256 over the source identity (file names, sizes, mtimes)

@@ -25,14 +25,21 @@ pub enum WriteError {
         source: io::Error,
     },
     #[error("{}: wrote {written} bytes but the plan says {expected}; refusing to commit it", .path.display())]
-    WrongLength { path: PathBuf, written: u64, expected: u64 },
+    WrongLength {
+        path: PathBuf,
+        written: u64,
+        expected: u64,
+    },
     #[error("shard header for {}: {reason}", .path.display())]
     Header { path: PathBuf, reason: String },
 }
 
 impl WriteError {
     pub fn io(path: &Path, source: io::Error) -> WriteError {
-        WriteError::Io { path: path.to_path_buf(), source }
+        WriteError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     }
 }
 
@@ -82,7 +89,9 @@ fn commit_temp(result: io::Result<()>, tmp: &Path, dst: &Path) -> Result<(), Wri
 
 /// Flushes a folder's entries (the renames) to disk.
 pub fn sync_dir(dir: &Path) -> Result<(), WriteError> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| WriteError::io(dir, e))
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| WriteError::io(dir, e))
 }
 
 /// Removes temporary files a killed run left in `dir`.

@@ -23,24 +23,41 @@ pub fn header_bytes(
     metadata: &std::collections::BTreeMap<String, String>,
 ) -> Result<Vec<u8>, WriteError> {
     use safetensors::tensor::{Metadata, TensorInfo};
-    let bad = |reason: String| WriteError::Header { path: path.to_path_buf(), reason };
+    let bad = |reason: String| WriteError::Header {
+        path: path.to_path_buf(),
+        reason,
+    };
     let tensors = shard
         .tensors
         .iter()
         .map(|t| {
-            let shape = t.shape.iter().map(|&d| usize::try_from(d)).collect::<Result<Vec<_>, _>>();
+            let shape = t
+                .shape
+                .iter()
+                .map(|&d| usize::try_from(d))
+                .collect::<Result<Vec<_>, _>>();
             let begin = usize::try_from(t.offset);
             let end = usize::try_from(t.offset + t.len);
             match (shape, begin, end) {
                 (Ok(shape), Ok(b), Ok(e)) => Ok((
                     t.name.clone(),
-                    TensorInfo { dtype: t.dtype.to_safetensors(), shape, data_offsets: (b, e) },
+                    TensorInfo {
+                        dtype: t.dtype.to_safetensors(),
+                        shape,
+                        data_offsets: (b, e),
+                    },
                 )),
-                _ => Err(bad(format!("tensor {:?} does not fit this platform's usize", t.name))),
+                _ => Err(bad(format!(
+                    "tensor {:?} does not fit this platform's usize",
+                    t.name
+                ))),
             }
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let meta: HashMap<String, String> = metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let meta: HashMap<String, String> = metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     let metadata = Metadata::new(Some(meta), tensors).map_err(|e| bad(e.to_string()))?;
     let mut json = serde_json::to_vec(&metadata).map_err(|e| bad(e.to_string()))?;
     while json.len() % 8 != 0 {
@@ -73,7 +90,12 @@ pub struct FinishedShard {
 
 impl ShardWriter {
     /// Creates `dir/.name.reshard-tmp` and writes the header into it.
-    pub fn create(dir: &Path, name: &str, header: &[u8], data_len: u64) -> Result<ShardWriter, WriteError> {
+    pub fn create(
+        dir: &Path,
+        name: &str,
+        header: &[u8],
+        data_len: u64,
+    ) -> Result<ShardWriter, WriteError> {
         let final_path = dir.join(name);
         let tmp_path = temp_path(dir, name);
         let file = File::create(&tmp_path).map_err(|e| WriteError::io(&final_path, e))?;
@@ -94,9 +116,13 @@ impl ShardWriter {
         super::failpoint::step();
         self.sha.update(bytes);
         let file = self.file.as_mut().ok_or_else(|| {
-            WriteError::io(&self.final_path, std::io::Error::other("shard already finished"))
+            WriteError::io(
+                &self.final_path,
+                std::io::Error::other("shard already finished"),
+            )
         })?;
-        file.write_all(bytes).map_err(|e| WriteError::io(&self.final_path, e))?;
+        file.write_all(bytes)
+            .map_err(|e| WriteError::io(&self.final_path, e))?;
         self.written += bytes.len() as u64;
         Ok(())
     }
@@ -112,13 +138,19 @@ impl ShardWriter {
         }
         let file = self.file.take();
         if let Some(f) = file {
-            f.sync_all().map_err(|e| WriteError::io(&self.final_path, e))?;
+            f.sync_all()
+                .map_err(|e| WriteError::io(&self.final_path, e))?;
         }
         super::failpoint::step();
-        std::fs::rename(&self.tmp_path, &self.final_path).map_err(|e| WriteError::io(&self.final_path, e))?;
+        std::fs::rename(&self.tmp_path, &self.final_path)
+            .map_err(|e| WriteError::io(&self.final_path, e))?;
         let sha = std::mem::take(&mut self.sha);
         Ok(FinishedShard {
-            file: self.final_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            file: self
+                .final_path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
             size: self.written,
             sha256: hex(&sha.finalize()),
         })
@@ -137,10 +169,12 @@ impl Drop for ShardWriter {
 /// Lower-case hex of a digest.
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 /// sha256 of a whole file, read in bounded chunks (used to verify shards a

@@ -15,7 +15,9 @@ pub fn reshard() -> assert_cmd::Command {
 
 /// The path of a fixture in tests/fixtures.
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 /// Copies a fixture folder into `dir` and returns the copy's path.
@@ -89,7 +91,10 @@ pub fn read_all(path: &Path) -> BTreeMap<String, (String, Vec<u64>, String)> {
         stream.read_to_end(&mut bytes).unwrap();
         assert_eq!(bytes.len() as u64, t.len, "{}", t.name);
         let sha = hex(&Sha256::digest(&bytes));
-        out.insert(t.name.clone(), (t.dtype.name().to_string(), t.shape.clone(), sha));
+        out.insert(
+            t.name.clone(),
+            (t.dtype.name().to_string(), t.shape.clone(), sha),
+        );
     }
     out
 }

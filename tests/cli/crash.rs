@@ -10,10 +10,17 @@ use std::process::{Command, Stdio};
 use sha2::{Digest, Sha256};
 
 use crate::common::*;
-use crate::convert::wait_for_pause;
 
 /// Small chunks and one thread make many deterministic write steps.
-const ARGS: [&str; 7] = ["--no-progress", "--threads", "1", "--window", "16KiB", "--max-shard-size", "120KB"];
+const ARGS: [&str; 7] = [
+    "--no-progress",
+    "--threads",
+    "1",
+    "--window",
+    "16KiB",
+    "--max-shard-size",
+    "120KB",
+];
 
 fn hashes(dir: &Path) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
@@ -21,7 +28,10 @@ fn hashes(dir: &Path) -> BTreeMap<String, String> {
         for e in entries.flatten() {
             if e.path().is_file() {
                 let bytes = std::fs::read(e.path()).unwrap();
-                out.insert(e.file_name().to_string_lossy().into_owned(), hex(&Sha256::digest(&bytes)));
+                out.insert(
+                    e.file_name().to_string_lossy().into_owned(),
+                    hex(&Sha256::digest(&bytes)),
+                );
             }
         }
     }
@@ -36,9 +46,16 @@ fn convert_cmd(src: &Path, dst: &Path) -> Command {
 
 /// Starts a conversion that pauses at write step `step`; None if the run
 /// finished before reaching it.
-fn start_paused(src: &Path, dst: &Path, step: u64, release: Option<&Path>) -> Option<std::process::Child> {
+fn start_paused(
+    src: &Path,
+    dst: &Path,
+    step: u64,
+    release: Option<&Path>,
+) -> Option<std::process::Child> {
     let mut cmd = convert_cmd(src, dst);
-    cmd.env("RESHARD_PAUSE_AT", step.to_string()).stdout(Stdio::null()).stderr(Stdio::piped());
+    cmd.env("RESHARD_PAUSE_AT", step.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
     if let Some(r) = release {
         cmd.env("RESHARD_PAUSE_UNTIL", r);
     }
@@ -54,7 +71,10 @@ fn start_paused(src: &Path, dst: &Path, step: u64, release: Option<&Path>) -> Op
         }
         line.clear();
     }
-    assert!(child.wait().unwrap().success(), "run without a pause failed");
+    assert!(
+        child.wait().unwrap().success(),
+        "run without a pause failed"
+    );
     None
 }
 
@@ -65,7 +85,11 @@ fn assert_consistent(dst: &Path, clean: &BTreeMap<String, String>) {
         if name.starts_with('.') {
             continue; // temp files and the partial manifest are not final names
         }
-        assert_eq!(Some(hash), clean.get(name), "{name} under its final name differs from a clean run's");
+        assert_eq!(
+            Some(hash),
+            clean.get(name),
+            "{name} under its final name differs from a clean run's"
+        );
     }
     if now.contains_key("reshard.json") || now.keys().any(|n| n.ends_with(".index.json")) {
         // A commit point exists: every shard it promises must be there.
@@ -91,19 +115,28 @@ fn sigkill_at_every_write_step_then_rerun_matches_a_clean_run() {
     let mut killed = 0;
     for step in 1.. {
         let dst = tmp.path().join(format!("run{step}"));
-        let Some(mut child) = start_paused(&src, &dst, step, None) else { break };
+        let Some(mut child) = start_paused(&src, &dst, step, None) else {
+            break;
+        };
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         killed += 1;
         assert_eq!(hashes(&src), source_before, "source changed (step {step})");
         assert_consistent(&dst, &clean);
         let rerun = convert_cmd(&src, &dst).output().unwrap();
-        assert!(rerun.status.success(), "rerun after step {step}: {}", String::from_utf8_lossy(&rerun.stderr));
+        assert!(
+            rerun.status.success(),
+            "rerun after step {step}: {}",
+            String::from_utf8_lossy(&rerun.stderr)
+        );
         let mut after = hashes(&dst);
         let mut want = clean.clone();
         after.remove("reshard.json");
         want.remove("reshard.json");
-        assert_eq!(after, want, "rerun after a kill at step {step} differs from a clean run");
+        assert_eq!(
+            after, want,
+            "rerun after a kill at step {step} differs from a clean run"
+        );
         std::fs::remove_dir_all(&dst).unwrap();
     }
     assert!(killed >= 20, "only {killed} kill points");
@@ -116,7 +149,11 @@ fn tmpfs(size: &str, read_only: bool) -> Option<(tempfile::TempDir, PathBuf)> {
     let mnt = holder.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
     let opts = format!("size={size}{}", if read_only { ",ro" } else { "" });
-    let ok = Command::new("mount").args(["-t", "tmpfs", "-o", &opts, "tmpfs"]).arg(&mnt).status().is_ok_and(|s| s.success());
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &opts, "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
     if !ok {
         eprintln!("skipped: cannot mount a tmpfs here (needs root)");
         return None;
@@ -133,7 +170,9 @@ impl Drop for Unmount {
 
 #[test]
 fn full_disk_exits_2_naming_the_file_and_leaves_nothing_partial() {
-    let Some((_holder, mnt)) = tmpfs("300k", false) else { return };
+    let Some((_holder, mnt)) = tmpfs("300k", false) else {
+        return;
+    };
     let _guard = Unmount(mnt.clone());
     let tmp = tempfile::tempdir().unwrap();
     let src = copy_fixture("tiny-llama-f32-sharded", tmp.path());
@@ -144,15 +183,23 @@ fn full_disk_exits_2_naming_the_file_and_leaves_nothing_partial() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("No space left on device"), "{stderr}");
-    assert!(stderr.contains(&dst.display().to_string()), "names the file: {stderr}");
+    assert!(
+        stderr.contains(&dst.display().to_string()),
+        "names the file: {stderr}"
+    );
     assert_consistent(&dst, &hashes(&clean_dir));
-    let temps: Vec<_> = hashes(&dst).into_keys().filter(|n| n.ends_with(".reshard-tmp")).collect();
+    let temps: Vec<_> = hashes(&dst)
+        .into_keys()
+        .filter(|n| n.ends_with(".reshard-tmp"))
+        .collect();
     assert!(temps.is_empty(), "temp files left: {temps:?}");
 }
 
 #[test]
 fn read_only_dst_is_a_clear_error() {
-    let Some((_holder, mnt)) = tmpfs("1m", true) else { return };
+    let Some((_holder, mnt)) = tmpfs("1m", true) else {
+        return;
+    };
     let _guard = Unmount(mnt.clone());
     let out = convert_cmd(&fixture("tiny-llama"), &mnt).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -169,11 +216,15 @@ fn source_changed_mid_run_is_refused_and_nothing_is_committed() {
         let release = tmp.path().join("go");
         let mut child = start_paused(&src, &dst, 3, Some(&release)).expect("pauses");
         let victim = src.join("model-00006-of-00006.safetensors");
-        let f = std::fs::OpenOptions::new().write(true).open(&victim).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&victim)
+            .unwrap();
         if truncate {
             f.set_len(1000).unwrap();
         } else {
-            f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5)).unwrap();
+            f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+                .unwrap();
         }
         drop(f);
         std::fs::write(&release, "").unwrap();
@@ -181,7 +232,10 @@ fn source_changed_mid_run_is_refused_and_nothing_is_committed() {
         assert_eq!(status.code(), Some(2), "truncate={truncate}");
         assert!(!dst.join("reshard.json").exists());
         assert!(!dst.join("model.safetensors.index.json").exists());
-        let temps: Vec<_> = hashes(&dst).into_keys().filter(|n| n.ends_with(".reshard-tmp")).collect();
+        let temps: Vec<_> = hashes(&dst)
+            .into_keys()
+            .filter(|n| n.ends_with(".reshard-tmp"))
+            .collect();
         assert!(temps.is_empty(), "temp files left: {temps:?}");
     }
 }

@@ -9,7 +9,10 @@ type Entry = fn(&[u8]);
 
 fn targets() -> Vec<(&'static str, Entry)> {
     vec![
-        ("safetensors_header", reshard::fuzz::safetensors_header as Entry),
+        (
+            "safetensors_header",
+            reshard::fuzz::safetensors_header as Entry,
+        ),
         ("index_json", reshard::fuzz::index_json),
         ("planner", reshard::fuzz::planner),
     ]
@@ -18,7 +21,10 @@ fn targets() -> Vec<(&'static str, Entry)> {
 fn inputs(target: &str) -> Vec<Vec<u8>> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
     let mut out = Vec::new();
-    for dir in [root.join("corpus").join(target), root.join("regressions").join(target)] {
+    for dir in [
+        root.join("corpus").join(target),
+        root.join("regressions").join(target),
+    ] {
         if let Ok(entries) = std::fs::read_dir(&dir) {
             for e in entries.flatten() {
                 out.push(std::fs::read(e.path()).unwrap());
@@ -58,7 +64,10 @@ fn corpora_and_regressions_replay_without_panics() {
                         1 => {
                             m.truncate(at);
                         }
-                        _ => m.insert(at, b"{}[]\":,0123456789-.e"[(next(&mut state) % 20) as usize]),
+                        _ => m.insert(
+                            at,
+                            b"{}[]\":,0123456789-.e"[(next(&mut state) % 20) as usize],
+                        ),
                     }
                 }
                 entry(&m);

@@ -41,16 +41,32 @@ fn t(dtype: &str, shape: serde_json::Value, begin: u64, end: u64) -> serde_json:
 }
 
 fn sharded(dir: &Path, index: &str) -> PathBuf {
-    write_safetensors(&dir.join("model-00001-of-00002.safetensors"), &json!({"a.weight": t("U8", json!([4]), 0, 4), "__metadata__": {"format": "pt"}}), &[1, 2, 3, 4]);
-    write_safetensors(&dir.join("model-00002-of-00002.safetensors"), &json!({"b.weight": t("U8", json!([4]), 0, 4), "__metadata__": {"format": "pt"}}), &[5, 6, 7, 8]);
+    write_safetensors(
+        &dir.join("model-00001-of-00002.safetensors"),
+        &json!({"a.weight": t("U8", json!([4]), 0, 4), "__metadata__": {"format": "pt"}}),
+        &[1, 2, 3, 4],
+    );
+    write_safetensors(
+        &dir.join("model-00002-of-00002.safetensors"),
+        &json!({"b.weight": t("U8", json!([4]), 0, 4), "__metadata__": {"format": "pt"}}),
+        &[5, 6, 7, 8],
+    );
     std::fs::write(dir.join("model.safetensors.index.json"), index).unwrap();
     dir.to_path_buf()
 }
 
 pub fn cases() -> Vec<Case> {
     vec![
-        Case { name: "empty file", build: |d| file(d, b""), expect: &["model.safetensors", "too short"] },
-        Case { name: "shorter than 8 bytes", build: |d| file(d, &[1, 2, 3]), expect: &["model.safetensors", "too short"] },
+        Case {
+            name: "empty file",
+            build: |d| file(d, b""),
+            expect: &["model.safetensors", "too short"],
+        },
+        Case {
+            name: "shorter than 8 bytes",
+            build: |d| file(d, &[1, 2, 3]),
+            expect: &["model.safetensors", "too short"],
+        },
         Case {
             name: "header length past the end",
             build: |d| file(d, &[200, 0, 0, 0, 0, 0, 0, 0, b'{', b'}']),
@@ -61,9 +77,21 @@ pub fn cases() -> Vec<Case> {
             build: |d| file(d, &u64::MAX.to_le_bytes()),
             expect: &["model.safetensors", "larger than the limit"],
         },
-        Case { name: "header not JSON", build: |d| raw_header(d, b"{not json", b""), expect: &["model.safetensors", "not valid JSON"] },
-        Case { name: "header not an object", build: |d| raw_header(d, b"[1, 2, 3]", b""), expect: &["model.safetensors", "not a JSON object"] },
-        Case { name: "header not UTF-8", build: |d| raw_header(d, &[b'{', 0xff, 0xfe, b'}'], b""), expect: &["model.safetensors", "UTF-8"] },
+        Case {
+            name: "header not JSON",
+            build: |d| raw_header(d, b"{not json", b""),
+            expect: &["model.safetensors", "not valid JSON"],
+        },
+        Case {
+            name: "header not an object",
+            build: |d| raw_header(d, b"[1, 2, 3]", b""),
+            expect: &["model.safetensors", "not a JSON object"],
+        },
+        Case {
+            name: "header not UTF-8",
+            build: |d| raw_header(d, &[b'{', 0xff, 0xfe, b'}'], b""),
+            expect: &["model.safetensors", "UTF-8"],
+        },
         Case {
             name: "unknown dtype",
             build: |d| with_header(d, json!({"w": t("F12", json!([1]), 0, 1)}), &[0]),
@@ -86,12 +114,24 @@ pub fn cases() -> Vec<Case> {
         },
         Case {
             name: "overlapping offsets",
-            build: |d| with_header(d, json!({"a": t("U8", json!([4]), 0, 4), "b": t("U8", json!([4]), 2, 6)}), &[0; 6]),
+            build: |d| {
+                with_header(
+                    d,
+                    json!({"a": t("U8", json!([4]), 0, 4), "b": t("U8", json!([4]), 2, 6)}),
+                    &[0; 6],
+                )
+            },
             expect: &["\"b\"", "overlaps"],
         },
         Case {
             name: "hole between tensors",
-            build: |d| with_header(d, json!({"a": t("U8", json!([2]), 0, 2), "b": t("U8", json!([2]), 4, 6)}), &[0; 6]),
+            build: |d| {
+                with_header(
+                    d,
+                    json!({"a": t("U8", json!([2]), 0, 2), "b": t("U8", json!([2]), 4, 6)}),
+                    &[0; 6],
+                )
+            },
             expect: &["\"b\"", "unused bytes"],
         },
         Case {
@@ -106,7 +146,9 @@ pub fn cases() -> Vec<Case> {
         },
         Case {
             name: "duplicate names",
-            build: |d| raw_header(d, br#"{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"w":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#, &[0, 0]),
+            build: |d| {
+                raw_header(d, br#"{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"w":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#, &[0, 0])
+            },
             expect: &["\"w\"", "twice"],
         },
         Case {
@@ -116,7 +158,13 @@ pub fn cases() -> Vec<Case> {
         },
         Case {
             name: "truncated data section",
-            build: |d| with_header(d, json!({"a": t("U8", json!([4]), 0, 4), "b": t("U8", json!([4]), 4, 8)}), &[0; 6]),
+            build: |d| {
+                with_header(
+                    d,
+                    json!({"a": t("U8", json!([4]), 0, 4), "b": t("U8", json!([4]), 4, 8)}),
+                    &[0; 6],
+                )
+            },
             expect: &["truncated", "\"b\""],
         },
         Case {
@@ -124,7 +172,11 @@ pub fn cases() -> Vec<Case> {
             build: |d| with_header(d, json!({"a": t("U8", json!([4]), 0, 4)}), &[0; 9]),
             expect: &["model.safetensors", "5 trailing bytes"],
         },
-        Case { name: "index not JSON", build: |d| sharded(d, "{"), expect: &["model.safetensors.index.json", "not valid JSON"] },
+        Case {
+            name: "index not JSON",
+            build: |d| sharded(d, "{"),
+            expect: &["model.safetensors.index.json", "not valid JSON"],
+        },
         Case {
             name: "index without weight_map",
             build: |d| sharded(d, r#"{"metadata": {"total_size": 8}}"#),
@@ -132,19 +184,41 @@ pub fn cases() -> Vec<Case> {
         },
         Case {
             name: "index names a missing file",
-            build: |d| sharded(d, r#"{"weight_map": {"a.weight": "model-00001-of-00002.safetensors", "c.weight": "model-00009-of-00009.safetensors"}}"#),
-            expect: &["model-00009-of-00009.safetensors", "\"c.weight\"", "does not exist"],
+            build: |d| {
+                sharded(
+                    d,
+                    r#"{"weight_map": {"a.weight": "model-00001-of-00002.safetensors", "c.weight": "model-00009-of-00009.safetensors"}}"#,
+                )
+            },
+            expect: &[
+                "model-00009-of-00009.safetensors",
+                "\"c.weight\"",
+                "does not exist",
+            ],
         },
         Case {
             name: "index names a missing tensor",
-            build: |d| sharded(d, r#"{"weight_map": {"a.weight": "model-00001-of-00002.safetensors", "z.weight": "model-00002-of-00002.safetensors"}}"#),
+            build: |d| {
+                sharded(
+                    d,
+                    r#"{"weight_map": {"a.weight": "model-00001-of-00002.safetensors", "z.weight": "model-00002-of-00002.safetensors"}}"#,
+                )
+            },
             expect: &["\"z.weight\"", "does not hold it"],
         },
         Case {
             name: "same tensor in two files",
             build: |d| {
-                write_safetensors(&d.join("a.safetensors"), &json!({"w": t("U8", json!([1]), 0, 1)}), &[1]);
-                write_safetensors(&d.join("b.safetensors"), &json!({"w": t("U8", json!([1]), 0, 1)}), &[2]);
+                write_safetensors(
+                    &d.join("a.safetensors"),
+                    &json!({"w": t("U8", json!([1]), 0, 1)}),
+                    &[1],
+                );
+                write_safetensors(
+                    &d.join("b.safetensors"),
+                    &json!({"w": t("U8", json!([1]), 0, 1)}),
+                    &[2],
+                );
                 d.to_path_buf()
             },
             expect: &["\"w\"", "a.safetensors", "b.safetensors"],
@@ -157,7 +231,11 @@ pub fn cases() -> Vec<Case> {
             },
             expect: &["no checkpoint found"],
         },
-        Case { name: "path that does not exist", build: |d| d.join("missing"), expect: &["missing", "no such file"] },
+        Case {
+            name: "path that does not exist",
+            build: |d| d.join("missing"),
+            expect: &["missing", "no such file"],
+        },
         Case {
             name: "symlink loop in an HF cache folder",
             build: |d| {
@@ -166,7 +244,8 @@ pub fn cases() -> Vec<Case> {
                 std::fs::create_dir_all(&snap).unwrap();
                 std::fs::create_dir_all(repo.join("refs")).unwrap();
                 std::fs::write(repo.join("refs/main"), "abc123").unwrap();
-                std::os::unix::fs::symlink("model.safetensors", snap.join("model.safetensors")).unwrap();
+                std::os::unix::fs::symlink("model.safetensors", snap.join("model.safetensors"))
+                    .unwrap();
                 repo
             },
             expect: &["model.safetensors", "symlink loop"],
@@ -204,14 +283,28 @@ fn check(case: &Case, args: &[&str]) {
     }
     let out = cmd.output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{} via {args:?}: status {:?}\n{stderr}", case.name, out.status);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{} via {args:?}: status {:?}\n{stderr}",
+        case.name,
+        out.status
+    );
     assert!(stderr.starts_with("error: "), "{}: {stderr}", case.name);
     for want in case.expect {
-        assert!(stderr.contains(want), "{} via {args:?}: {want:?} missing from\n{stderr}", case.name);
+        assert!(
+            stderr.contains(want),
+            "{} via {args:?}: {want:?} missing from\n{stderr}",
+            case.name
+        );
     }
     assert_eq!(snapshot(&src_dir), before, "{}: input changed", case.name);
     let written: Vec<_> = snapshot(&dst).into_iter().map(|(p, _)| p).collect();
-    assert!(written.is_empty(), "{}: convert wrote {written:?}", case.name);
+    assert!(
+        written.is_empty(),
+        "{}: convert wrote {written:?}",
+        case.name
+    );
 }
 
 #[test]
@@ -239,10 +332,18 @@ fn unreadable_file_is_an_error_naming_it() {
     let f = dir.join("model.safetensors");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o000)).unwrap();
-    reshard().arg("inspect").arg(&dir).assert().code(2).stderr(predicates::str::contains("model.safetensors"));
+    reshard()
+        .arg("inspect")
+        .arg(&dir)
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("model.safetensors"));
 }
 
 /// Whether we run as root, from `id -u` (tests avoid unsafe libc calls).
 fn is_root() -> bool {
-    std::process::Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
 }

@@ -4,11 +4,13 @@
 //! Fixtures in tests/fixtures were written by transformers, torch and
 //! huggingface_hub (see tests/fixtures/SOURCES.md), not by reshard.
 
+mod cast;
 mod common;
-mod inspect;
 mod convert;
 mod crash;
 mod fuzz_corpus;
 mod hostile;
+mod inspect;
+mod pytorch;
 mod readers;
 mod validate;

@@ -5,7 +5,13 @@ use crate::common::*;
 
 #[test]
 fn safetensors_fixtures_match_expected() {
-    for name in ["tiny-llama", "tiny-llama-f32-sharded", "tiny-gpt2", "tiny-moe-sharded", "tiny-t5"] {
+    for name in [
+        "tiny-llama",
+        "tiny-llama-f32-sharded",
+        "tiny-gpt2",
+        "tiny-moe-sharded",
+        "tiny-t5",
+    ] {
         assert_matches_expected(&fixture(name), name);
     }
 }
@@ -33,7 +39,11 @@ print(json.dumps({k: [list(v.shape), hashlib.sha256(np.ascontiguousarray(v).toby
         .args(["-c", script, dir.path().to_str().unwrap()])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let want: std::collections::BTreeMap<String, (Vec<u64>, String)> =
         serde_json::from_slice(&out.stdout).unwrap();
     let got = read_all(&dir.path().join("py.safetensors"));

@@ -1,21 +1,250 @@
-//! PyTorch `.bin` / `.pt` checkpoints (the torch.save zip format), read as
-//! data only: a restricted pickle machine that never imports or calls
-//! anything, and storages read in place.
+//! PyTorch `.bin` / `.pt` checkpoints (the torch.save zip format, torch >=
+//! 1.6), read as data only: a restricted pickle machine that never imports or
+//! calls anything, and storages read in place.
+//!
+//! The steps, one submodule each: [`zip`] indexes the archive and checks each
+//! entry against the file; [`pickle`] runs `data.pkl` on a whitelist of
+//! opcodes, with [`globals`] turning the few allowed Python names into data;
+//! [`state`] reads the result as a state dict and places every tensor in its
+//! storage entry. No tensor bytes are read here: [`crate::format::read`]
+//! streams them later from the [`DataRef`]s this module returns.
+//!
+//! Entry points: [`read_file`] for a checkpoint on disk, [`read_bytes`] and
+//! [`parse_pickle`] for the same work on bytes in memory (the fuzz targets).
 
-use super::{Finding, SourceFile, Tensor};
+pub mod globals;
+pub mod pickle;
+pub mod state;
+pub mod zip;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+
+pub use self::globals::{Storage, TensorSpec};
+use self::zip::{ReadAt, ZipIndex};
+use super::{DataRef, Dtype, Finding, SourceFile, Tensor};
+
+/// Largest `data.pkl` read into memory.
+pub const MAX_PICKLE: u64 = 1 << 30;
+/// Largest `byteorder` / `version` entry read.
+const MAX_SMALL_ENTRY: u64 = 64;
 
 /// Why a PyTorch file could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum PytorchError {
-    #[error("PyTorch checkpoints are not supported yet")]
-    Unsupported,
+    #[error("read failed")]
+    Io {
+        #[source]
+        source: io::Error,
+    },
+    #[error("legacy torch format is not supported; re-save it with torch >= 1.6")]
+    Legacy,
+    #[error("not a torch.save zip archive (no zip end-of-central-directory record)")]
+    NotZip,
+    #[error("malformed zip archive: {reason}")]
+    Zip { reason: String },
+    #[error("zip archive has {count} entries, more than the limit of {max}")]
+    TooManyEntries { count: u64, max: u64 },
+    #[error("zip entry {name:?} is encrypted")]
+    Encrypted { name: String },
+    #[error("zip entry {name:?} uses compression method {method}; only stored and deflate are supported")]
+    UnsupportedCompression { name: String, method: u16 },
+    #[error("zip entry is called {central:?} in the central directory but {local:?} in its local header")]
+    EntryNameMismatch { central: String, local: String },
+    #[error(
+        "zip entry {name:?} ends at byte {end} but the file has {file_len} bytes (truncated?)"
+    )]
+    EntryPastEnd {
+        name: String,
+        end: u64,
+        file_len: u64,
+    },
+    #[error("zip entry {name:?} is {len} bytes, more than the limit of {max}")]
+    EntryTooLarge { name: String, len: u64, max: u64 },
+    #[error(
+        "zip entry {name:?} fails its CRC-32 check (stored {expected:08x}, computed {actual:08x})"
+    )]
+    CrcMismatch {
+        name: String,
+        expected: u32,
+        actual: u32,
+    },
+    #[error("no data.pkl at the top of the archive; not a torch.save checkpoint")]
+    NoDataPkl,
+    #[error("the archive is TorchScript (torch.jit.save), not a state dict; save model.state_dict() with torch.save")]
+    TorchScript,
+    #[error("checkpoint was saved on a big-endian machine; only little-endian is supported")]
+    BigEndian,
+    #[error("{entry}: unknown byte order {found:?}")]
+    UnknownByteOrder { entry: String, found: String },
+    #[error("data.pkl at byte {pos}: {reason}")]
+    Pickle { pos: u64, reason: String },
+    #[error("refusing to load: the pickle calls {global}, which would run code; reshard only reads tensors")]
+    ForbiddenGlobal { global: String },
+    #[error("not a state dict: the pickle holds a {found}, not a dict of name to tensor")]
+    NotStateDict { found: String },
+    #[error("not a state dict: entry {name:?} is a {found}, not a tensor")]
+    NotATensor { name: String, found: String },
+    #[error("tensor {tensor:?}: {reason}")]
+    BadTensor { tensor: String, reason: String },
+    #[error("tensor {tensor:?}: its storage {key:?} has no entry {entry:?} in the archive")]
+    MissingStorage {
+        tensor: String,
+        key: String,
+        entry: String,
+    },
+    #[error("tensor {tensor:?}: storage entry {entry:?} holds {actual} bytes but the pickle declares {declared}")]
+    StorageTooSmall {
+        tensor: String,
+        entry: String,
+        declared: u64,
+        actual: u64,
+    },
+    #[error("tensor {tensor:?}: its data reaches byte {end} of storage {entry:?}, which has {storage_len}")]
+    OutOfStorage {
+        tensor: String,
+        entry: String,
+        end: String,
+        storage_len: u64,
+    },
+}
+
+/// One tensor of a torch.save archive with its bytes located; the same as a
+/// [`Tensor`] without the file index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorMeta {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    pub len: u64,
+    pub data: DataRef,
+    /// The storage key (`<archive>/data/<key>`); tensors with the same key
+    /// share bytes.
+    pub storage: String,
 }
 
 /// Reads the tensors of one torch.save file. `file_index` is stored in each
 /// tensor's `file` field.
 pub fn read_file(
-    _file: &SourceFile,
-    _file_index: usize,
+    file: &SourceFile,
+    file_index: usize,
 ) -> Result<(Vec<Tensor>, Vec<Finding>), PytorchError> {
-    Err(PytorchError::Unsupported)
+    let handle = File::open(&file.path).map_err(|source| PytorchError::Io { source })?;
+    let len = handle
+        .metadata()
+        .map_err(|source| PytorchError::Io { source })?
+        .len();
+    let (metas, findings) = read_source(&handle, len)?;
+    let tensors = metas
+        .into_iter()
+        .map(|m| Tensor {
+            name: m.name,
+            dtype: m.dtype,
+            shape: m.shape,
+            len: m.len,
+            file: file_index,
+            data: m.data,
+        })
+        .collect();
+    Ok((tensors, findings))
 }
+
+/// Everything [`read_file`] does, on a whole file held in memory: the entry
+/// point for fuzzing the zip reader, the pickle machine and the placement
+/// checks together. Offsets in the returned [`DataRef`]s index `bytes`.
+pub fn read_bytes(bytes: &[u8]) -> Result<(Vec<TensorMeta>, Vec<Finding>), PytorchError> {
+    read_source(bytes, bytes.len() as u64)
+}
+
+/// Runs the restricted pickle machine on a `data.pkl` and reads the result
+/// as a state dict: name -> tensor arguments, in order. Nothing is checked
+/// against an archive.
+pub fn parse_pickle(bytes: &[u8]) -> Result<Vec<(String, TensorSpec)>, PytorchError> {
+    let root = pickle::run(bytes)?;
+    state::state_dict(&root)
+}
+
+fn read_source<R: ReadAt + ?Sized>(
+    src: &R,
+    len: u64,
+) -> Result<(Vec<TensorMeta>, Vec<Finding>), PytorchError> {
+    let mut magic = [0u8; 1];
+    if len > 0 && src.read_exact_at(&mut magic, 0).is_ok() && magic[0] == 0x80 {
+        // Legacy torch.save: a bare pickle stream (PROTO opcode) of magic
+        // number, protocol version and sys info, then the objects.
+        return Err(PytorchError::Legacy);
+    }
+    let index = ZipIndex::read(src, len)?;
+    let archive = archive_name(&index)?;
+    if let Some(entry) = index.get(&format!("{archive}/byteorder")) {
+        let order = ZipIndex::read_entry(src, entry, MAX_SMALL_ENTRY)?;
+        match &order[..] {
+            b"little" => {}
+            b"big" => return Err(PytorchError::BigEndian),
+            other => {
+                return Err(PytorchError::UnknownByteOrder {
+                    entry: entry.name.clone(),
+                    found: String::from_utf8_lossy(other).into_owned(),
+                })
+            }
+        }
+    }
+    if index.get(&format!("{archive}/constants.pkl")).is_some() {
+        return Err(PytorchError::TorchScript);
+    }
+    let pkl_entry = index
+        .get(&format!("{archive}/data.pkl"))
+        .ok_or(PytorchError::NoDataPkl)?;
+    let pkl = ZipIndex::read_entry(src, pkl_entry, MAX_PICKLE)?;
+    let specs = parse_pickle(&pkl)?;
+
+    let mut metas = Vec::with_capacity(specs.len());
+    let mut by_storage: HashMap<&str, Vec<&str>> = HashMap::new();
+    let mut storage_order: Vec<&str> = Vec::new();
+    for (name, spec) in &specs {
+        let entry_name = format!("{archive}/data/{}", spec.storage.key);
+        let entry = index
+            .get(&entry_name)
+            .ok_or_else(|| PytorchError::MissingStorage {
+                tensor: name.clone(),
+                key: spec.storage.key.clone(),
+                entry: entry_name.clone(),
+            })?;
+        let placed = state::place(name, spec, entry)?;
+        let sharing = by_storage.entry(&spec.storage.key).or_default();
+        if sharing.is_empty() {
+            storage_order.push(&spec.storage.key);
+        }
+        sharing.push(name);
+        metas.push(TensorMeta {
+            name: name.clone(),
+            dtype: placed.dtype,
+            shape: placed.shape,
+            len: placed.len,
+            data: placed.data,
+            storage: spec.storage.key.clone(),
+        });
+    }
+    let findings = storage_order
+        .iter()
+        .filter_map(|key| by_storage.get(key))
+        .filter(|names| names.len() > 1)
+        .map(|names| Finding::SharedStorage {
+            tensors: names.iter().map(|n| n.to_string()).collect(),
+        })
+        .collect();
+    Ok((metas, findings))
+}
+
+/// The archive's top folder: torch names it after the file (`archive`,
+/// `pytorch_model`, ...); it is whatever precedes `/data.pkl`.
+fn archive_name(index: &ZipIndex) -> Result<String, PytorchError> {
+    let first = index.entries().first().ok_or(PytorchError::NoDataPkl)?;
+    let (top, _) = first.name.split_once('/').ok_or(PytorchError::NoDataPkl)?;
+    Ok(top.to_string())
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

@@ -1,0 +1,164 @@
+//! The `config.json` side of a cast: torch's dtype names and the rewrite of
+//! the dtype fields.
+//!
+//! This module owns which keys of a transformers config name the weights'
+//! dtype (`torch_dtype` in transformers 4, `dtype` in transformers 5, at the
+//! top level and in nested sub-configs such as `text_config`) and how they
+//! are rewritten. It does not read or write files.
+
+use serde_json::{Map, Value};
+
+use super::CastError;
+use crate::format::Dtype;
+
+/// torch's name for a dtype (`"bfloat16"` ...), `None` for dtypes torch has
+/// no name for (F4 and the F6 types, which torch only knows packed).
+pub fn torch_name(d: Dtype) -> Option<&'static str> {
+    Some(match d {
+        Dtype::BOOL => "bool",
+        Dtype::U8 => "uint8",
+        Dtype::I8 => "int8",
+        Dtype::F8_E5M2 => "float8_e5m2",
+        Dtype::F8_E4M3 => "float8_e4m3fn",
+        Dtype::F8_E8M0 => "float8_e8m0fnu",
+        Dtype::F8_E4M3FNUZ => "float8_e4m3fnuz",
+        Dtype::F8_E5M2FNUZ => "float8_e5m2fnuz",
+        Dtype::I16 => "int16",
+        Dtype::U16 => "uint16",
+        Dtype::F16 => "float16",
+        Dtype::BF16 => "bfloat16",
+        Dtype::I32 => "int32",
+        Dtype::U32 => "uint32",
+        Dtype::F32 => "float32",
+        Dtype::F64 => "float64",
+        Dtype::I64 => "int64",
+        Dtype::U64 => "uint64",
+        Dtype::C64 => "complex64",
+        Dtype::F4 | Dtype::F6_E2M3 | Dtype::F6_E3M2 => return None,
+    })
+}
+
+/// The keys that hold the weights' dtype.
+const DTYPE_KEYS: [&str; 2] = ["torch_dtype", "dtype"];
+
+/// Nested objects whose `dtype`-like keys mean something else (the compute
+/// or storage dtype of a quantisation scheme) and are left alone.
+const SKIP_NESTED: [&str; 2] = ["quantization_config", "compression_config"];
+
+/// config.json rewrite when casting: set `torch_dtype` (transformers 4)
+/// and/or `dtype` (transformers 5) to torch's name for `to`, updating
+/// whichever are present and adding `dtype` if neither is; nested
+/// sub-configs (`text_config`, `vision_config`, ...) get their existing
+/// dtype keys updated. Other keys and their order stay untouched. The result
+/// is pretty-printed with a 2-space indent and a trailing newline.
+pub fn rewrite_config_dtype(config_json: &str, to: Dtype) -> Result<String, CastError> {
+    let name = match torch_name(to) {
+        Some(name) if super::TARGETS.contains(&to) => name,
+        _ => return Err(CastError::UnsupportedTarget { to }),
+    };
+    let mut value: Value = serde_json::from_str(config_json).map_err(CastError::ConfigJson)?;
+    let root = value.as_object_mut().ok_or(CastError::ConfigNotObject)?;
+    if !DTYPE_KEYS.iter().any(|k| root.contains_key(*k)) {
+        root.insert("dtype".to_string(), Value::String(name.to_string()));
+    }
+    set_dtype_keys(root, name);
+    let mut out = serde_json::to_string_pretty(&value).map_err(CastError::ConfigJson)?;
+    out.push('\n');
+    Ok(out)
+}
+
+/// Sets every present dtype key of `obj` that holds a string or null, then
+/// recurses into nested objects (except quantisation configs).
+fn set_dtype_keys(obj: &mut Map<String, Value>, name: &str) {
+    for (key, v) in obj.iter_mut() {
+        if DTYPE_KEYS.contains(&key.as_str()) && (v.is_string() || v.is_null()) {
+            *v = Value::String(name.to_string());
+        } else if let Value::Object(inner) = v {
+            if !SKIP_NESTED.contains(&key.as_str()) {
+                set_dtype_keys(inner, name);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(json: &str) -> Vec<String> {
+        let v: Value = serde_json::from_str(json).unwrap();
+        v.as_object().unwrap().keys().cloned().collect()
+    }
+
+    #[test]
+    fn updates_torch_dtype_in_place_and_keeps_order() {
+        let src = r#"{"zeta": 1, "torch_dtype": "float32", "alpha": [1, 2], "beta": 1e-05}"#;
+        let out = rewrite_config_dtype(src, Dtype::BF16).unwrap();
+        assert_eq!(keys(&out), ["zeta", "torch_dtype", "alpha", "beta"]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["torch_dtype"], "bfloat16");
+        assert_eq!(v["beta"], 1e-05);
+        assert!(out.ends_with("}\n"));
+        assert!(out.contains("\n  \"zeta\": 1,\n"), "2-space indent: {out}");
+    }
+
+    #[test]
+    fn updates_both_keys_when_both_present() {
+        let src = r#"{"dtype": "float32", "a": 1, "torch_dtype": "float32"}"#;
+        let out = rewrite_config_dtype(src, Dtype::F16).unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["dtype"], "float16");
+        assert_eq!(v["torch_dtype"], "float16");
+        assert_eq!(keys(&out), ["dtype", "a", "torch_dtype"]);
+    }
+
+    #[test]
+    fn adds_dtype_at_the_end_when_absent() {
+        let out = rewrite_config_dtype(r#"{"b": 1, "a": 2}"#, Dtype::F32).unwrap();
+        assert_eq!(keys(&out), ["b", "a", "dtype"]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["dtype"], "float32");
+    }
+
+    #[test]
+    fn rewrites_nested_sub_configs_but_not_quantization_config() {
+        let src = r#"{
+          "text_config": {"torch_dtype": "float32", "hidden_size": 8},
+          "thinker_config": {"text_config": {"dtype": "float32"}},
+          "vision_config": {"hidden_size": 4},
+          "quantization_config": {"dtype": "float8"},
+          "torch_dtype": "float32"
+        }"#;
+        let out = rewrite_config_dtype(src, Dtype::BF16).unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["text_config"]["torch_dtype"], "bfloat16");
+        assert_eq!(v["thinker_config"]["text_config"]["dtype"], "bfloat16");
+        assert!(
+            v["vision_config"].get("dtype").is_none(),
+            "nested keys are not added"
+        );
+        assert_eq!(v["quantization_config"]["dtype"], "float8");
+        assert!(v.get("dtype").is_none());
+    }
+
+    #[test]
+    fn rejects_non_objects_and_bad_json() {
+        assert!(matches!(
+            rewrite_config_dtype("[1, 2]", Dtype::F16),
+            Err(CastError::ConfigNotObject)
+        ));
+        let err = rewrite_config_dtype("{", Dtype::F16).unwrap_err();
+        assert!(matches!(err, CastError::ConfigJson(_)));
+        assert_eq!(err.to_string(), "config.json is not valid json");
+    }
+
+    #[test]
+    fn torch_names() {
+        assert_eq!(torch_name(Dtype::BF16), Some("bfloat16"));
+        assert_eq!(torch_name(Dtype::F16), Some("float16"));
+        assert_eq!(torch_name(Dtype::F32), Some("float32"));
+        assert_eq!(torch_name(Dtype::F64), Some("float64"));
+        assert_eq!(torch_name(Dtype::F8_E4M3), Some("float8_e4m3fn"));
+        assert_eq!(torch_name(Dtype::F4), None);
+    }
+}
