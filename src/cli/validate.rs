@@ -91,9 +91,7 @@ fn render(r: &ValidateReport) -> String {
     let _ = writeln!(
         o,
         "{}: {} tensors in {} files, {checks}",
-        r.path,
-        r.tensors,
-        r.files
+        r.path, r.tensors, r.files
     );
     if let Some(e) = &r.emulation {
         let _ = writeln!(
