@@ -1,20 +1,27 @@
-//! The CPU device: host `Vec<u8>` allocations standing in for device
-//! memory, through the same [`Device`] code path a GPU takes.
+//! The CPU device: host memory standing in for device memory, through the
+//! same [`Device`] code path a GPU takes.
 //!
 //! Unlike a GPU it frees each shard's allocations when the shard is done (it
 //! stands in for a loader that hands the shard on), so its own commit peak is
 //! the staging buffer plus the largest shard. `--vram-budget` still counts
-//! device bytes cumulatively, as a GPU would hold them. Every allocation is
-//! fallible (`try_reserve_exact`), so under `RLIMIT_DATA` an allocation past
-//! the budget is an error value, not an abort.
+//! device bytes cumulatively, as a GPU would hold them.
+//!
+//! Staging and "device" allocations are private anonymous mappings
+//! (memmap2 `map_anon`), not `malloc`: they are committed when made and
+//! returned to the system exactly when dropped, so the measured peak does not
+//! depend on the allocator's heuristics (glibc keeps freed blocks below its
+//! adaptive mmap threshold in its heap). Every allocation is fallible, so
+//! under `RLIMIT_DATA` one past the budget is an error value, not an abort.
+
+use memmap2::MmapMut;
 
 use super::load::{Device, DeviceError};
 use super::report::DeviceInfo;
 
 pub struct CpuDevice {
     staging_len: usize,
-    staging: Vec<u8>,
-    allocs: Vec<Vec<u8>>,
+    staging: Option<MmapMut>,
+    allocs: Vec<MmapMut>,
     held: u64,
 }
 
@@ -22,11 +29,20 @@ impl CpuDevice {
     pub fn new(staging_len: usize) -> CpuDevice {
         CpuDevice {
             staging_len,
-            staging: Vec::new(),
+            staging: None,
             allocs: Vec::new(),
             held: 0,
         }
     }
+}
+
+/// A zeroed private anonymous mapping of `len` (> 0) bytes, or
+/// `OutOfMemory` if the system (or `RLIMIT_DATA`) refuses it.
+pub fn anon(len: usize) -> Result<MmapMut, DeviceError> {
+    MmapMut::map_anon(len).map_err(|_| DeviceError::OutOfMemory {
+        needed: len as u64,
+        host: true,
+    })
 }
 
 /// A zeroed buffer of `len` bytes, or `OutOfMemory` if the allocator (or
@@ -53,14 +69,16 @@ impl Device for CpuDevice {
     }
 
     fn prepare(&mut self) -> Result<(), DeviceError> {
-        if self.staging.is_empty() {
-            self.staging = try_zeroed(self.staging_len)?;
+        if self.staging.is_none() {
+            self.staging = Some(anon(self.staging_len.max(1))?);
         }
         Ok(())
     }
 
     fn staging(&mut self) -> Result<&mut [u8], DeviceError> {
-        Ok(&mut self.staging)
+        self.staging
+            .as_deref_mut()
+            .ok_or_else(|| DeviceError::Driver("staging buffer not allocated".into()))
     }
 
     fn alloc(&mut self, len: u64) -> Result<usize, DeviceError> {
@@ -71,49 +89,38 @@ impl Device for CpuDevice {
         let len = usize::try_from(len).map_err(|_| oom())?;
         // The handle table grows first, so its growth cannot fail later.
         self.allocs.try_reserve(1).map_err(|_| oom())?;
-        let mut v = Vec::new();
-        v.try_reserve_exact(len).map_err(|_| oom())?;
-        self.allocs.push(v);
+        self.allocs.push(anon(len.max(1))?);
         self.held += len as u64;
         Ok(self.allocs.len() - 1)
     }
 
     fn upload(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError> {
-        let dst = self
-            .allocs
-            .get_mut(alloc)
-            .ok_or_else(|| DeviceError::Driver(format!("no allocation {alloc}")))?;
-        let src = &self.staging[..len];
-        let offset = usize::try_from(offset)
-            .map_err(|_| DeviceError::Driver("offset out of range".into()))?;
-        if offset == dst.len() && dst.capacity() - dst.len() >= len {
-            // Sequential uploads append into the reserved capacity: no
-            // reallocation, no zero-fill pass.
-            dst.extend_from_slice(src);
-        } else if offset.checked_add(len).is_some_and(|end| end <= dst.len()) {
-            dst[offset..offset + len].copy_from_slice(src);
-        } else {
-            return Err(DeviceError::Driver(format!(
-                "upload past the end of allocation {alloc}"
-            )));
-        }
+        let (Some(staging), Some(dst)) = (self.staging.as_deref(), self.allocs.get_mut(alloc))
+        else {
+            return Err(DeviceError::Driver(format!("no allocation {alloc}")));
+        };
+        let dst = usize::try_from(offset)
+            .ok()
+            .and_then(|o| dst.get_mut(o..o.checked_add(len)?))
+            .ok_or_else(|| {
+                DeviceError::Driver(format!("upload past the end of allocation {alloc}"))
+            })?;
+        dst.copy_from_slice(&staging[..len]);
         Ok(())
     }
 
     fn download(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError> {
-        let src = self
-            .allocs
-            .get(alloc)
-            .ok_or_else(|| DeviceError::Driver(format!("no allocation {alloc}")))?;
-        let offset = usize::try_from(offset)
-            .map_err(|_| DeviceError::Driver("offset out of range".into()))?;
-        let bytes = offset
-            .checked_add(len)
-            .and_then(|end| src.get(offset..end))
+        let (Some(staging), Some(src)) = (self.staging.as_deref_mut(), self.allocs.get(alloc))
+        else {
+            return Err(DeviceError::Driver(format!("no allocation {alloc}")));
+        };
+        let src = usize::try_from(offset)
+            .ok()
+            .and_then(|o| src.get(o..o.checked_add(len)?))
             .ok_or_else(|| {
                 DeviceError::Driver(format!("download past the end of allocation {alloc}"))
             })?;
-        self.staging[..len].copy_from_slice(bytes);
+        staging[..len].copy_from_slice(src);
         Ok(())
     }
 
