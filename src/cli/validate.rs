@@ -7,9 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use reshard::units::{human, ByteSize};
-use reshard::validate::{
-    self, DeviceSpec, Loader, ValidateOptions, ValidateReport, DEFAULT_STAGING,
-};
+use reshard::validate::{self, DeviceSpec, Loader, ValidateOptions, ValidateReport};
 
 use super::{printer, ExitStatus};
 
@@ -30,13 +28,14 @@ pub struct Args {
     vram_budget: Option<ByteSize>,
     /// Size of the one staging buffer every byte passes through (capped at
     /// the largest tensor).
-    #[arg(long, value_name = "SIZE", default_value_t = ByteSize(DEFAULT_STAGING))]
+    #[arg(long, value_name = "SIZE", default_value = "64MiB")]
     staging: ByteSize,
     /// Compare every tensor with this source checkpoint.
     #[arg(long, value_name = "SRC")]
     against: Option<PathBuf>,
     /// Reproduce another loader's mapping pattern instead of reshard's
-    /// loader: transformers-v5-mmap, per-shard-mmap or full-read.
+    /// loader: transformers-v5-mmap, per-shard-mmap or full-read. Host
+    /// commit only: --device and --vram-budget do not apply.
     #[arg(long, value_name = "LOADER")]
     emulate: Option<Loader>,
     /// Print the report as JSON on stdout.
@@ -188,4 +187,58 @@ fn render(r: &ValidateReport) -> String {
         }
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use reshard::validate::DEFAULT_STAGING;
+
+    #[derive(Debug, Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(argv: &[&str]) -> Result<ValidateOptions, clap::Error> {
+        Wrap::try_parse_from(std::iter::once("validate").chain(argv.iter().copied()))
+            .map(|w| w.args.to_options())
+    }
+
+    #[test]
+    fn parses_flags_into_options() {
+        let o = parse(&["m"]).unwrap();
+        assert_eq!(o, ValidateOptions::default());
+        assert_eq!(o.staging, DEFAULT_STAGING);
+        let o = parse(&[
+            "m",
+            "--device",
+            "cuda:1",
+            "--commit-budget",
+            "8GiB",
+            "--vram-budget",
+            "24GB",
+            "--staging",
+            "1MiB",
+            "--emulate",
+            "per-shard-mmap",
+            "--against",
+            "src",
+        ])
+        .unwrap();
+        assert_eq!(o.device, DeviceSpec::Cuda(1));
+        assert_eq!(o.commit_budget, Some(8 << 30));
+        assert_eq!(o.vram_budget, Some(24_000_000_000));
+        assert_eq!(o.staging, 1 << 20);
+        assert_eq!(o.emulate, Some(Loader::PerShardMmap));
+        assert_eq!(o.against.as_deref(), Some(std::path::Path::new("src")));
+        for bad in [
+            &["m", "--device", "gpu"][..],
+            &["m", "--emulate", "vllm"],
+            &["m", "--commit-budget", "lots"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
 }

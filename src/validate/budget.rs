@@ -75,6 +75,16 @@ pub fn validate_with_budget(
             what: format!("start {}", exe.display()),
             source: e,
         })?;
+    interpret(path, options, budget, &output)
+}
+
+/// Turns what the child printed and how it ended into the outcome.
+fn interpret(
+    path: &Path,
+    options: &ValidateOptions,
+    budget: u64,
+    output: &std::process::Output,
+) -> Result<ValidateReport, ValidateError> {
     match serde_json::from_slice::<ChildOutcome>(&output.stdout) {
         Ok(ChildOutcome::Report(report)) => return Ok(*report),
         Ok(ChildOutcome::Error { chain }) => {
@@ -100,6 +110,7 @@ pub fn validate_with_budget(
             format!("signal {signal}; {last}")
         };
         report.fail(Failure::Stopped { budget, detail });
+        report.finish(options);
         return Ok(report);
     }
     Err(ValidateError::Child {
@@ -195,5 +206,82 @@ impl Drop for DataLimit {
                 self.previous.1,
             );
         }
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{ExitStatus, Output};
+
+    fn output(status: ExitStatus, stdout: &str, stderr: &str) -> Output {
+        Output {
+            status,
+            stdout: stdout.as_bytes().to_vec(),
+            stderr: stderr.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_child_killed_by_its_allocation_failure_is_a_failed_check() {
+        let options = ValidateOptions {
+            commit_budget: Some(1 << 20),
+            ..ValidateOptions::default()
+        };
+        // SIGABRT after Rust's "memory allocation of N bytes failed".
+        let out = output(
+            ExitStatus::from_raw(6),
+            "",
+            "memory allocation of 4096 bytes failed\n",
+        );
+        let report = interpret(Path::new("m"), &options, 1 << 20, &out).unwrap();
+        assert!(!report.passed);
+        let text = report.failures[0].to_string();
+        assert!(
+            text.starts_with("over budget (the process was stopped by its allocation failure"),
+            "{text}"
+        );
+        assert!(
+            text.contains("memory allocation of 4096 bytes failed"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_child_report_or_error_passes_through() {
+        let options = ValidateOptions::default();
+        let mut sent = ValidateReport::new(Path::new("m"), &options);
+        sent.passed = true;
+        let json = serde_json::to_string(&ChildOutcome::Report(Box::new(sent.clone()))).unwrap();
+        let got = interpret(
+            Path::new("m"),
+            &options,
+            1,
+            &output(ExitStatus::from_raw(0), &json, ""),
+        )
+        .unwrap();
+        assert_eq!(got, sent);
+        let json = serde_json::to_string(&ChildOutcome::Error {
+            chain: vec!["no CUDA driver found".into()],
+        })
+        .unwrap();
+        let err = interpret(
+            Path::new("m"),
+            &options,
+            1,
+            &output(ExitStatus::from_raw(0), &json, ""),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("no CUDA driver found"));
+        // Exit 101 (a panic) is an error, not a verdict.
+        let err = interpret(
+            Path::new("m"),
+            &options,
+            1,
+            &output(ExitStatus::from_raw(101 << 8), "", "panicked"),
+        )
+        .unwrap_err();
+        assert!(matches!(err, ValidateError::Child { .. }));
     }
 }
