@@ -25,6 +25,7 @@ pub mod format;
 pub mod inspect;
 pub mod plan;
 pub mod units;
+pub mod validate;
 pub mod write;
 
 #[doc(hidden)]

@@ -8,6 +8,7 @@ mod fit;
 mod inspect;
 mod printer;
 mod progress;
+mod validate;
 
 use clap::{Parser, Subcommand};
 
@@ -32,6 +33,11 @@ enum Command {
     Fit(fit::Args),
     /// Convert every model under a folder, N at a time, within one window.
     Batch(batch::Args),
+    /// Check a checkpoint's bytes and load it within a memory budget.
+    Validate(validate::Args),
+    /// The budget child of `validate` (internal).
+    #[command(name = "__validate-child", hide = true)]
+    ValidateChild,
 }
 
 /// Parses the command line, runs the subcommand and reports errors.
@@ -53,6 +59,8 @@ pub fn run() -> ExitStatus {
         Command::Convert(args) => convert::run(args),
         Command::Fit(args) => fit::run(args),
         Command::Batch(args) => batch::run(args),
+        Command::Validate(args) => validate::run(args),
+        Command::ValidateChild => Ok(validate::run_child()),
     };
     match result {
         Ok(status) => status,

@@ -15,3 +15,4 @@ mod hostile;
 mod inspect;
 mod pytorch;
 mod readers;
+mod validate;

@@ -1,0 +1,244 @@
+//! `reshard validate`: check a checkpoint's integrity and load it on a
+//! device within a commit budget; exit 1 when a check fails.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use reshard::units::{human, ByteSize};
+use reshard::validate::{self, DeviceSpec, Loader, ValidateOptions, ValidateReport};
+
+use super::{printer, ExitStatus};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The checkpoint to validate (file, folder or Hugging Face cache folder).
+    path: PathBuf,
+    /// Where to load: cpu (host memory standing in for a device), cuda or cuda:N.
+    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
+    device: DeviceSpec,
+    /// Enforce a commit budget: the load runs in a child process whose
+    /// RLIMIT_DATA is its baseline plus SIZE; an allocation past it fails.
+    #[arg(long, value_name = "SIZE")]
+    commit_budget: Option<ByteSize>,
+    /// Device bytes the model may hold in total; reports how many leading
+    /// blocks fit.
+    #[arg(long, value_name = "SIZE")]
+    vram_budget: Option<ByteSize>,
+    /// Size of the one staging buffer every byte passes through (capped at
+    /// the largest tensor).
+    #[arg(long, value_name = "SIZE", default_value = "64MiB")]
+    staging: ByteSize,
+    /// Compare every tensor with this source checkpoint.
+    #[arg(long, value_name = "SRC")]
+    against: Option<PathBuf>,
+    /// Reproduce another loader's mapping pattern instead of reshard's
+    /// loader: transformers-v5-mmap, per-shard-mmap or full-read. Host
+    /// commit only: --device and --vram-budget do not apply.
+    #[arg(long, value_name = "LOADER")]
+    emulate: Option<Loader>,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+impl Args {
+    fn to_options(&self) -> ValidateOptions {
+        ValidateOptions {
+            device: self.device,
+            staging: self.staging.bytes(),
+            vram_budget: self.vram_budget.map(ByteSize::bytes),
+            commit_budget: self.commit_budget.map(ByteSize::bytes),
+            against: self.against.clone(),
+            emulate: self.emulate,
+        }
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
+    let options = args.to_options();
+    let report = validate::validate_with_budget(&args.path, &options)
+        .with_context(|| format!("cannot validate {}", args.path.display()))?;
+    if args.json {
+        printer::json(&report)?;
+    } else {
+        printer::text(&render(&report))?;
+    }
+    Ok(if report.passed {
+        ExitStatus::Ok
+    } else {
+        ExitStatus::CheckFailed
+    })
+}
+
+/// The hidden entry of the budget child process.
+pub fn run_child() -> ExitStatus {
+    match validate::budget::child_main() {
+        0 => ExitStatus::Ok,
+        _ => ExitStatus::Error,
+    }
+}
+
+fn render(r: &ValidateReport) -> String {
+    let mut o = String::new();
+    let checks = if r.manifest {
+        "sha256 and xxh3 checked against reshard.json"
+    } else {
+        "no reshard.json: bytes read back, not checksummed"
+    };
+    let _ = writeln!(
+        o,
+        "{}: {} tensors in {} files, {checks}",
+        r.path, r.tensors, r.files
+    );
+    if let Some(e) = &r.emulation {
+        let _ = writeln!(
+            o,
+            "emulating {}: {} shards, sum(S) {}, max(S) {}, predicted peak {}",
+            e.loader,
+            e.shards,
+            human(e.sum_shards),
+            human(e.max_shard),
+            human(e.predicted_peak)
+        );
+    } else {
+        let mem = r
+            .device
+            .total_memory
+            .map(|m| format!(", {} dedicated", human(m)))
+            .unwrap_or_default();
+        let pinned = if r.device.pinned_staging {
+            "pinned "
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            o,
+            "device {} ({}{mem}), {pinned}staging buffer {}",
+            r.device.device,
+            r.device.name,
+            human(r.staging)
+        );
+    }
+    for s in &r.shards {
+        let rate = s.bytes as f64 / s.seconds.max(1e-9) / 1e9;
+        let _ = writeln!(
+            o,
+            "  {}  {:>10}  {:>4} tensors  {:.3} s  {rate:.2} GB/s",
+            s.file,
+            human(s.bytes),
+            s.tensors,
+            s.seconds
+        );
+    }
+    let _ = writeln!(
+        o,
+        "loaded {} in {:.3} s ({:.2} GB/s)",
+        human(r.bytes_loaded),
+        r.load_seconds,
+        r.throughput_gb_s
+    );
+    if r.emulation.is_none() {
+        let _ = writeln!(
+            o,
+            "device memory: {} allocated in total (as a GPU holds it), at most {} held at once",
+            human(r.device_bytes),
+            human(r.device_peak_held)
+        );
+    }
+    if let Some(v) = &r.vram {
+        let _ = writeln!(
+            o,
+            "vram budget {}: the model needs {}; {} of {} leading blocks fit",
+            human(v.budget),
+            human(v.needed),
+            v.blocks_fit,
+            v.blocks_total
+        );
+    }
+    if let Some(c) = &r.commit {
+        let budget = r
+            .commit_budget
+            .map(|b| format!(", budget {} (enforced)", human(b)))
+            .unwrap_or_default();
+        let _ = writeln!(
+            o,
+            "commit ({}): peak {} above a baseline of {} ({} absolute){budget}",
+            c.source,
+            human(c.peak_above_baseline),
+            human(c.baseline),
+            human(c.peak)
+        );
+    }
+    if let Some(a) = &r.against {
+        let _ = writeln!(
+            o,
+            "against {}: {} tensors compared ({} through a cast)",
+            a.source, a.tensors_compared, a.cast_compared
+        );
+    }
+    if r.passed {
+        let _ = writeln!(o, "passed");
+    } else {
+        let _ = writeln!(o, "FAILED: {} problems", r.failures.len());
+        for f in &r.failures {
+            let _ = writeln!(o, "  - {f}");
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use reshard::validate::DEFAULT_STAGING;
+
+    #[derive(Debug, Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(argv: &[&str]) -> Result<ValidateOptions, clap::Error> {
+        Wrap::try_parse_from(std::iter::once("validate").chain(argv.iter().copied()))
+            .map(|w| w.args.to_options())
+    }
+
+    #[test]
+    fn parses_flags_into_options() {
+        let o = parse(&["m"]).unwrap();
+        assert_eq!(o, ValidateOptions::default());
+        assert_eq!(o.staging, DEFAULT_STAGING);
+        let o = parse(&[
+            "m",
+            "--device",
+            "cuda:1",
+            "--commit-budget",
+            "8GiB",
+            "--vram-budget",
+            "24GB",
+            "--staging",
+            "1MiB",
+            "--emulate",
+            "per-shard-mmap",
+            "--against",
+            "src",
+        ])
+        .unwrap();
+        assert_eq!(o.device, DeviceSpec::Cuda(1));
+        assert_eq!(o.commit_budget, Some(8 << 30));
+        assert_eq!(o.vram_budget, Some(24_000_000_000));
+        assert_eq!(o.staging, 1 << 20);
+        assert_eq!(o.emulate, Some(Loader::PerShardMmap));
+        assert_eq!(o.against.as_deref(), Some(std::path::Path::new("src")));
+        for bad in [
+            &["m", "--device", "gpu"][..],
+            &["m", "--emulate", "vllm"],
+            &["m", "--commit-budget", "lots"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}

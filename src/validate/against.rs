@@ -1,0 +1,204 @@
+//! `--against SRC`: every tensor of the output equals the source's, bit for
+//! bit, or equals `cast::cast_parallel` of it when the dtypes differ (with
+//! the overflow policy the manifest records, else `inf`).
+//!
+//! Both sides stream through three fixed buffers (source chunk, its cast,
+//! output chunk), whatever the tensor sizes. Names on one side only are
+//! failures, except tied names the manifest says were dropped on purpose.
+
+use std::collections::HashMap;
+
+use super::cpu::try_zeroed;
+use super::ledger::CommitLedger;
+use super::report::{AgainstReport, Failure, ValidateReport};
+use super::ValidateError;
+use crate::cast::{self, OverflowPolicy};
+use crate::format::read::{SourceReader, TensorBytes};
+use crate::format::{self, Checkpoint, Tensor};
+use crate::plan::order::{sort_indices, Order};
+
+/// Largest chunk compared at once.
+const MAX_CHUNK: usize = 8 << 20;
+
+/// Stack size of the compute threads `cast_parallel` may use.
+const THREAD_STACK: usize = 2 << 20;
+
+/// Starts the global rayon pool now, so its thread stacks exist before the
+/// commit baseline. Returns the bytes of stack it reserved.
+pub fn warm_threads() -> u64 {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8);
+    let built = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .stack_size(THREAD_STACK)
+        .build_global();
+    // An error means the pool already exists: its stacks predate us.
+    if built.is_ok() {
+        (threads * THREAD_STACK) as u64
+    } else {
+        0
+    }
+}
+
+/// Compares every tensor of `ck` with the checkpoint at `src`.
+pub fn compare(
+    ck: &Checkpoint,
+    src: &std::path::Path,
+    policy: Option<OverflowPolicy>,
+    dropped: &[String],
+    staging: u64,
+    ledger: &mut CommitLedger,
+    report: &mut ValidateReport,
+) -> Result<(), ValidateError> {
+    let source = format::open(src)?;
+    let src_reader = SourceReader::open(&source)?;
+    let out_reader = SourceReader::open(ck)?;
+    let policy = policy.unwrap_or(OverflowPolicy::Inf);
+    let chunk = usize::try_from(staging)
+        .unwrap_or(MAX_CHUNK)
+        .clamp(4096, MAX_CHUNK);
+    let mut bufs = Buffers::new(chunk);
+    let committed = ledger.sample();
+    if let Err(needed) = bufs {
+        let budget = report.commit_budget;
+        report.fail(Failure::OverBudget {
+            shard: "(--against buffers)".into(),
+            tensor: None,
+            needed,
+            committed,
+            budget,
+        });
+    }
+    let mut summary = AgainstReport {
+        source: src.display().to_string(),
+        ..AgainstReport::default()
+    };
+    let by_name: HashMap<&str, &Tensor> = source
+        .tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t))
+        .collect();
+    let names: Vec<&str> = ck.tensors.iter().map(|t| t.name.as_str()).collect();
+    for i in sort_indices(&names, Order::Forward) {
+        let out = &ck.tensors[i];
+        let file = ck.files[out.file].name();
+        let Some(&theirs) = by_name.get(out.name.as_str()) else {
+            report.fail(Failure::AgainstMissing {
+                tensor: out.name.clone(),
+                side: "the output".into(),
+            });
+            continue;
+        };
+        let Ok(bufs) = bufs.as_mut() else {
+            continue;
+        };
+        let mismatch = |reason: String| Failure::AgainstMismatch {
+            tensor: out.name.clone(),
+            file: file.clone(),
+            reason,
+        };
+        if theirs.shape != out.shape {
+            report.fail(mismatch(format!(
+                "shape {:?} but the source's is {:?}",
+                out.shape, theirs.shape
+            )));
+            continue;
+        }
+        if theirs.dtype != out.dtype
+            && !matches!(cast::target_for(theirs.dtype, out.dtype), Ok(Some(_)))
+        {
+            report.fail(mismatch(format!(
+                "{} but the source's is {}, which reshard does not cast",
+                out.dtype, theirs.dtype
+            )));
+            continue;
+        }
+        if let Some(at) = first_difference(&src_reader, theirs, &out_reader, out, bufs, policy)? {
+            let how = if theirs.dtype == out.dtype {
+                String::new()
+            } else {
+                format!(" cast from {}", theirs.dtype)
+            };
+            report.fail(mismatch(format!(
+                "differs from the source's{how} at element {at}"
+            )));
+        }
+        summary.tensors_compared += 1;
+        summary.cast_compared += usize::from(theirs.dtype != out.dtype);
+    }
+    let ours: std::collections::HashSet<&str> = names.iter().copied().collect();
+    for t in &source.tensors {
+        if !ours.contains(t.name.as_str()) && !dropped.contains(&t.name) {
+            report.fail(Failure::AgainstMissing {
+                tensor: t.name.clone(),
+                side: "the source".into(),
+            });
+        }
+    }
+    report.against = Some(summary);
+    Ok(())
+}
+
+struct Buffers {
+    source: Vec<u8>,
+    cast: Vec<u8>,
+    output: Vec<u8>,
+}
+
+impl Buffers {
+    fn new(chunk: usize) -> Result<Buffers, u64> {
+        let get = || try_zeroed(chunk).map_err(|_| chunk as u64);
+        Ok(Buffers {
+            source: get()?,
+            cast: get()?,
+            output: get()?,
+        })
+    }
+}
+
+/// The index of the first element where `out` differs from `theirs` (cast
+/// to `out`'s dtype when they differ), or `None` when equal.
+fn first_difference(
+    src_reader: &SourceReader,
+    theirs: &Tensor,
+    out_reader: &SourceReader,
+    out: &Tensor,
+    bufs: &mut Buffers,
+    policy: OverflowPolicy,
+) -> Result<Option<u64>, ValidateError> {
+    let in_elem = (theirs.dtype.bits() / 8).max(1) as usize;
+    let out_elem = (out.dtype.bits() / 8).max(1) as usize;
+    let casting = theirs.dtype != out.dtype;
+    let per_chunk = bufs.source.len() / in_elem.max(out_elem);
+    let numel = out.numel();
+    let mut src_stream: TensorBytes = src_reader.tensor_bytes(theirs);
+    let mut out_stream: TensorBytes = out_reader.tensor_bytes(out);
+    let mut done = 0u64;
+    while done < numel {
+        let n = usize::try_from(numel - done)
+            .unwrap_or(usize::MAX)
+            .min(per_chunk);
+        let input = &mut bufs.source[..n * in_elem];
+        src_reader.read_chunk(theirs, &mut src_stream, input)?;
+        let expected: &[u8] = if casting {
+            let output = &mut bufs.cast[..n * out_elem];
+            cast::cast_parallel(theirs.dtype, out.dtype, input, output, policy);
+            output
+        } else {
+            input
+        };
+        let got = &mut bufs.output[..n * out_elem];
+        out_reader.read_chunk(out, &mut out_stream, got)?;
+        if expected != &got[..] {
+            let at = expected
+                .chunks(out_elem)
+                .zip(got.chunks(out_elem))
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
+            return Ok(Some(done + at as u64));
+        }
+        done += n as u64;
+    }
+    Ok(None)
+}

@@ -1,0 +1,287 @@
+//! Enforcing a commit budget for real: the load runs in a child process
+//! whose `RLIMIT_DATA` is its own baseline plus the budget, so an allocation
+//! or copy-on-write mapping past the budget fails with ENOMEM, which the
+//! loaders turn into a [`Failure::OverBudget`], instead of swapping.
+//!
+//! The parent re-executes the current binary with the hidden subcommand
+//! [`CHILD_SUBCOMMAND`] and the arguments as JSON in [`CHILD_ENV`]; the child
+//! opens the checkpoint and the device, takes its baseline (`VmData`), sets
+//! the limit on itself, loads, lifts the limit and prints its report as JSON
+//! on stdout. An allocation that fails where Rust cannot report it (an
+//! infallible path) aborts the child; the parent reports that as
+//! [`Failure::Stopped`].
+//!
+//! The binary that calls [`validate_with_budget`] must route
+//! `CHILD_SUBCOMMAND` to [`child_main`]; the `reshard` binary does.
+//!
+//! On Windows there is no `RLIMIT_DATA`: the child measures `PrivateUsage`
+//! and reports a peak over the budget as a failure, without enforcing it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde::{Deserialize, Serialize};
+
+use super::ledger::CommitLedger;
+use super::report::{Failure, ValidateReport};
+use super::{validate, ValidateError, ValidateOptions};
+
+/// The hidden subcommand the child runs under.
+pub const CHILD_SUBCOMMAND: &str = "__validate-child";
+/// The environment variable that carries the child's arguments as JSON.
+pub const CHILD_ENV: &str = "RESHARD_VALIDATE_CHILD";
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ChildArgs {
+    path: PathBuf,
+    options: ValidateOptions,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+enum ChildOutcome {
+    Report(Box<ValidateReport>),
+    Error { chain: Vec<String> },
+}
+
+/// Validates `path` with `options.commit_budget` enforced in a child
+/// process (without a budget, the same as [`validate`]).
+pub fn validate_with_budget(
+    path: &Path,
+    options: &ValidateOptions,
+) -> Result<ValidateReport, ValidateError> {
+    let Some(budget) = options.commit_budget else {
+        return validate(path, options);
+    };
+    let exe = std::env::current_exe().map_err(|e| ValidateError::Io {
+        what: "find the current executable".into(),
+        source: e,
+    })?;
+    let args = ChildArgs {
+        path: path.to_path_buf(),
+        options: options.clone(),
+    };
+    let json = serde_json::to_string(&args).map_err(|e| ValidateError::Child {
+        reason: e.to_string(),
+    })?;
+    let output = Command::new(&exe)
+        .arg(CHILD_SUBCOMMAND)
+        .env(CHILD_ENV, json)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| ValidateError::Io {
+            what: format!("start {}", exe.display()),
+            source: e,
+        })?;
+    interpret(path, options, budget, &output)
+}
+
+/// Turns what the child printed and how it ended into the outcome.
+fn interpret(
+    path: &Path,
+    options: &ValidateOptions,
+    budget: u64,
+    output: &std::process::Output,
+) -> Result<ValidateReport, ValidateError> {
+    match serde_json::from_slice::<ChildOutcome>(&output.stdout) {
+        Ok(ChildOutcome::Report(report)) => return Ok(*report),
+        Ok(ChildOutcome::Error { chain }) => {
+            return Err(ValidateError::Child {
+                reason: chain.join(": "),
+            })
+        }
+        Err(_) => {}
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let last = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    if let Some(signal) = signal_of(&output.status) {
+        let mut report = ValidateReport::new(path, options);
+        let detail = if last.is_empty() {
+            format!("signal {signal}")
+        } else {
+            format!("signal {signal}; {last}")
+        };
+        report.fail(Failure::Stopped { budget, detail });
+        report.finish(options);
+        return Ok(report);
+    }
+    Err(ValidateError::Child {
+        reason: format!("the budget child exited with {}: {last}", output.status),
+    })
+}
+
+#[cfg(unix)]
+fn signal_of(status: &std::process::ExitStatus) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal()
+}
+
+#[cfg(not(unix))]
+fn signal_of(status: &std::process::ExitStatus) -> Option<i32> {
+    // 0xC0000017 STATUS_NO_MEMORY, 0xC0000409 (abort), 0xC0000005.
+    status.code().filter(|c| (*c as u32) >= 0xC000_0000)
+}
+
+/// The child's entry point: runs the validation its environment describes
+/// under the budget and prints the outcome as JSON. Returns the exit code.
+pub fn child_main() -> i32 {
+    let outcome = match child_run() {
+        Ok(report) => ChildOutcome::Report(Box::new(report)),
+        Err(e) => {
+            let mut chain = vec![e.to_string()];
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                chain.push(s.to_string());
+                source = s.source();
+            }
+            ChildOutcome::Error { chain }
+        }
+    };
+    let json = serde_json::to_string(&outcome).unwrap_or_else(|_| "{}".into());
+    println!("{json}");
+    0
+}
+
+fn child_run() -> Result<ValidateReport, ValidateError> {
+    let text = std::env::var(CHILD_ENV).map_err(|_| ValidateError::Child {
+        reason: format!("{CHILD_ENV} is not set"),
+    })?;
+    let args: ChildArgs = serde_json::from_str(&text).map_err(|e| ValidateError::Child {
+        reason: format!("bad {CHILD_ENV}: {e}"),
+    })?;
+    let budget = args.options.commit_budget.unwrap_or(u64::MAX);
+    let mut ledger = CommitLedger::start();
+    let mut limit = None;
+    let result = super::run(&args.path, &args.options, &mut ledger, |ledger| {
+        ledger.rebase();
+        limit = Some(DataLimit::set(ledger.baseline().saturating_add(budget))?);
+        Ok(())
+    });
+    // Lift the limit before the report is built and printed.
+    drop(limit);
+    result
+}
+
+/// `RLIMIT_DATA` lowered for as long as this lives.
+struct DataLimit {
+    #[cfg(unix)]
+    previous: (nix::libc::rlim_t, nix::libc::rlim_t),
+}
+
+impl DataLimit {
+    #[cfg(unix)]
+    fn set(bytes: u64) -> Result<DataLimit, ValidateError> {
+        use nix::sys::resource::{getrlimit, setrlimit, Resource};
+        let err = |e: nix::Error| ValidateError::Io {
+            what: "set RLIMIT_DATA".into(),
+            source: std::io::Error::from(e),
+        };
+        let previous = getrlimit(Resource::RLIMIT_DATA).map_err(err)?;
+        let soft = (bytes as nix::libc::rlim_t).min(previous.1);
+        setrlimit(Resource::RLIMIT_DATA, soft, previous.1).map_err(err)?;
+        Ok(DataLimit { previous })
+    }
+
+    #[cfg(not(unix))]
+    fn set(_bytes: u64) -> Result<DataLimit, ValidateError> {
+        Ok(DataLimit {})
+    }
+}
+
+impl Drop for DataLimit {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        {
+            let _ = nix::sys::resource::setrlimit(
+                nix::sys::resource::Resource::RLIMIT_DATA,
+                self.previous.0,
+                self.previous.1,
+            );
+        }
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{ExitStatus, Output};
+
+    fn output(status: ExitStatus, stdout: &str, stderr: &str) -> Output {
+        Output {
+            status,
+            stdout: stdout.as_bytes().to_vec(),
+            stderr: stderr.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_child_killed_by_its_allocation_failure_is_a_failed_check() {
+        let options = ValidateOptions {
+            commit_budget: Some(1 << 20),
+            ..ValidateOptions::default()
+        };
+        // SIGABRT after Rust's "memory allocation of N bytes failed".
+        let out = output(
+            ExitStatus::from_raw(6),
+            "",
+            "memory allocation of 4096 bytes failed\n",
+        );
+        let report = interpret(Path::new("m"), &options, 1 << 20, &out).unwrap();
+        assert!(!report.passed);
+        let text = report.failures[0].to_string();
+        assert!(
+            text.starts_with("over budget (the process was stopped by its allocation failure"),
+            "{text}"
+        );
+        assert!(
+            text.contains("memory allocation of 4096 bytes failed"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_child_report_or_error_passes_through() {
+        let options = ValidateOptions::default();
+        let mut sent = ValidateReport::new(Path::new("m"), &options);
+        sent.passed = true;
+        let json = serde_json::to_string(&ChildOutcome::Report(Box::new(sent.clone()))).unwrap();
+        let got = interpret(
+            Path::new("m"),
+            &options,
+            1,
+            &output(ExitStatus::from_raw(0), &json, ""),
+        )
+        .unwrap();
+        assert_eq!(got, sent);
+        let json = serde_json::to_string(&ChildOutcome::Error {
+            chain: vec!["no CUDA driver found".into()],
+        })
+        .unwrap();
+        let err = interpret(
+            Path::new("m"),
+            &options,
+            1,
+            &output(ExitStatus::from_raw(0), &json, ""),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("no CUDA driver found"));
+        // Exit 101 (a panic) is an error, not a verdict.
+        let err = interpret(
+            Path::new("m"),
+            &options,
+            1,
+            &output(ExitStatus::from_raw(101 << 8), "", "panicked"),
+        )
+        .unwrap_err();
+        assert!(matches!(err, ValidateError::Child { .. }));
+    }
+}

@@ -1,0 +1,166 @@
+//! The CPU device: host memory standing in for device memory, through the
+//! same [`Device`] code path a GPU takes.
+//!
+//! Unlike a GPU it frees each shard's allocations when the shard is done (it
+//! stands in for a loader that hands the shard on), so its own commit peak is
+//! the staging buffer plus the largest shard. `--vram-budget` still counts
+//! device bytes cumulatively, as a GPU would hold them.
+//!
+//! Staging and "device" allocations are private anonymous mappings
+//! (memmap2 `map_anon`), not `malloc`: they are committed when made and
+//! returned to the system exactly when dropped, so the measured peak does not
+//! depend on the allocator's heuristics (glibc keeps freed blocks below its
+//! adaptive mmap threshold in its heap). Every allocation is fallible, so
+//! under `RLIMIT_DATA` one past the budget is an error value, not an abort.
+
+use memmap2::MmapMut;
+
+use super::load::{Device, DeviceError};
+use super::report::DeviceInfo;
+
+pub struct CpuDevice {
+    staging_len: usize,
+    staging: Option<MmapMut>,
+    allocs: Vec<MmapMut>,
+    held: u64,
+}
+
+impl CpuDevice {
+    pub fn new(staging_len: usize) -> CpuDevice {
+        CpuDevice {
+            staging_len,
+            staging: None,
+            allocs: Vec::new(),
+            held: 0,
+        }
+    }
+}
+
+/// A zeroed private anonymous mapping of `len` (> 0) bytes, or
+/// `OutOfMemory` if the system (or `RLIMIT_DATA`) refuses it.
+pub fn anon(len: usize) -> Result<MmapMut, DeviceError> {
+    MmapMut::map_anon(len).map_err(|_| DeviceError::OutOfMemory {
+        needed: len as u64,
+        host: true,
+    })
+}
+
+/// A zeroed buffer of `len` bytes, or `OutOfMemory` if the allocator (or
+/// `RLIMIT_DATA`) refuses it.
+pub fn try_zeroed(len: usize) -> Result<Vec<u8>, DeviceError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len)
+        .map_err(|_| DeviceError::OutOfMemory {
+            needed: len as u64,
+            host: true,
+        })?;
+    v.resize(len, 0);
+    Ok(v)
+}
+
+impl Device for CpuDevice {
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            device: "cpu".into(),
+            name: "host memory (CPU stand-in for a device)".into(),
+            total_memory: None,
+            pinned_staging: false,
+        }
+    }
+
+    fn prepare(&mut self) -> Result<(), DeviceError> {
+        if self.staging.is_none() {
+            self.staging = Some(anon(self.staging_len.max(1))?);
+        }
+        Ok(())
+    }
+
+    fn staging(&mut self) -> Result<&mut [u8], DeviceError> {
+        self.staging
+            .as_deref_mut()
+            .ok_or_else(|| DeviceError::Driver("staging buffer not allocated".into()))
+    }
+
+    fn alloc(&mut self, len: u64) -> Result<usize, DeviceError> {
+        let oom = || DeviceError::OutOfMemory {
+            needed: len,
+            host: true,
+        };
+        let len = usize::try_from(len).map_err(|_| oom())?;
+        // The handle table grows first, so its growth cannot fail later.
+        self.allocs.try_reserve(1).map_err(|_| oom())?;
+        self.allocs.push(anon(len.max(1))?);
+        self.held += len as u64;
+        Ok(self.allocs.len() - 1)
+    }
+
+    fn upload(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError> {
+        let (Some(staging), Some(dst)) = (self.staging.as_deref(), self.allocs.get_mut(alloc))
+        else {
+            return Err(DeviceError::Driver(format!("no allocation {alloc}")));
+        };
+        let dst = usize::try_from(offset)
+            .ok()
+            .and_then(|o| dst.get_mut(o..o.checked_add(len)?))
+            .ok_or_else(|| {
+                DeviceError::Driver(format!("upload past the end of allocation {alloc}"))
+            })?;
+        dst.copy_from_slice(&staging[..len]);
+        Ok(())
+    }
+
+    fn download(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError> {
+        let (Some(staging), Some(src)) = (self.staging.as_deref_mut(), self.allocs.get(alloc))
+        else {
+            return Err(DeviceError::Driver(format!("no allocation {alloc}")));
+        };
+        let src = usize::try_from(offset)
+            .ok()
+            .and_then(|o| src.get(o..o.checked_add(len)?))
+            .ok_or_else(|| {
+                DeviceError::Driver(format!("download past the end of allocation {alloc}"))
+            })?;
+        staging[..len].copy_from_slice(src);
+        Ok(())
+    }
+
+    fn end_shard(&mut self) {
+        self.allocs = Vec::new();
+        self.held = 0;
+    }
+
+    fn held(&self) -> u64 {
+        self.held
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uploads_and_reads_back_through_staging() {
+        let mut d = CpuDevice::new(4);
+        d.prepare().unwrap();
+        let h = d.alloc(6).unwrap();
+        d.staging().unwrap().copy_from_slice(b"abcd");
+        d.upload(h, 0, 4).unwrap();
+        d.staging().unwrap()[..2].copy_from_slice(b"ef");
+        d.upload(h, 4, 2).unwrap();
+        assert!(d.upload(h, 7, 1).is_err());
+        d.download(h, 2, 4).unwrap();
+        assert_eq!(d.staging().unwrap(), b"cdef");
+        assert_eq!(d.held(), 6);
+        d.end_shard();
+        assert_eq!(d.held(), 0);
+    }
+
+    #[test]
+    fn an_impossible_allocation_is_an_error_value() {
+        let mut d = CpuDevice::new(4);
+        assert!(matches!(
+            d.alloc(u64::MAX / 2),
+            Err(DeviceError::OutOfMemory { host: true, .. })
+        ));
+    }
+}

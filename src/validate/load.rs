@@ -1,0 +1,422 @@
+//! reshard's own loader: shard by shard in layer order, every tensor goes
+//! through one staging buffer of bounded size into a device allocation, is
+//! read back and compared.
+//!
+//! Devices implement [`Device`]; the CPU stand-in ([`super::cpu`]) and CUDA
+//! ([`super::cuda`]) run the same code path. The staging buffer belongs to
+//! the device (pinned host memory on CUDA) and is allocated once, after the
+//! commit baseline, so it counts in the peak. Every allocation is fallible:
+//! under a commit budget an allocation past it is a [`Failure::OverBudget`],
+//! never an abort.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::time::Instant;
+
+use xxhash_rust::xxh3::Xxh3;
+
+use super::integrity::{Expected, ShardCheck};
+use super::ledger::CommitLedger;
+use super::report::{DeviceInfo, Failure, ShardTiming, ValidateReport, VramFit};
+use super::{DeviceSpec, ValidateError, ValidateOptions};
+use crate::format::read::SourceReader;
+use crate::format::{Checkpoint, DataRef, FormatError};
+use crate::plan::order::{block_of, sort_indices, Order};
+
+/// Why a device operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// `host`: the memory was host memory (commit); otherwise device memory.
+    #[error("out of memory: {needed} bytes")]
+    OutOfMemory { needed: u64, host: bool },
+    #[error("{0}")]
+    Driver(String),
+}
+
+/// A place tensors are loaded into. Allocation handles are indices.
+pub trait Device {
+    fn info(&self) -> DeviceInfo;
+    /// Allocates the staging buffer (once).
+    fn prepare(&mut self) -> Result<(), DeviceError>;
+    /// The staging buffer; [`Device::prepare`] must have succeeded.
+    fn staging(&mut self) -> Result<&mut [u8], DeviceError>;
+    /// A device allocation of `len` (> 0) bytes.
+    fn alloc(&mut self, len: u64) -> Result<usize, DeviceError>;
+    /// Copies `staging[..len]` to `alloc[offset..offset + len]`.
+    fn upload(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError>;
+    /// Copies `alloc[offset..offset + len]` to `staging[..len]`.
+    fn download(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError>;
+    /// The shard is loaded: the CPU stand-in hands it on (frees it); a GPU
+    /// keeps it, as a loader would.
+    fn end_shard(&mut self);
+    /// Device bytes held now.
+    fn held(&self) -> u64;
+}
+
+/// The staging buffer for a checkpoint: `requested`, but no larger than
+/// the largest tensor (rounded up to 4 KiB), and at least 4 KiB.
+pub fn staging_len(requested: u64, ck: &Checkpoint) -> usize {
+    let largest = ck.tensors.iter().map(|t| t.len).max().unwrap_or(0);
+    let len = requested.min(largest.next_multiple_of(4096)).max(4096);
+    usize::try_from(len).unwrap_or(usize::MAX)
+}
+
+/// Opens the device `spec` names, with a staging buffer for `ck`.
+pub fn open_device(
+    spec: DeviceSpec,
+    staging: u64,
+    ck: &Checkpoint,
+) -> Result<Box<dyn Device>, ValidateError> {
+    let len = staging_len(staging, ck);
+    Ok(match spec {
+        DeviceSpec::Cpu => Box::new(super::cpu::CpuDevice::new(len)),
+        DeviceSpec::Cuda(ordinal) => Box::new(super::cuda::CudaDevice::open(ordinal, len)?),
+    })
+}
+
+/// File indices of `ck` in layer order: by the layer-order rank of the
+/// first tensor each holds.
+pub fn shard_order(ck: &Checkpoint) -> Vec<usize> {
+    let names: Vec<&str> = ck.tensors.iter().map(|t| t.name.as_str()).collect();
+    let mut rank_of_file = vec![usize::MAX; ck.files.len()];
+    for (rank, i) in sort_indices(&names, Order::Forward).into_iter().enumerate() {
+        let f = ck.tensors[i].file;
+        rank_of_file[f] = rank_of_file[f].min(rank);
+    }
+    let mut files: Vec<usize> = (0..ck.files.len()).collect();
+    files.sort_by_key(|&f| (rank_of_file[f], f));
+    files
+}
+
+/// How many leading blocks (layer order) fit in `budget` device bytes.
+pub fn vram_fit(ck: &Checkpoint, budget: u64) -> VramFit {
+    let names: Vec<&str> = ck.tensors.iter().map(|t| t.name.as_str()).collect();
+    let order = sort_indices(&names, Order::Forward);
+    let needed: u64 = ck.tensors.iter().map(|t| t.len).sum();
+    // The tensors that fit: the longest prefix in layer order within budget.
+    let mut used = 0u64;
+    let mut cut = order.len();
+    for (k, &i) in order.iter().enumerate() {
+        used = used.saturating_add(ck.tensors[i].len);
+        if used > budget {
+            cut = k;
+            break;
+        }
+    }
+    // Blocks in order of first appearance, and the position of each one's
+    // last tensor.
+    let mut blocks: Vec<(crate::plan::order::Block, usize)> = Vec::new();
+    for (k, &i) in order.iter().enumerate() {
+        if let Some(b) = block_of(&ck.tensors[i].name) {
+            match blocks.iter_mut().find(|(x, _)| *x == b) {
+                Some(entry) => entry.1 = k,
+                None => blocks.push((b, k)),
+            }
+        }
+    }
+    let blocks_fit = blocks.iter().take_while(|(_, last)| *last < cut).count();
+    VramFit {
+        budget,
+        needed,
+        blocks_fit,
+        blocks_total: blocks.len(),
+    }
+}
+
+/// Loads every shard of `ck` in `order` into `device`, checking bytes as
+/// they pass, and records timings and failures in `report`.
+pub fn run(
+    ck: &Checkpoint,
+    order: &[usize],
+    device: &mut dyn Device,
+    options: &ValidateOptions,
+    expect: &Expected<'_>,
+    ledger: &mut CommitLedger,
+    report: &mut ValidateReport,
+) -> Result<(), ValidateError> {
+    let reader = SourceReader::open(ck)?;
+    let first_shard = order
+        .first()
+        .map(|&f| ck.files[f].name())
+        .unwrap_or_default();
+    let staging_len = staging_len(options.staging, ck) as u64;
+    report.staging = staging_len;
+    match device.prepare() {
+        Ok(()) => {}
+        Err(DeviceError::OutOfMemory { .. }) => {
+            let committed = ledger.sample();
+            report.fail(Failure::OverBudget {
+                shard: first_shard,
+                tensor: None,
+                needed: staging_len,
+                committed,
+                budget: options.commit_budget,
+            });
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(ValidateError::Cuda {
+                reason: format!("cannot allocate the staging buffer: {e}"),
+            })
+        }
+    }
+    ledger.sample();
+    let fit = options.vram_budget.map(|b| vram_fit(ck, b));
+    report.vram = fit.clone();
+    let mut vram_refused = false;
+    let mut cumulative = 0u64;
+    for &file in order {
+        let started = Instant::now();
+        let name = ck.files[file].name();
+        let mut tensors: Vec<usize> = (0..ck.tensors.len())
+            .filter(|&i| ck.tensors[i].file == file)
+            .collect();
+        tensors.sort_by_key(|&i| (ck.tensors[i].offset(), i));
+        let all_contiguous = tensors
+            .iter()
+            .all(|&i| matches!(ck.tensors[i].data, DataRef::Contiguous { .. }));
+        let mut check = ShardCheck::new(expect.shard(file).filter(|_| all_contiguous));
+        let raw = if check.active() {
+            Some(
+                File::open(&ck.files[file].path)
+                    .map_err(|e| FormatError::io(&ck.files[file].path, e))?,
+            )
+        } else {
+            None
+        };
+        let mut bytes = 0u64;
+        for &i in &tensors {
+            let t = &ck.tensors[i];
+            if let Some(raw) = &raw {
+                hash_raw(device, raw, &ck.files[file].path, &mut check, t.offset())?;
+            }
+            // Allocate on the device, unless a VRAM limit already stopped us.
+            let mut alloc = None;
+            if t.len > 0 && !vram_refused {
+                if let (Some(b), Some(fit)) = (options.vram_budget, &fit) {
+                    if cumulative.saturating_add(t.len) > b {
+                        vram_refused = true;
+                        report.fail(Failure::VramBudget {
+                            shard: name.clone(),
+                            tensor: t.name.clone(),
+                            fit: fit.clone(),
+                        });
+                    }
+                }
+                if !vram_refused {
+                    match device.alloc(t.len) {
+                        Ok(h) => alloc = Some(h),
+                        Err(DeviceError::OutOfMemory { needed, host: true }) => {
+                            let committed = ledger.sample();
+                            report.fail(Failure::OverBudget {
+                                shard: name.clone(),
+                                tensor: Some(t.name.clone()),
+                                needed,
+                                committed,
+                                budget: options.commit_budget,
+                            });
+                            device.end_shard();
+                            return Ok(());
+                        }
+                        Err(DeviceError::OutOfMemory { .. }) => {
+                            vram_refused = true;
+                            let total = report.device.total_memory.unwrap_or(cumulative);
+                            let fit = fit.clone().unwrap_or_else(|| vram_fit(ck, total));
+                            report.vram = Some(fit.clone());
+                            report.fail(Failure::VramBudget {
+                                shard: name.clone(),
+                                tensor: t.name.clone(),
+                                fit,
+                            });
+                        }
+                        Err(e) => {
+                            return Err(ValidateError::Cuda {
+                                reason: format!("tensor {:?}: {e}", t.name),
+                            })
+                        }
+                    }
+                    ledger.sample();
+                }
+            }
+            if alloc.is_some() {
+                cumulative += t.len;
+                report.device_bytes = cumulative;
+                report.device_peak_held = report.device_peak_held.max(device.held());
+            }
+            let file_hash = stream_tensor(&reader, t, device, alloc, &mut check)?;
+            expect.check_tensor(ck, i, file_hash, &mut report.failures);
+            if let Some(h) = alloc {
+                if readback_hash(device, h, t.len)? != file_hash {
+                    report.fail(Failure::Readback {
+                        file: name.clone(),
+                        tensor: t.name.clone(),
+                        device: report.device.device.clone(),
+                    });
+                }
+            }
+            bytes += t.len;
+        }
+        if let Some(raw) = &raw {
+            hash_raw(
+                device,
+                raw,
+                &ck.files[file].path,
+                &mut check,
+                ck.files[file].size,
+            )?;
+        }
+        check.finish(&mut report.failures);
+        ledger.sample();
+        device.end_shard();
+        report.bytes_loaded += bytes;
+        report.shards.push(ShardTiming {
+            file: name,
+            bytes,
+            tensors: tensors.len(),
+            seconds: started.elapsed().as_secs_f64(),
+        });
+    }
+    Ok(())
+}
+
+fn device_err(e: DeviceError) -> ValidateError {
+    ValidateError::Cuda {
+        reason: e.to_string(),
+    }
+}
+
+/// Feeds the shard check the file's bytes from its position up to `end`
+/// (the header before the first tensor, any gap, the tail), via staging.
+fn hash_raw(
+    device: &mut dyn Device,
+    raw: &File,
+    path: &std::path::Path,
+    check: &mut ShardCheck<'_>,
+    end: u64,
+) -> Result<(), ValidateError> {
+    let staging = device.staging().map_err(device_err)?;
+    while check.pos < end {
+        let n = usize::try_from(end - check.pos)
+            .unwrap_or(usize::MAX)
+            .min(staging.len());
+        raw.read_exact_at(&mut staging[..n], check.pos)
+            .map_err(|e| FormatError::io(path, e))?;
+        check.update(&staging[..n]);
+    }
+    Ok(())
+}
+
+/// Streams a tensor's bytes through staging (and to the device when
+/// `alloc` is given); returns the xxh3 of the file bytes.
+fn stream_tensor(
+    reader: &SourceReader,
+    t: &crate::format::Tensor,
+    device: &mut dyn Device,
+    alloc: Option<usize>,
+    check: &mut ShardCheck<'_>,
+) -> Result<u64, ValidateError> {
+    let mut stream = reader.tensor_bytes(t);
+    let mut hash = Xxh3::new();
+    let mut done = 0u64;
+    while done < t.len {
+        let staging = device.staging().map_err(device_err)?;
+        let n = usize::try_from(t.len - done)
+            .unwrap_or(usize::MAX)
+            .min(staging.len());
+        reader.read_chunk(t, &mut stream, &mut staging[..n])?;
+        hash.update(&staging[..n]);
+        check.update(&staging[..n]);
+        if let Some(h) = alloc {
+            device.upload(h, done, n).map_err(device_err)?;
+        }
+        done += n as u64;
+    }
+    Ok(hash.digest())
+}
+
+/// The xxh3 of `len` bytes read back from a device allocation via staging.
+fn readback_hash(device: &mut dyn Device, alloc: usize, len: u64) -> Result<u64, ValidateError> {
+    let mut hash = Xxh3::new();
+    let mut done = 0u64;
+    while done < len {
+        let cap = device.staging().map_err(device_err)?.len();
+        let n = usize::try_from(len - done).unwrap_or(usize::MAX).min(cap);
+        device.download(alloc, done, n).map_err(device_err)?;
+        hash.update(&device.staging().map_err(device_err)?[..n]);
+        done += n as u64;
+    }
+    Ok(hash.digest())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{Dtype, Format, Layout, SourceFile, Tensor};
+    use std::path::PathBuf;
+
+    fn ck(tensors: &[(&str, u64, usize)]) -> Checkpoint {
+        let files = (0..=tensors.iter().map(|t| t.2).max().unwrap_or(0))
+            .map(|i| SourceFile {
+                path: PathBuf::from(format!("f{i}")),
+                size: 0,
+                mtime_ns: 0,
+            })
+            .collect();
+        Checkpoint {
+            dir: PathBuf::from("."),
+            format: Format::Safetensors,
+            layout: Layout::Loose,
+            prefix: "model".into(),
+            files,
+            tensors: tensors
+                .iter()
+                .map(|&(name, len, file)| Tensor {
+                    name: name.into(),
+                    dtype: Dtype::U8,
+                    shape: vec![len],
+                    len,
+                    file,
+                    data: DataRef::Contiguous { offset: 0 },
+                })
+                .collect(),
+            metadata: Default::default(),
+            findings: vec![],
+        }
+    }
+
+    #[test]
+    fn counts_leading_blocks_that_fit() {
+        let c = ck(&[
+            ("model.embed_tokens.weight", 10, 0),
+            ("model.layers.0.a", 10, 0),
+            ("model.layers.0.b", 10, 0),
+            ("model.layers.1.a", 10, 1),
+            ("model.layers.1.b", 10, 1),
+            ("model.layers.2.a", 10, 1),
+            ("lm_head.weight", 10, 1),
+        ]);
+        assert_eq!(vram_fit(&c, 5).blocks_fit, 0);
+        assert_eq!(vram_fit(&c, 30).blocks_fit, 1);
+        assert_eq!(vram_fit(&c, 40).blocks_fit, 1);
+        assert_eq!(vram_fit(&c, 50).blocks_fit, 2);
+        let all = vram_fit(&c, 1000);
+        assert_eq!((all.blocks_fit, all.blocks_total, all.needed), (3, 3, 70));
+    }
+
+    #[test]
+    fn orders_shards_by_their_first_layer() {
+        let c = ck(&[
+            ("model.layers.10.a", 1, 0),
+            ("model.layers.2.a", 1, 1),
+            ("model.embed_tokens.weight", 1, 2),
+        ]);
+        assert_eq!(shard_order(&c), vec![2, 1, 0]);
+    }
+
+    #[test]
+    fn staging_is_capped_by_the_largest_tensor() {
+        let c = ck(&[("a", 10_000, 0)]);
+        assert_eq!(staging_len(64 << 20, &c), 12_288);
+        assert_eq!(staging_len(100, &c), 4096);
+    }
+}
