@@ -33,6 +33,7 @@ use crate::format::discover::resolve_hf_cache;
 use crate::format::FormatError;
 use crate::plan::fit::{FitError, FitOptions};
 use crate::plan::machine::Machine;
+use crate::validate::{validate_with_budget, ValidateError, ValidateOptions};
 use crate::write::manifest::{MANIFEST, PARTIAL};
 
 pub use self::discover::{discover, DiscoverError, Discovery, Model, Skipped};
@@ -75,6 +76,8 @@ pub struct BatchOptions {
     pub fail_fast: bool,
     /// The machine `--mode fit` judges against.
     pub fit: Option<FitJob>,
+    /// How `--mode validate` loads each output (compared with its source).
+    pub validate: Option<ValidateOptions>,
 }
 
 /// What `--mode fit` judges each model on; the model is judged as `convert`
@@ -94,12 +97,16 @@ pub enum ModelError {
     Verify(#[from] VerifyError),
     #[error(transparent)]
     Convert(#[from] ConvertError),
-    #[error("mode {mode} is not wired yet: batch runs only --mode convert for now")]
+    #[error("mode {mode} needs its options (BatchOptions::fit or ::validate)")]
     ModeNotWired { mode: Mode },
     #[error(transparent)]
     Fit(#[from] FitError),
     #[error("does not fit: {loaders}")]
     DoesNotFit { loaders: String },
+    #[error(transparent)]
+    Validate(#[from] ValidateError),
+    #[error("validation failed: {failures}")]
+    Invalid { failures: String },
 }
 
 /// What a job that succeeded did.
@@ -136,6 +143,7 @@ pub struct JobContext<'a> {
     pub verify_source: bool,
     pub cancel: &'a AtomicBool,
     pub fit: Option<&'a FitJob>,
+    pub validate: Option<&'a ValidateOptions>,
 }
 
 /// Runs `models`, `options.jobs` at a time, all drawing buffers from `pool`.
@@ -157,6 +165,7 @@ pub fn run_batch(
         verify_source: options.verify_source,
         cancel,
         fit: options.fit.as_ref(),
+        validate: options.validate.as_ref(),
     };
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
@@ -205,8 +214,8 @@ pub fn run_batch(
 /// One model's job: verify the source if asked, then run `mode`. Never
 /// fails: an error becomes the result's `failed` status and reason.
 ///
-/// `fit` and `validate` go to [`mode_not_wired`] until those commands land;
-/// wiring one is a change to the `match` here.
+/// `fit` and `validate` need their options in [`BatchOptions`]; without
+/// them the model fails with [`mode_not_wired`].
 pub fn run_model(
     model: &Model,
     part: u64,
@@ -226,7 +235,10 @@ pub fn run_model(
                 Some(job) => fit_model(model, job, ctx),
                 None => mode_not_wired(mode),
             },
-            Mode::Validate => mode_not_wired(mode),
+            Mode::Validate => match ctx.validate {
+                Some(options) => validate_model(model, options),
+                None => mode_not_wired(mode),
+            },
         }
     };
     let outcome = job();
@@ -305,6 +317,28 @@ pub fn fit_model(model: &Model, job: &FitJob, ctx: &JobContext) -> Result<Outcom
     Err(ModelError::DoesNotFit { loaders })
 }
 
+/// `--mode validate` for one model: loads its output and compares every
+/// tensor with its source; any failed check fails the model.
+pub fn validate_model(model: &Model, options: &ValidateOptions) -> Result<Outcome, ModelError> {
+    let mut options = options.clone();
+    options.against = Some(model.source.clone());
+    let report = validate_with_budget(&model.output, &options)?;
+    if report.passed {
+        return Ok(Outcome {
+            status: Status::Passed,
+            bytes: report.bytes_loaded,
+            resumed_shards: 0,
+        });
+    }
+    let failures = report
+        .failures
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    Err(ModelError::Invalid { failures })
+}
+
 /// True if `dst` holds a conversion reshard wrote (finished or not). Batch
 /// replaces those when the source or options changed; a folder of anyone
 /// else's files is never replaced without `--overwrite`.
@@ -374,11 +408,12 @@ mod tests {
             verify_source: false,
             fail_fast,
             fit: None,
+            validate: None,
         }
     }
 
     #[test]
-    fn unwired_modes_fail_per_model_naming_the_mode() {
+    fn modes_without_their_options_fail_per_model_naming_the_mode() {
         let tmp = tempfile::tempdir().unwrap();
         let models = [model(tmp.path(), "a"), model(tmp.path(), "b")];
         let pool = WindowPool::new(1 << 20);
@@ -397,10 +432,8 @@ mod tests {
                 assert_eq!(
                     r.reason.as_deref(),
                     Some(
-                        format!(
-                            "mode {mode} is not wired yet: batch runs only --mode convert for now"
-                        )
-                        .as_str()
+                        format!("mode {mode} needs its options (BatchOptions::fit or ::validate)")
+                            .as_str()
                     )
                 );
             }

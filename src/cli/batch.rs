@@ -20,6 +20,7 @@ use reshard::units::human;
 use super::convert::{ConvertArgs, CANCEL};
 use super::fit::MachineArgs;
 use super::progress::MultiBar;
+use super::validate::LoadArgs;
 use super::{printer, ExitStatus};
 
 #[derive(Debug, clap::Args)]
@@ -36,6 +37,9 @@ pub struct Args {
     /// The machine `--mode fit` judges against (default: this one).
     #[command(flatten, next_help_heading = "Machine (--mode fit)")]
     machine: MachineArgs,
+    /// How `--mode validate` loads each output.
+    #[command(flatten, next_help_heading = "Loading (--mode validate)")]
+    load: LoadArgs,
     /// Models converted at once; they share one --window budget and split
     /// --threads between them.
     #[arg(long, default_value = "1", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -75,7 +79,8 @@ pub enum ModeArg {
     /// Judge whether each model, as converted with these options, fits the
     /// machine (see `reshard fit`); a model that does not fit fails.
     Fit,
-    /// Validate each converted model (not wired yet).
+    /// Load each model's output (see `reshard validate`) and compare every
+    /// tensor with its source; run after --mode convert.
     Validate,
 }
 
@@ -155,6 +160,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             machine: args.machine.machine(),
             options: args.machine.options(String::new(), None),
         }),
+        validate: (args.mode == ModeArg::Validate).then(|| args.load.options(None)),
     };
     let pool = WindowPool::new(options.convert.window);
     let bars = MultiBar::new(

@@ -12,8 +12,11 @@ use reshard::format::{self, Dtype};
 use reshard::plan::{Plan, PlanOptions};
 use reshard::units::{human, ByteSize};
 
+use reshard::validate::validate_with_budget;
+
 use super::inspect::OrderArg;
 use super::progress::Bar;
+use super::validate::LoadArgs;
 use super::{printer, ExitStatus};
 
 /// Set by the Ctrl-C handler; the executor stops between chunks.
@@ -39,6 +42,13 @@ pub struct Args {
     /// Also list every shard written.
     #[arg(short, long)]
     verbose: bool,
+    /// After converting, run `reshard validate DST --against SRC`: load the
+    /// output through reshard's loader and compare every tensor with the
+    /// source (exit 1 when a check fails).
+    #[arg(long)]
+    validate: bool,
+    #[command(flatten, next_help_heading = "Validation (--validate)")]
+    load: LoadArgs,
 }
 
 /// The options `convert` and `batch` share.
@@ -136,12 +146,27 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             args.dst.display()
         )
     })?;
-    if args.json {
+    if args.json && !args.validate {
         printer::json(&summary)?;
-    } else if !args.quiet {
+    } else if !args.quiet && !args.json {
         printer::text(&render_summary(&summary, args.verbose))?;
     }
-    Ok(ExitStatus::Ok)
+    if !args.validate {
+        return Ok(ExitStatus::Ok);
+    }
+    let options = args.load.options(Some(args.src.clone()));
+    let report = validate_with_budget(&args.dst, &options)
+        .with_context(|| format!("cannot validate {}", args.dst.display()))?;
+    if args.json {
+        printer::json(&serde_json::json!({ "convert": summary, "validate": report }))?;
+    } else if !args.quiet || !report.passed {
+        printer::text(&super::validate::render(&report))?;
+    }
+    Ok(if report.passed {
+        ExitStatus::Ok
+    } else {
+        ExitStatus::CheckFailed
+    })
 }
 
 pub fn render_plan(plan: &Plan, window: u64) -> String {

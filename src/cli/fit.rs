@@ -432,7 +432,7 @@ mod tests {
             "24GiB",
         ])
         .unwrap();
-        let g = a.given();
+        let g = a.machine.given();
         assert_eq!(g.os, Some(Os::Windows));
         assert_eq!(
             (g.ram, g.pagefile, g.vram),

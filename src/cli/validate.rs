@@ -15,6 +15,25 @@ use super::{printer, ExitStatus};
 pub struct Args {
     /// The checkpoint to validate (file, folder or Hugging Face cache folder).
     path: PathBuf,
+    #[command(flatten)]
+    load: LoadArgs,
+    /// Compare every tensor with this source checkpoint.
+    #[arg(long, value_name = "SRC")]
+    against: Option<PathBuf>,
+    /// Reproduce another loader's mapping pattern instead of reshard's
+    /// loader: transformers-v5-mmap, per-shard-mmap or full-read. Host
+    /// commit only: --device and --vram-budget do not apply.
+    #[arg(long, value_name = "LOADER")]
+    emulate: Option<Loader>,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// How to load: shared by `validate`, `convert --validate` and
+/// `batch --mode validate`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LoadArgs {
     /// Where to load: cpu (host memory standing in for a device), cuda or cuda:N.
     #[arg(long, default_value = "cpu", value_name = "DEVICE")]
     device: DeviceSpec,
@@ -30,28 +49,28 @@ pub struct Args {
     /// the largest tensor).
     #[arg(long, value_name = "SIZE", default_value = "64MiB")]
     staging: ByteSize,
-    /// Compare every tensor with this source checkpoint.
-    #[arg(long, value_name = "SRC")]
-    against: Option<PathBuf>,
-    /// Reproduce another loader's mapping pattern instead of reshard's
-    /// loader: transformers-v5-mmap, per-shard-mmap or full-read. Host
-    /// commit only: --device and --vram-budget do not apply.
-    #[arg(long, value_name = "LOADER")]
-    emulate: Option<Loader>,
-    /// Print the report as JSON on stdout.
-    #[arg(long)]
-    json: bool,
 }
 
-impl Args {
-    fn to_options(&self) -> ValidateOptions {
+impl LoadArgs {
+    /// Options loading on this device under these budgets, compared with
+    /// `against` when given.
+    pub fn options(&self, against: Option<PathBuf>) -> ValidateOptions {
         ValidateOptions {
             device: self.device,
             staging: self.staging.bytes(),
             vram_budget: self.vram_budget.map(ByteSize::bytes),
             commit_budget: self.commit_budget.map(ByteSize::bytes),
-            against: self.against.clone(),
+            against,
+            emulate: None,
+        }
+    }
+}
+
+impl Args {
+    fn to_options(&self) -> ValidateOptions {
+        ValidateOptions {
             emulate: self.emulate,
+            ..self.load.options(self.against.clone())
         }
     }
 }
@@ -80,7 +99,7 @@ pub fn run_child() -> ExitStatus {
     }
 }
 
-fn render(r: &ValidateReport) -> String {
+pub fn render(r: &ValidateReport) -> String {
     let mut o = String::new();
     let checks = if r.manifest {
         "sha256 and xxh3 checked against reshard.json"

@@ -396,7 +396,7 @@ fn jobs_share_one_window() {
 }
 
 #[test]
-fn usage_errors_and_unwired_modes() {
+fn usage_errors() {
     let tmp = tempfile::tempdir().unwrap();
     batch(&tmp.path().join("missing"), &tmp.path().join("out"), &[])
         .code(2)
@@ -406,14 +406,6 @@ fn usage_errors_and_unwired_modes() {
         .stderr(predicates::str::contains("must not be ROOT"));
     batch(tmp.path(), &tmp.path().join("out"), &["--part", "3/3"]).code(2);
 
-    let root = tmp.path().join("root");
-    copy_fixture("tiny-gpt2", &root);
-    let (_, status) =
-        statuses(&batch(&root, &tmp.path().join("out"), &["--json", "--mode", "fit"]).code(1));
-    assert!(
-        status["tiny-gpt2"].1.contains("mode fit is not wired yet"),
-        "{status:?}"
-    );
     // An empty folder is not an error.
     let empty = tmp.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
@@ -456,4 +448,72 @@ fn killed_batch_resumes_its_model() {
         "{report}"
     );
     assert_matches_expected(&out.join("tiny-t5"), "tiny-t5");
+}
+
+#[test]
+fn fit_and_validate_modes_judge_every_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    copy_fixture("tiny-gpt2", &root);
+    copy_fixture("tiny-t5", &root);
+    let out = tmp.path().join("out");
+    // Validating before converting fails: there is no output yet.
+    let (_, status) = statuses(&batch(&root, &out, &["--json", "--mode", "validate"]).code(1));
+    assert_eq!(status["tiny-gpt2"].0, "failed", "{status:?}");
+
+    batch(&root, &out, &["--max-shard-size", "40KB"]).success();
+    let (_, status) = statuses(&batch(&root, &out, &["--json", "--mode", "validate"]).success());
+    assert_eq!(status["tiny-gpt2"].0, "passed", "{status:?}");
+    assert_eq!(status["tiny-t5"].0, "passed", "{status:?}");
+
+    // A flipped byte in one output fails that model only, naming the tensor.
+    let mut shards: Vec<_> = std::fs::read_dir(out.join("tiny-t5"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    shards.sort();
+    let shard = &shards[0];
+    let mut bytes = std::fs::read(shard).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(shard, bytes).unwrap();
+    let (_, status) = statuses(&batch(&root, &out, &["--json", "--mode", "validate"]).code(1));
+    assert_eq!(status["tiny-gpt2"].0, "passed", "{status:?}");
+    assert_eq!(status["tiny-t5"].0, "failed", "{status:?}");
+    assert!(status["tiny-t5"].1.contains("tensor"), "{status:?}");
+
+    // Fit: a roomy machine passes every model; a tiny one fails them, naming
+    // the loader and the shortfall.
+    let roomy = [
+        "--json",
+        "--mode",
+        "fit",
+        "--os",
+        "linux",
+        "--ram",
+        "8GiB",
+        "--pagefile",
+        "0",
+    ];
+    let (_, status) = statuses(&batch(&root, &out, &roomy).success());
+    assert!(status.values().all(|(s, _)| s == "passed"), "{status:?}");
+    let tiny = [
+        "--json",
+        "--mode",
+        "fit",
+        "--os",
+        "windows",
+        "--ram",
+        "64KiB",
+        "--pagefile",
+        "0",
+        "--loader",
+        "full-read",
+    ];
+    let (_, status) = statuses(&batch(&root, &out, &tiny).code(1));
+    assert!(
+        status["tiny-gpt2"].1.contains("full-read short by"),
+        "{status:?}"
+    );
 }
