@@ -102,7 +102,11 @@ impl From<LoaderArg> for Loader {
 impl MachineArgs {
     /// The machine: given figures over detected ones.
     pub fn machine(&self) -> Machine {
-        Machine::resolve(&self.given(), &machine::detect(), Os::current())
+        let mut detected = machine::detect();
+        if self.vram.is_none() {
+            detected.vram = reshard::validate::cuda::dedicated_memory(0);
+        }
+        Machine::resolve(&self.given(), &detected, Os::current())
     }
 
     fn given(&self) -> Given {

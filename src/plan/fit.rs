@@ -18,8 +18,8 @@ use super::machine::Machine;
 use super::order::{block_of, sort_indices, Order};
 use super::{Plan, PlanError, PlanOptions};
 
-/// reshard's default staging window (`reshard validate --window`).
-pub const DEFAULT_WINDOW: u64 = 256 << 20;
+/// reshard validate's default staging buffer (`--staging`).
+pub const DEFAULT_WINDOW: u64 = crate::validate::DEFAULT_STAGING;
 /// Host commit charged for a CUDA context on Windows (WDDM). An estimate to
 /// be measured; see docs/fit.md.
 pub const DEFAULT_CUDA_OVERHEAD: u64 = 512 << 20;

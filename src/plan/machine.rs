@@ -172,21 +172,12 @@ impl Machine {
     }
 }
 
-/// Reads what the running machine reports. Never fails: unreadable figures
-/// are `None`.
+/// Reads what the running machine's OS reports. Never fails: unreadable
+/// figures are `None`. VRAM is left to the caller: reading it opens a CUDA
+/// context, which only `validate::cuda::dedicated_memory` may do (it is the
+/// crate's one CUDA module), and only when `--vram` was not given.
 pub fn detect() -> Detected {
-    let mut d = detect_host();
-    d.vram = detect_vram();
-    d
-}
-
-/// Dedicated memory of GPU 0, in bytes.
-///
-/// Returns `None` for now: the lead wires CUDA (cudarc's `cuDeviceTotalMem`)
-/// in here once the validate branch's CUDA module is merged; until then give
-/// `--vram`.
-pub fn detect_vram() -> Option<u64> {
-    None
+    detect_host()
 }
 
 #[cfg(target_os = "linux")]

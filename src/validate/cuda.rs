@@ -47,6 +47,22 @@ pub fn driver_present() -> bool {
     present.unwrap_or(false)
 }
 
+/// Dedicated memory of CUDA device `ordinal` in bytes; `None` without a
+/// driver or device. Used by `fit` to detect VRAM.
+pub fn dedicated_memory(ordinal: usize) -> Option<u64> {
+    if !driver_present() {
+        return None;
+    }
+    guarded(|| {
+        let ctx = CudaContext::new(ordinal).map_err(cuda_err("cannot create a context"))?;
+        let total = ctx
+            .total_mem()
+            .map_err(cuda_err("cannot read the device memory"))?;
+        Ok(total as u64)
+    })
+    .ok()
+}
+
 /// Runs `f` with panics caught and the panic message kept off stderr.
 fn guarded<T>(f: impl FnOnce() -> Result<T, ValidateError>) -> Result<T, ValidateError> {
     let hook = std::panic::take_hook();

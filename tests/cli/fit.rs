@@ -166,8 +166,8 @@ fn fit_virtual_70b_per_loader_on_windows() {
         ("per-shard-mmap", 2 * max_s + cuda),
         // sum(S) + cuda
         ("full-read", sum_s + cuda),
-        // min(256 MiB, 500 MiB) + cuda
-        ("reshard", 256 * MIB + cuda),
+        // min(64 MiB staging, 500 MiB) + cuda
+        ("reshard", 64 * MIB + cuda),
     ];
     for (name, commit) in cases {
         let l = loader(today, name);
@@ -289,11 +289,11 @@ fn fit_short_vram_counts_leading_blocks() {
     assert_eq!(v["spill"], WEIGHTS_70B - 80 * GIB);
     assert_eq!(v["leading_blocks_fit"], 49);
     assert_eq!(v["blocks_total"], 80);
-    // Linux: reshard's loader keeps one 256 MiB private buffer, no CUDA term.
+    // Linux: reshard's loader keeps one 64 MiB private staging buffer, no CUDA term.
     let l = loader(&r["today"], "reshard");
     assert_eq!(
         (&l["peak_rss_private"], &l["peak_commit"]),
-        (&json!(256 * MIB), &json!(256 * MIB))
+        (&json!(64 * MIB), &json!(64 * MIB))
     );
 }
 

@@ -13,6 +13,7 @@ mod fit;
 mod fuzz_corpus;
 mod hostile;
 mod inspect;
+mod proof;
 mod pytorch;
 mod readers;
 mod validate;
