@@ -417,3 +417,26 @@ pub fn wait_for_pause(child: &mut std::process::Child) {
     }
     panic!("the child ended before reaching its failpoint");
 }
+
+#[test]
+fn convert_validate_proves_the_output_against_the_source() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("out");
+    let out = convert(
+        &fixture("tiny-llama-f32-sharded"),
+        &dst,
+        &[
+            "--max-shard-size",
+            "200KB",
+            "--dtype",
+            "bf16",
+            "--validate",
+            "--json",
+        ],
+    )
+    .success();
+    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    assert_eq!(v["validate"]["passed"], true, "{v}");
+    assert!(v["validate"]["manifest"].as_bool().unwrap());
+    assert_eq!(v["convert"]["shards"], v["validate"]["files"]);
+}

@@ -155,14 +155,18 @@ fn write_bin(dir: &Path, bytes: &[u8]) -> PathBuf {
     path
 }
 
-/// `reshard inspect` and `reshard convert` on `bytes` as a
+/// `reshard inspect`, `convert` and `validate` on `bytes` as a
 /// pytorch_model.bin: exit 2 (a panic would be 101), with `want` in the
 /// message, the input untouched and nothing written.
 fn assert_refused(bytes: &[u8], want: &str) {
     let dir = tempfile::tempdir().unwrap();
     let path = write_bin(dir.path(), bytes);
     let dst = dir.path().join("out");
-    for args in [vec!["inspect"], vec!["convert", "--window", "1MiB"]] {
+    for args in [
+        vec!["inspect"],
+        vec!["convert", "--window", "1MiB"],
+        vec!["validate"],
+    ] {
         let mut cmd = reshard();
         cmd.arg(args[0]).arg(&path);
         if args[0] == "convert" {
