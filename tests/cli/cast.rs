@@ -7,16 +7,6 @@ use serde_json::json;
 
 use crate::common::*;
 
-fn convert(src: &Path, dst: &Path, extra: &[&str]) -> assert_cmd::assert::Assert {
-    reshard()
-        .arg("convert")
-        .arg(src)
-        .arg(dst)
-        .args(["--no-progress"])
-        .args(extra)
-        .assert()
-}
-
 #[test]
 fn f32_to_bf16_equals_torch_cast_of_the_same_model() {
     // tiny-llama holds torch's bf16 cast of the weights tiny-llama-f32-sharded holds.

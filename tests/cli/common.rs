@@ -20,6 +20,17 @@ pub fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// Runs `reshard convert SRC DST --no-progress EXTRA...`.
+pub fn convert(src: &Path, dst: &Path, extra: &[&str]) -> assert_cmd::assert::Assert {
+    reshard()
+        .arg("convert")
+        .arg(src)
+        .arg(dst)
+        .arg("--no-progress")
+        .args(extra)
+        .assert()
+}
+
 /// Copies a fixture folder into `dir` and returns the copy's path.
 pub fn copy_fixture(name: &str, dir: &Path) -> PathBuf {
     let dst = dir.join(name);

@@ -14,16 +14,6 @@ const SAFETENSORS_FIXTURES: [&str; 5] = [
     "tiny-t5",
 ];
 
-fn convert(src: &Path, dst: &Path, extra: &[&str]) -> assert_cmd::assert::Assert {
-    reshard()
-        .arg("convert")
-        .arg(src)
-        .arg(dst)
-        .args(["--no-progress"])
-        .args(extra)
-        .assert()
-}
-
 /// Reads an output folder's index (or single file) into tensor -> file.
 fn weight_map(dir: &Path) -> Vec<(String, String)> {
     let index = std::fs::read_dir(dir)

@@ -16,14 +16,7 @@ const SAFETENSORS_FIXTURES: [&str; 5] = [
 ];
 
 fn convert(src: &Path, dst: &Path, extra: &[&str]) {
-    reshard()
-        .arg("convert")
-        .arg(src)
-        .arg(dst)
-        .arg("--no-progress")
-        .args(extra)
-        .assert()
-        .success();
+    crate::common::convert(src, dst, extra).success();
 }
 
 /// Runs `reshard validate PATH ARGS --json`; returns the exit code and the
