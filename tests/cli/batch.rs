@@ -418,36 +418,57 @@ fn killed_batch_resumes_its_model() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("root");
     copy_fixture("tiny-t5", &root);
-    let out = tmp.path().join("out");
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("reshard"))
-        .args([
-            "batch",
-            "--no-progress",
-            "--threads",
-            "1",
-            "--max-shard-size",
-            "30KB",
-            "--out",
-        ])
-        .arg(&out)
-        .arg(&root)
-        .env("RESHARD_PAUSE_AT", "12")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    crate::convert::wait_for_pause(&mut child);
-    child.kill().unwrap();
-    child.wait().unwrap();
-    assert!(out.join("tiny-t5/.reshard-partial.json").exists());
+    copy_fixture("tiny-gpt2", &root);
+    // Kill the batch (SIGKILL) at write steps spread over both models; each
+    // rerun must finish the job and convert every model exactly once.
+    for step in [3u64, 12, 25, 40, 60] {
+        let out = tmp.path().join(format!("out-{step}"));
+        let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("reshard"))
+            .args([
+                "batch",
+                "--no-progress",
+                "--threads",
+                "1",
+                "--max-shard-size",
+                "30KB",
+                "--out",
+            ])
+            .arg(&out)
+            .arg(&root)
+            .env("RESHARD_PAUSE_AT", step.to_string())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        crate::convert::wait_for_pause(&mut child);
+        child.kill().unwrap();
+        child.wait().unwrap();
 
-    let a = batch(&root, &out, &["--json", "--max-shard-size", "30KB"]).success();
-    let (report, status) = statuses(&a);
-    assert_eq!(status["tiny-t5"].0, "converted");
-    assert!(
-        report["models"][0]["resumed_shards"].as_u64().unwrap() >= 1,
-        "{report}"
-    );
-    assert_matches_expected(&out.join("tiny-t5"), "tiny-t5");
+        let a = batch(&root, &out, &["--json", "--max-shard-size", "30KB"]).success();
+        let (report, status) = statuses(&a);
+        for name in ["tiny-t5", "tiny-gpt2"] {
+            assert!(
+                ["converted", "up_to_date"].contains(&status[name].0.as_str()),
+                "step {step}: {status:?}"
+            );
+            assert_matches_expected(&out.join(name), name);
+        }
+        if step == 12 {
+            assert!(
+                report["models"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|m| m["resumed_shards"].as_u64().unwrap() >= 1),
+                "{report}"
+            );
+        }
+        let (_, again) =
+            statuses(&batch(&root, &out, &["--json", "--max-shard-size", "30KB"]).success());
+        assert!(
+            again.values().all(|(s, _)| s == "up_to_date"),
+            "step {step}: {again:?}"
+        );
+    }
 }
 
 #[test]

@@ -249,15 +249,31 @@ fn ctrl_c_stops_between_chunks_and_leaves_no_temp_files() {
     let mut child = start_paused(&src, &dst, 20, Some(&release)).expect("pauses");
     // SIGINT, as Ctrl-C sends it, then let the paused write go on.
     let pid = child.id().to_string();
-    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
     std::fs::write(&release, "").unwrap();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(2));
     let names: Vec<String> = hashes(&dst).into_keys().collect();
-    assert!(!names.iter().any(|n| n.ends_with(".reshard-tmp")), "temp files left: {names:?}");
-    assert!(!names.iter().any(|n| n == "reshard.json" || n.ends_with(".index.json")), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n.ends_with(".reshard-tmp")),
+        "temp files left: {names:?}"
+    );
+    assert!(
+        !names
+            .iter()
+            .any(|n| n == "reshard.json" || n.ends_with(".index.json")),
+        "{names:?}"
+    );
     // The run resumes from where Ctrl-C stopped it.
     let rerun = convert_cmd(&src, &dst).output().unwrap();
-    assert!(rerun.status.success(), "{}", String::from_utf8_lossy(&rerun.stderr));
+    assert!(
+        rerun.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rerun.stderr)
+    );
     assert_matches_expected(&dst, "tiny-llama-f32-sharded");
 }
