@@ -268,11 +268,13 @@ fn render_report(r: &BatchReport, quiet: bool) -> String {
         return o;
     }
     let t = &r.totals;
+    let mut counts = format!("{} converted, {} up to date", t.converted, t.up_to_date);
+    if t.passed > 0 {
+        let _ = write!(counts, ", {} passed", t.passed);
+    }
     let _ = writeln!(
         o,
-        "{} converted, {} up to date, {} failed, {} skipped; wrote {} in {:.2} s; buffers peaked at {} of a {} window",
-        t.converted,
-        t.up_to_date,
+        "{counts}, {} failed, {} skipped; {} in {:.2} s; buffers peaked at {} of a {} window",
         t.failed,
         t.skipped,
         human(t.bytes),

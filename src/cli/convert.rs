@@ -237,8 +237,9 @@ fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
     let rate = human((s.bytes_read as f64 / s.seconds.max(1e-9)) as u64);
     let _ = writeln!(
         o,
-        "wrote {} shards ({}) to {} in {:.2} s ({rate}/s), buffers peaked at {} of a {} window",
+        "wrote {} shard{} ({}) to {} in {:.2} s ({rate}/s), buffers peaked at {} of a {} window",
         s.shards,
+        if s.shards == 1 { "" } else { "s" },
         human(s.bytes_written),
         s.dst,
         s.seconds,

@@ -227,11 +227,6 @@ impl Plan {
     pub fn tensors(&self) -> impl Iterator<Item = &PlannedTensor> {
         self.shards.iter().flat_map(|s| s.tensors.iter())
     }
-
-    /// The largest single tensor written, in bytes.
-    pub fn largest_tensor(&self) -> u64 {
-        self.tensors().map(|t| t.len).max().unwrap_or(0)
-    }
 }
 
 fn keep_globs(globs: &[String]) -> Result<globset::GlobSet, PlanError> {
