@@ -10,6 +10,7 @@ pub mod failpoint;
 pub mod index;
 pub mod manifest;
 pub mod shard;
+pub mod writeback;
 
 use std::fs::File;
 use std::io::{self, Write};
