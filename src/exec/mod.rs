@@ -11,6 +11,7 @@ pub mod window;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 
 use rayon::prelude::*;
 use xxhash_rust::xxh3::Xxh3;
@@ -24,7 +25,7 @@ use crate::write::shard::{header_bytes, ShardWriter};
 use crate::write::WriteError;
 
 pub use self::reporter::{NoReport, Reporter};
-pub use self::window::{WindowPool, WindowTooSmall};
+pub use self::window::{WindowBuf, WindowPool, WindowTooSmall};
 
 /// Largest chunk a worker reads at once: past a few MiB, bigger reads do not
 /// go faster, they only hold more memory.
@@ -74,8 +75,8 @@ pub fn execute(
     let run = || {
         todo.par_iter()
             .map(|shard| {
-                let buf = pool.acquire(buffer.min(shard_need(ck, shard)))?;
-                let record = write_shard(&reader, ck, plan, shard, dst, buf, options, reporter)?;
+                let bufs = pool.acquire_many((buffer / 2).min(shard_need(ck, shard)), 2)?;
+                let record = write_shard(&reader, ck, plan, shard, dst, bufs, options, reporter)?;
                 (options.on_shard)(&record)?;
                 Ok(record)
             })
@@ -123,6 +124,18 @@ fn shard_need(ck: &Checkpoint, shard: &ShardPlan) -> usize {
     usize::try_from(need).unwrap_or(usize::MAX)
 }
 
+/// A filled buffer on its way to the writer: `buf[start..start + len]` is
+/// the output.
+struct Filled<'p> {
+    buf: WindowBuf<'p>,
+    start: usize,
+    len: usize,
+}
+
+/// Writes one shard in two stages that overlap: this thread reads, casts and
+/// checksums chunk N+1 while a scoped writer thread hashes (sha256) and
+/// writes chunk N. Two buffers circulate between them, so memory stays at the
+/// two buffers the pool lent.
 #[allow(clippy::too_many_arguments)]
 fn write_shard(
     reader: &SourceReader,
@@ -130,7 +143,7 @@ fn write_shard(
     plan: &Plan,
     shard: &ShardPlan,
     dst: &Path,
-    mut buf: window::WindowBuf<'_>,
+    bufs: Vec<WindowBuf<'_>>,
     options: &ExecOptions<'_>,
     reporter: &dyn Reporter,
 ) -> Result<ShardRecord, ExecError> {
@@ -138,6 +151,60 @@ fn write_shard(
     let header = header_bytes(&path, shard, &plan.metadata)?;
     let mut writer = ShardWriter::create(dst, &shard.file, &header, shard.data_len)?;
     reporter.shard_started(&shard.file);
+    let (to_writer, filled) = mpsc::sync_channel::<Filled<'_>>(bufs.len());
+    let (to_reader, free) = mpsc::sync_channel::<WindowBuf<'_>>(bufs.len());
+    for b in bufs {
+        // The channel holds every buffer, so these sends never block or fail.
+        let _ = to_reader.send(b);
+    }
+    let (records, written) = std::thread::scope(|scope| {
+        let write_stage = scope.spawn(move || -> Result<ShardWriter, WriteError> {
+            for chunk in filled {
+                writer.write(&chunk.buf[chunk.start..chunk.start + chunk.len])?;
+                // The reader may have stopped (an error): nothing to return to.
+                let _ = to_reader.send(chunk.buf);
+            }
+            Ok(writer)
+        });
+        let records = fill_shard(
+            reader, ck, plan, shard, &free, &to_writer, options, reporter,
+        );
+        drop(to_writer);
+        let written = write_stage.join().unwrap_or_else(|_| {
+            Err(WriteError::io(
+                &path,
+                std::io::Error::other("the writer thread panicked"),
+            ))
+        });
+        (records, written)
+    });
+    // A write error explains a reader that stopped early; report it first.
+    let writer = written?;
+    let records = records?;
+    let finished = writer.finish()?;
+    reporter.shard_done(&shard.file);
+    Ok(ShardRecord {
+        file: finished.file,
+        size: finished.size,
+        sha256: finished.sha256,
+        tensors: records,
+    })
+}
+
+/// The read stage: streams every tensor of the shard through the free
+/// buffers, casting and taking each tensor's xxh3, and hands the output to
+/// the write stage. Stops early (Ok) if the write stage is gone.
+#[allow(clippy::too_many_arguments)]
+fn fill_shard<'p>(
+    reader: &SourceReader,
+    ck: &Checkpoint,
+    plan: &Plan,
+    shard: &ShardPlan,
+    free: &mpsc::Receiver<WindowBuf<'p>>,
+    to_writer: &mpsc::SyncSender<Filled<'p>>,
+    options: &ExecOptions<'_>,
+    reporter: &dyn Reporter,
+) -> Result<Vec<TensorRecord>, ExecError> {
     let mut records = Vec::with_capacity(shard.tensors.len());
     for planned in &shard.tensors {
         let source = &ck.tensors[planned.source];
@@ -145,19 +212,6 @@ fn write_shard(
         let casting = from != to;
         let in_elem = (from.bits() / 8).max(1) as usize;
         let out_elem = (to.bits() / 8).max(1) as usize;
-        // Input chunk: whole elements, leaving room for the cast output.
-        let chunk_in = if casting {
-            (buf.len() / (in_elem + out_elem)) * in_elem
-        } else {
-            buf.len()
-        };
-        if chunk_in == 0 {
-            return Err(WindowTooSmall {
-                requested: (in_elem + out_elem) as u64,
-                budget: buf.len() as u64,
-            }
-            .into());
-        }
         let mut stream = reader.tensor_bytes(source);
         let mut hash = Xxh3::new();
         let mut stats = cast::CastStats::default();
@@ -166,18 +220,37 @@ fn write_shard(
             if options.cancel.load(Ordering::Relaxed) {
                 return Err(ExecError::Interrupted);
             }
+            let Ok(mut buf) = free.recv() else {
+                return Ok(records); // the write stage failed; it reports why
+            };
+            // Input chunk: whole elements, leaving room for the cast output.
+            let chunk_in = if casting {
+                (buf.len() / (in_elem + out_elem)) * in_elem
+            } else {
+                buf.len()
+            };
+            if chunk_in == 0 {
+                return Err(WindowTooSmall {
+                    requested: (in_elem + out_elem) as u64,
+                    budget: buf.len() as u64,
+                }
+                .into());
+            }
             let n = usize::try_from(left).unwrap_or(usize::MAX).min(chunk_in);
             let (input, rest) = buf.split_at_mut(n);
             reader.read_chunk(source, &mut stream, input)?;
-            let output: &[u8] = if casting {
+            let (start, len) = if casting {
                 let out = &mut rest[..n / in_elem * out_elem];
                 stats += cast::cast_parallel(from, to, input, out, plan.options.on_overflow);
-                out
+                hash.update(out);
+                (n, out.len())
             } else {
-                input
+                hash.update(input);
+                (0, n)
             };
-            hash.update(output);
-            writer.write(output)?;
+            if to_writer.send(Filled { buf, start, len }).is_err() {
+                return Ok(records);
+            }
             reporter.advance(n as u64);
             left -= n as u64;
         }
@@ -198,12 +271,5 @@ fn write_shard(
             cast: casting.then_some(CastRecord { from, to, stats }),
         });
     }
-    let finished = writer.finish()?;
-    reporter.shard_done(&shard.file);
-    Ok(ShardRecord {
-        file: finished.file,
-        size: finished.size,
-        sha256: finished.sha256,
-        tensors: records,
-    })
+    Ok(records)
 }

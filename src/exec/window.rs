@@ -60,7 +60,19 @@ impl WindowPool {
 
     /// A zeroed buffer of `len` bytes, waiting until the budget allows it.
     pub fn acquire(&self, len: usize) -> Result<WindowBuf<'_>, WindowTooSmall> {
-        let requested = len as u64;
+        let mut bufs = self.acquire_many(len, 1)?;
+        Ok(bufs.remove(0))
+    }
+
+    /// `count` zeroed buffers of `len` bytes each, reserved at once: a worker
+    /// that needs two never holds one while it waits for the other, so
+    /// workers cannot deadlock on the pool.
+    pub fn acquire_many(
+        &self,
+        len: usize,
+        count: usize,
+    ) -> Result<Vec<WindowBuf<'_>>, WindowTooSmall> {
+        let requested = (len as u64).saturating_mul(count as u64);
         if requested > self.budget {
             return Err(WindowTooSmall {
                 requested,
@@ -77,10 +89,12 @@ impl WindowPool {
         state.in_use += requested;
         state.peak = state.peak.max(state.in_use);
         drop(state);
-        Ok(WindowBuf {
-            pool: self,
-            buf: vec![0u8; len],
-        })
+        Ok((0..count)
+            .map(|_| WindowBuf {
+                pool: self,
+                buf: vec![0u8; len],
+            })
+            .collect())
     }
 
     fn release(&self, len: u64) {
