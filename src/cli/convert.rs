@@ -137,6 +137,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         }
         return Ok(ExitStatus::Ok);
     }
+    if !args.quiet {
+        // What inspect would report: the output fixes some (format: pt,
+        // alignment, index mismatches), the user should know about the rest.
+        for finding in &ck.findings {
+            eprintln!("note: source: {finding}");
+        }
+    }
     let _ = ctrlc::set_handler(|| CANCEL.store(true, std::sync::atomic::Ordering::SeqCst));
     let bar = Bar::new(!(args.quiet || args.options.no_progress || args.json));
     let summary = convert(&ck, &args.dst, &options, &bar, &CANCEL).with_context(|| {
