@@ -102,6 +102,11 @@ done
   echo "|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
+  echo "How to read it: \\`cp\\` copies inside the kernel (copy_file_range), so it never brings a byte into user space;"
+  echo "reshard must, to hash every byte (sha256 per shard, xxh3 per tensor) and to cast. Targets: convert at most 1.2x"
+  echo "the copy floor, f32 -> bf16 at most 0.8x (it writes half the bytes), peak RSS at most --window + 64 MiB."
+  echo "\\`validate --device cpu\\` holds one shard in host memory as a stand-in for the GPU, so its RSS is about the largest shard."
+  echo
   if [ $have_python = 0 ]; then
     echo "The Python comparison rows are missing: torch is not installed on this machine (the issue quotes ~5x the copy time and 1.6 GB RSS on 2.2 GB for the per-tensor safetensors reshard)."
   fi
