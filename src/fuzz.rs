@@ -22,21 +22,25 @@ pub fn safetensors_header(data: &[u8]) {
     let mut names = HashSet::new();
     for t in &header.tensors {
         assert_eq!(t.begin, cursor, "accepted a hole or overlap at {}", t.name);
-        let numel = t
-            .shape
-            .iter()
-            .try_fold(1u64, |a, &d| a.checked_mul(d))
-            .expect("accepted an overflowing shape");
-        assert_eq!(
-            t.dtype.byte_len(numel),
-            Some(t.end - t.begin),
-            "accepted a wrong length for {}",
-            t.name
-        );
+        assert_length_matches_shape(&t.name, t.dtype, &t.shape, t.end - t.begin);
         assert!(names.insert(&t.name), "accepted a duplicate {}", t.name);
         cursor = t.end;
     }
     assert_eq!(cursor, header.data_len);
+}
+
+/// What every reader promises: the byte length is exactly shape x dtype,
+/// computed without overflow.
+fn assert_length_matches_shape(name: &str, dtype: Dtype, shape: &[u64], len: u64) {
+    let numel = shape
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .expect("accepted an overflowing shape");
+    assert_eq!(
+        dtype.byte_len(numel),
+        Some(len),
+        "accepted a wrong length for {name}"
+    );
 }
 
 /// The index parser: accepted weight maps name plain files only.
@@ -59,17 +63,7 @@ pub fn pytorch(data: &[u8]) {
         return;
     };
     for t in &tensors {
-        let numel = t
-            .shape
-            .iter()
-            .try_fold(1u64, |a, &d| a.checked_mul(d))
-            .expect("accepted an overflowing shape");
-        assert_eq!(
-            t.dtype.byte_len(numel),
-            Some(t.len),
-            "accepted a wrong length for {}",
-            t.name
-        );
+        assert_length_matches_shape(&t.name, t.dtype, &t.shape, t.len);
         if let DataRef::Contiguous { offset } = t.data {
             let end = offset.checked_add(t.len).expect("offset overflow accepted");
             assert!(end <= data.len() as u64, "{} points past the end", t.name);
