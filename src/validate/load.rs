@@ -10,7 +10,6 @@
 //! never an abort.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
 use xxhash_rust::xxh3::Xxh3;
@@ -299,7 +298,7 @@ fn hash_raw(
         let n = usize::try_from(end - check.pos)
             .unwrap_or(usize::MAX)
             .min(staging.len());
-        raw.read_exact_at(&mut staging[..n], check.pos)
+        crate::format::pread::read_exact_at(raw, &mut staging[..n], check.pos)
             .map_err(|e| FormatError::io(path, e))?;
         check.update(&staging[..n]);
     }

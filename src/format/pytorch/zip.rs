@@ -50,7 +50,7 @@ impl ReadAt for [u8] {
 
 impl ReadAt for std::fs::File {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        std::os::unix::fs::FileExt::read_exact_at(self, buf, offset)
+        crate::format::pread::read_exact_at(self, buf, offset)
     }
 }
 
