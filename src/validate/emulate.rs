@@ -216,7 +216,7 @@ fn hold(file: &File, size: u64, loader: Loader) -> std::io::Result<Held> {
             v.try_reserve_exact(len)
                 .map_err(|_| std::io::Error::from_raw_os_error(libc::ENOMEM))?;
             v.resize(len, 0);
-            crate::format::pread::read_exact_at(&file, &mut v, 0)?;
+            crate::format::pread::read_exact_at(file, &mut v, 0)?;
             Ok(Held::Read(v))
         }
     }
