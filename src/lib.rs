@@ -8,6 +8,8 @@
 //! ```
 //!
 //! Each stage takes plain data and returns plain data; nothing here prints.
+//! Beneath every stage, [`platform`] is the one module that knows which
+//! operating system it runs on.
 //!
 //! ```no_run
 //! let ck = reshard::format::open(std::path::Path::new("examples/tiny-llama"))?;
@@ -24,6 +26,7 @@ pub mod exec;
 pub mod format;
 pub mod inspect;
 pub mod plan;
+pub mod platform;
 pub mod units;
 pub mod validate;
 pub mod write;

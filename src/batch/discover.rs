@@ -200,7 +200,7 @@ fn subfolders(dir: &Path) -> std::io::Result<Vec<Child>> {
             Ok(m) if m.is_dir() => out.push(Ok((file_name, path))),
             Ok(_) => {}
             // A dangling link is not a folder we lost; only a loop is news.
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            Err(e) if crate::platform::is_symlink_loop(&e) => {
                 out.push(Err((file_name, path, io_reason(&e))))
             }
             Err(_) => {}
@@ -290,7 +290,7 @@ fn skip(name: &str, path: &Path, reason: String) -> Skipped {
 }
 
 fn io_reason(e: &std::io::Error) -> String {
-    if e.raw_os_error() == Some(libc::ELOOP) {
+    if crate::platform::is_symlink_loop(e) {
         "symlink loop (too many levels of symbolic links)".to_string()
     } else {
         format!("cannot read: {e}")

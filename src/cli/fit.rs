@@ -104,7 +104,7 @@ impl MachineArgs {
     pub fn machine(&self) -> Machine {
         let mut detected = machine::detect();
         if self.vram.is_none() {
-            detected.vram = reshard::validate::cuda::dedicated_memory(0);
+            detected.vram = reshard::validate::device::cuda::dedicated_memory(0);
         }
         Machine::resolve(&self.given(), &detected, Os::current())
     }

@@ -61,7 +61,7 @@ pub fn looks_like_checkpoint(dir: &Path) -> bool {
 
 /// An ELOOP from the OS becomes a clear symlink-loop error.
 fn io_error(path: &Path, e: std::io::Error) -> FormatError {
-    if e.raw_os_error() == Some(libc::ELOOP) {
+    if crate::platform::is_symlink_loop(&e) {
         FormatError::SymlinkLoop {
             path: path.to_path_buf(),
         }

@@ -11,7 +11,6 @@ pub mod discover;
 pub mod dtype;
 pub mod error;
 pub mod index;
-pub mod pread;
 pub mod pytorch;
 pub mod read;
 pub mod safetensors;

@@ -167,7 +167,7 @@ impl Read for RangeReader {
         if want == 0 {
             return Ok(0);
         }
-        let n = super::pread::read_at(&self.file, &mut buf[..want], self.pos)?;
+        let n = crate::platform::read_at(&self.file, &mut buf[..want], self.pos)?;
         if n == 0 {
             // The file is shorter than its header said: never pad with zeros.
             return Err(io::ErrorKind::UnexpectedEof.into());
@@ -273,7 +273,8 @@ impl Read for StridedReader {
                 "strided view reaches past the end of its storage",
             ));
         }
-        let n = super::pread::read_at(&self.file, &mut buf[..want as usize], self.storage + start)?;
+        let n =
+            crate::platform::read_at(&self.file, &mut buf[..want as usize], self.storage + start)?;
         if n == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }

@@ -2,14 +2,13 @@
 //! what is committed now, and VRAM, each either detected on the running
 //! machine or given by the user.
 //!
-//! This module reads /proc on Linux, asks Windows (GlobalMemoryStatusEx)
-//! and macOS (`sysctl hw.memsize`), and merges that with given figures into
-//! a [`Machine`]. It does no fit arithmetic ([`super::fit`] does) and prints
-//! nothing.
+//! This module merges what [`crate::platform::memory_status`] reads off the
+//! running machine with given figures into a [`Machine`]. It does no fit
+//! arithmetic ([`super::fit`] does) and prints nothing.
 
 use serde::{Deserialize, Serialize};
 
-pub use super::fit::loader::Os;
+pub use crate::platform::Os;
 
 /// Where a figure came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -174,106 +173,18 @@ impl Machine {
 
 /// Reads what the running machine's OS reports. Never fails: unreadable
 /// figures are `None`. VRAM is left to the caller: reading it opens a CUDA
-/// context, which only `validate::cuda::dedicated_memory` may do (it is the
-/// crate's one CUDA module), and only when `--vram` was not given.
+/// context, which only `validate::device::cuda::dedicated_memory` may do
+/// (it is the crate's one CUDA module), and only when `--vram` was not given.
 pub fn detect() -> Detected {
-    detect_host()
-}
-
-#[cfg(target_os = "linux")]
-fn detect_host() -> Detected {
-    let mut d = std::fs::read_to_string("/proc/meminfo")
-        .map(|t| parse_meminfo(&t))
-        .unwrap_or_default();
-    d.overcommit_memory = std::fs::read_to_string("/proc/sys/vm/overcommit_memory")
-        .ok()
-        .and_then(|s| s.trim().parse().ok());
-    d
-}
-
-#[cfg(target_os = "macos")]
-fn detect_host() -> Detected {
-    // Best effort: macOS grows swap on demand and has no commit limit.
-    let ram = std::process::Command::new("sysctl")
-        .args(["-n", "hw.memsize"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok());
+    let m = crate::platform::memory_status();
     Detected {
-        ram,
-        ..Detected::default()
-    }
-}
-
-#[cfg(windows)]
-fn detect_host() -> Detected {
-    windows::detect().unwrap_or_default()
-}
-
-#[cfg(not(any(target_os = "linux", target_os = "macos", windows)))]
-fn detect_host() -> Detected {
-    Detected::default()
-}
-
-/// Parses /proc/meminfo (values in kB).
-pub fn parse_meminfo(text: &str) -> Detected {
-    let field = |key: &str| {
-        text.lines().find_map(|line| {
-            let rest = line.strip_prefix(key)?.strip_prefix(':')?;
-            let kb: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
-            kb.checked_mul(1024)
-        })
-    };
-    Detected {
-        ram: field("MemTotal"),
-        available: field("MemAvailable"),
-        swap: field("SwapTotal"),
-        commit_limit: field("CommitLimit"),
-        committed: field("Committed_AS"),
-        overcommit_memory: None,
+        ram: m.ram,
+        available: m.available,
+        swap: m.swap,
+        commit_limit: m.commit_limit,
+        committed: m.committed,
+        overcommit_memory: m.overcommit_memory,
         vram: None,
-    }
-}
-
-/// Windows: GlobalMemoryStatusEx gives physical memory and the commit limit
-/// ("total page file" is RAM plus pagefiles, the system commit limit). This
-/// code compiles only on Windows and has not been run by the test suite.
-#[cfg(windows)]
-#[allow(unsafe_code)]
-mod windows {
-    use windows_sys::Win32::System::SystemInformation::{GlobalMemoryStatusEx, MEMORYSTATUSEX};
-
-    use super::Detected;
-
-    pub fn detect() -> Option<Detected> {
-        let mut m = MEMORYSTATUSEX {
-            dwLength: std::mem::size_of::<MEMORYSTATUSEX>() as u32,
-            dwMemoryLoad: 0,
-            ullTotalPhys: 0,
-            ullAvailPhys: 0,
-            ullTotalPageFile: 0,
-            ullAvailPageFile: 0,
-            ullTotalVirtual: 0,
-            ullAvailVirtual: 0,
-            ullAvailExtendedVirtual: 0,
-        };
-        // SAFETY: `m` is a live, writable MEMORYSTATUSEX whose dwLength is
-        // set to its size, which is all GlobalMemoryStatusEx requires.
-        let ok = unsafe { GlobalMemoryStatusEx(&mut m) };
-        if ok == 0 {
-            return None;
-        }
-        Some(Detected {
-            ram: Some(m.ullTotalPhys),
-            available: Some(m.ullAvailPhys),
-            swap: Some(m.ullTotalPageFile.saturating_sub(m.ullTotalPhys)),
-            commit_limit: Some(m.ullTotalPageFile),
-            committed: Some(m.ullTotalPageFile.saturating_sub(m.ullAvailPageFile)),
-            overcommit_memory: None,
-            vram: None,
-        })
     }
 }
 
@@ -282,22 +193,6 @@ mod tests {
     use super::*;
 
     const GIB: u64 = 1 << 30;
-
-    const MEMINFO: &str = "MemTotal:       65536000 kB\nMemFree:         1000 kB\nMemAvailable:   32768000 kB\nSwapTotal:       8388608 kB\nCommitLimit:    41156608 kB\nCommitted_AS:   10240000 kB\n";
-
-    #[test]
-    fn parses_meminfo_in_kib() {
-        let d = parse_meminfo(MEMINFO);
-        assert_eq!(d.ram, Some(65_536_000 * 1024));
-        assert_eq!(d.available, Some(32_768_000 * 1024));
-        assert_eq!(d.swap, Some(8 * GIB));
-        assert_eq!(d.commit_limit, Some(41_156_608 * 1024));
-        assert_eq!(d.committed, Some(10_240_000 * 1024));
-        assert_eq!(
-            parse_meminfo("garbage\nMemTotal: x kB\n"),
-            Detected::default()
-        );
-    }
 
     fn detected() -> Detected {
         Detected {

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use super::cpu::try_zeroed;
+use super::device::try_zeroed;
 use super::ledger::CommitLedger;
 use super::report::{AgainstReport, Failure, ValidateReport};
 use super::ValidateError;

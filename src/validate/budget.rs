@@ -14,8 +14,10 @@
 //! The binary that calls [`validate_with_budget`] must route
 //! `CHILD_SUBCOMMAND` to [`child_main`]; the `reshard` binary does.
 //!
-//! On Windows there is no `RLIMIT_DATA`: the child measures `PrivateUsage`
-//! and reports a peak over the budget as a failure, without enforcing it.
+//! The limit is [`crate::platform::CommitLimit`]: `RLIMIT_DATA` on Unix, a
+//! Job Object with a process memory limit on Windows (which Wine accepts
+//! but does not enforce: there a peak over the budget is still reported as
+//! a failure, from the measured figure).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -102,12 +104,12 @@ fn interpret(
         .unwrap_or("")
         .trim()
         .to_string();
-    if let Some(signal) = signal_of(&output.status) {
+    if let Some(how) = crate::platform::abnormal_exit(&output.status) {
         let mut report = ValidateReport::new(path, options);
         let detail = if last.is_empty() {
-            format!("signal {signal}")
+            how
         } else {
-            format!("signal {signal}; {last}")
+            format!("{how}; {last}")
         };
         report.fail(Failure::Stopped { budget, detail });
         report.finish(options);
@@ -116,18 +118,6 @@ fn interpret(
     Err(ValidateError::Child {
         reason: format!("the budget child exited with {}: {last}", output.status),
     })
-}
-
-#[cfg(unix)]
-fn signal_of(status: &std::process::ExitStatus) -> Option<i32> {
-    use std::os::unix::process::ExitStatusExt;
-    status.signal()
-}
-
-#[cfg(not(unix))]
-fn signal_of(status: &std::process::ExitStatus) -> Option<i32> {
-    // 0xC0000017 STATUS_NO_MEMORY, 0xC0000409 (abort), 0xC0000005.
-    status.code().filter(|c| (*c as u32) >= 0xC000_0000)
 }
 
 /// The child's entry point: runs the validation its environment describes
@@ -162,51 +152,18 @@ fn child_run() -> Result<ValidateReport, ValidateError> {
     let mut limit = None;
     let result = super::run(&args.path, &args.options, &mut ledger, |ledger| {
         ledger.rebase();
-        limit = Some(DataLimit::set(ledger.baseline().saturating_add(budget))?);
+        let total = ledger.baseline().saturating_add(budget);
+        limit = Some(
+            crate::platform::CommitLimit::set(total).map_err(|e| ValidateError::Io {
+                what: format!("limit this process's commit to {total} bytes"),
+                source: e,
+            })?,
+        );
         Ok(())
     });
     // Lift the limit before the report is built and printed.
     drop(limit);
     result
-}
-
-/// `RLIMIT_DATA` lowered for as long as this lives.
-struct DataLimit {
-    #[cfg(unix)]
-    previous: (nix::libc::rlim_t, nix::libc::rlim_t),
-}
-
-impl DataLimit {
-    #[cfg(unix)]
-    fn set(bytes: u64) -> Result<DataLimit, ValidateError> {
-        use nix::sys::resource::{getrlimit, setrlimit, Resource};
-        let err = |e: nix::Error| ValidateError::Io {
-            what: "set RLIMIT_DATA".into(),
-            source: std::io::Error::from(e),
-        };
-        let previous = getrlimit(Resource::RLIMIT_DATA).map_err(err)?;
-        let soft = (bytes as nix::libc::rlim_t).min(previous.1);
-        setrlimit(Resource::RLIMIT_DATA, soft, previous.1).map_err(err)?;
-        Ok(DataLimit { previous })
-    }
-
-    #[cfg(not(unix))]
-    fn set(_bytes: u64) -> Result<DataLimit, ValidateError> {
-        Ok(DataLimit {})
-    }
-}
-
-impl Drop for DataLimit {
-    fn drop(&mut self) {
-        #[cfg(unix)]
-        {
-            let _ = nix::sys::resource::setrlimit(
-                nix::sys::resource::Resource::RLIMIT_DATA,
-                self.previous.0,
-                self.previous.1,
-            );
-        }
-    }
 }
 
 #[cfg(all(test, unix))]

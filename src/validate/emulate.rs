@@ -22,70 +22,18 @@
 
 #![allow(unsafe_code)]
 
-use std::fmt;
 use std::fs::File;
-use std::str::FromStr;
 use std::time::Instant;
 
 use memmap2::{MmapMut, MmapOptions};
-use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::integrity::{Expected, ShardCheck};
 use super::ledger::CommitLedger;
+use super::options::Loader;
 use super::report::{EmulationReport, Failure, ShardTiming, ValidateReport};
 use super::ValidateError;
 use crate::format::{Checkpoint, DataRef};
-
-/// A loader whose mapping pattern `--emulate` reproduces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Loader {
-    TransformersV5Mmap,
-    PerShardMmap,
-    FullRead,
-}
-
-impl Loader {
-    pub const ALL: [Loader; 3] = [
-        Loader::TransformersV5Mmap,
-        Loader::PerShardMmap,
-        Loader::FullRead,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Loader::TransformersV5Mmap => "transformers-v5-mmap",
-            Loader::PerShardMmap => "per-shard-mmap",
-            Loader::FullRead => "full-read",
-        }
-    }
-
-    /// Whether every shard stays in memory until the end.
-    pub fn keeps_all(self) -> bool {
-        !matches!(self, Loader::PerShardMmap)
-    }
-}
-
-impl fmt::Display for Loader {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Loader {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Loader::ALL
-            .into_iter()
-            .find(|l| l.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Loader::ALL.iter().map(|l| l.name()).collect();
-                format!("unknown loader {s:?}: use one of {}", names.join(", "))
-            })
-    }
-}
 
 /// One shard held the way the loader holds it.
 enum Held {
@@ -100,10 +48,6 @@ impl Held {
             Held::Read(v) => v,
         }
     }
-}
-
-fn is_enomem(e: &std::io::Error) -> bool {
-    e.raw_os_error() == Some(libc::ENOMEM) || e.kind() == std::io::ErrorKind::OutOfMemory
 }
 
 /// Maps (or reads) the shards of `ck` in `order` as `loader` does, checking
@@ -142,7 +86,7 @@ pub fn run(
         let f = File::open(&source.path).map_err(io)?;
         let held = match hold(&f, source.size, loader) {
             Ok(h) => h,
-            Err(e) if is_enomem(&e) => {
+            Err(e) if crate::platform::is_out_of_memory(&e) => {
                 let committed = ledger.sample();
                 report.fail(Failure::OverBudget {
                     shard: name,
@@ -210,31 +154,13 @@ fn hold(file: &File, size: u64, loader: Loader) -> std::io::Result<Held> {
             Ok(Held::Map(map))
         }
         Loader::FullRead => {
-            let len = usize::try_from(size)
-                .map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
+            let len = usize::try_from(size).map_err(|_| crate::platform::out_of_memory())?;
             let mut v = Vec::new();
             v.try_reserve_exact(len)
-                .map_err(|_| std::io::Error::from_raw_os_error(libc::ENOMEM))?;
+                .map_err(|_| crate::platform::out_of_memory())?;
             v.resize(len, 0);
-            crate::format::pread::read_exact_at(file, &mut v, 0)?;
+            crate::platform::read_exact_at(file, &mut v, 0)?;
             Ok(Held::Read(v))
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_loader_names() {
-        for l in Loader::ALL {
-            assert_eq!(l.name().parse::<Loader>().unwrap(), l);
-            assert_eq!(
-                serde_json::to_string(&l).unwrap(),
-                format!("\"{}\"", l.name())
-            );
-        }
-        assert!("transformers".parse::<Loader>().is_err());
     }
 }

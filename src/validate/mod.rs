@@ -8,113 +8,50 @@
 //!    present, every shard's sha256 and every tensor's xxh3 match it. The
 //!    hashes are computed on the bytes as step 2 streams them: each file is
 //!    read once.
-//! 2. Load ([`load`]): shard by shard in layer order, every tensor goes
+//! 2. Load ([`own`]): shard by shard in layer order, every tensor goes
 //!    through one bounded staging buffer into a device allocation
-//!    ([`cpu`] or [`cuda`]), is read back and compared. Or, with
+//!    ([`device`]: the CPU stand-in or CUDA), is read back and compared. Or, with
 //!    [`ValidateOptions::emulate`], another loader's mapping pattern is
 //!    reproduced instead ([`emulate`]).
 //! 3. Commit ([`ledger`]): the process's commit charge is sampled at every
 //!    allocation and mapping; [`budget`] enforces a budget for real by
-//!    running the load in a child process under `RLIMIT_DATA`.
+//!    running the load in a child process under a commit limit
+//!    ([`crate::platform::CommitLimit`]: `RLIMIT_DATA`, or a Job Object).
 //! 4. Against ([`against`]): every tensor equals the source's, bit for bit
 //!    or as the documented cast of it.
+//!
+//! The files form layers, each using only those below it: [`ledger`],
+//! [`options`] and [`report`] (plain data) at the bottom; [`device`] and
+//! [`integrity`] in the middle; the ways of loading ([`own`], [`emulate`],
+//! [`against`]) and the budget child ([`budget`]) on top, and this file,
+//! which runs them in order. `scripts/check-architecture.py` keeps it so.
 //!
 //! A check that ran and failed is a [`Failure`] in the report (exit 1 at the
 //! CLI); a check that could not run is a [`ValidateError`] (exit 2). Nothing
 //! here prints.
 
+// Bottom layer: plain data, depending on nothing above it.
+pub mod ledger;
+pub mod options;
+pub mod report;
+// Middle: what a load checks, and where it puts tensors.
+pub mod device;
+pub mod integrity;
+// Top: the ways of loading, each over the same ledger, and the budget child.
 pub mod against;
 pub mod budget;
-pub mod cpu;
-pub mod cuda;
 pub mod emulate;
-pub mod integrity;
-pub mod ledger;
-pub mod load;
-pub mod report;
+pub mod own;
 
-use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
-
-use serde::{Deserialize, Serialize};
 
 use crate::format::{self, FormatError};
 use crate::write::manifest::{Manifest, ManifestError, MANIFEST};
 
 pub use self::budget::validate_with_budget;
-pub use self::emulate::Loader;
 pub use self::ledger::{CommitFigures, CommitLedger};
+pub use self::options::{DeviceSpec, Loader, ValidateOptions, DEFAULT_STAGING};
 pub use self::report::{Failure, ShardTiming, ValidateReport};
-
-/// Default size of the one staging buffer every byte goes through.
-pub const DEFAULT_STAGING: u64 = 64 << 20;
-
-/// Which device the load step puts tensors on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase", tag = "kind", content = "ordinal")]
-pub enum DeviceSpec {
-    /// Host memory (`Vec<u8>`) standing in for device memory.
-    #[default]
-    Cpu,
-    /// CUDA device N.
-    Cuda(usize),
-}
-
-impl FromStr for DeviceSpec {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "cpu" => Ok(DeviceSpec::Cpu),
-            "cuda" => Ok(DeviceSpec::Cuda(0)),
-            other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
-                Some(Ok(n)) => Ok(DeviceSpec::Cuda(n)),
-                _ => Err(format!("invalid device {s:?}: use cpu, cuda or cuda:N")),
-            },
-        }
-    }
-}
-
-impl fmt::Display for DeviceSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DeviceSpec::Cpu => f.write_str("cpu"),
-            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
-        }
-    }
-}
-
-/// What to check and how. Serde so the budget child receives it as JSON.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ValidateOptions {
-    pub device: DeviceSpec,
-    /// Size of the staging buffer (capped at the largest tensor).
-    pub staging: u64,
-    /// Device bytes the load may hold in total, counted cumulatively as a
-    /// GPU would hold them.
-    pub vram_budget: Option<u64>,
-    /// Commit the load may add above its baseline. [`validate`] only
-    /// measures and reports against it; [`validate_with_budget`] enforces it.
-    pub commit_budget: Option<u64>,
-    /// A source checkpoint every tensor is compared with.
-    pub against: Option<PathBuf>,
-    /// Reproduce another loader's mapping pattern instead of loading.
-    pub emulate: Option<Loader>,
-}
-
-impl Default for ValidateOptions {
-    fn default() -> Self {
-        ValidateOptions {
-            device: DeviceSpec::Cpu,
-            staging: DEFAULT_STAGING,
-            vram_budget: None,
-            commit_budget: None,
-            against: None,
-            emulate: None,
-        }
-    }
-}
 
 /// Why validation could not run (as opposed to a check that failed).
 #[derive(Debug, thiserror::Error)]
@@ -194,7 +131,7 @@ pub(crate) fn run(
     report.tensors = ck.tensors.len();
     report.files = ck.files.len();
     let expect = integrity::Expected::new(&ck, manifest.as_ref(), &mut report.failures);
-    let order = load::shard_order(&ck);
+    let order = own::shard_order(&ck);
 
     match options.emulate {
         Some(loader) => {
@@ -209,7 +146,8 @@ pub(crate) fn run(
             emulate::run(&ck, &order, loader, &expect, ledger, &mut report)?;
         }
         None => {
-            let mut device = load::open_device(options.device, options.staging, &ck)?;
+            let mut device =
+                device::open(options.device, device::staging_len(options.staging, &ck))?;
             report.device = device.info();
             if options.against.is_some() {
                 // cast_parallel may use rayon: start its threads before the
@@ -217,7 +155,7 @@ pub(crate) fn run(
                 ledger.add_thread_stacks(against::warm_threads());
             }
             before_load(ledger)?;
-            load::run(
+            own::run(
                 &ck,
                 &order,
                 device.as_mut(),
@@ -239,7 +177,7 @@ pub(crate) fn run(
             src,
             policy,
             &dropped,
-            load::staging_len(options.staging, &ck) as u64,
+            device::staging_len(options.staging, &ck) as u64,
             ledger,
             &mut report,
         );
@@ -251,33 +189,4 @@ pub(crate) fn run(
     report.commit = Some(ledger.figures());
     report.finish(options);
     Ok(report)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_devices() {
-        assert_eq!("cpu".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
-        assert_eq!("cuda".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(0));
-        assert_eq!("CUDA:3".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(3));
-        for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", ""] {
-            assert!(bad.parse::<DeviceSpec>().is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn options_round_trip_as_json() {
-        let o = ValidateOptions {
-            device: DeviceSpec::Cuda(1),
-            commit_budget: Some(5),
-            emulate: Some(Loader::PerShardMmap),
-            against: Some(PathBuf::from("/src")),
-            ..ValidateOptions::default()
-        };
-        let back: ValidateOptions =
-            serde_json::from_str(&serde_json::to_string(&o).unwrap()).unwrap();
-        assert_eq!(back, o);
-    }
 }

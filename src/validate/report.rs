@@ -6,9 +6,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::emulate::Loader;
 use super::ledger::CommitFigures;
-use super::ValidateOptions;
+use super::options::{Loader, ValidateOptions};
 use crate::units::human;
 
 /// The device the load step used.

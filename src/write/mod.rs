@@ -10,7 +10,6 @@ pub mod failpoint;
 pub mod index;
 pub mod manifest;
 pub mod shard;
-pub mod writeback;
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -90,9 +89,7 @@ fn commit_temp(result: io::Result<()>, tmp: &Path, dst: &Path) -> Result<(), Wri
 
 /// Flushes a folder's entries (the renames) to disk.
 pub fn sync_dir(dir: &Path) -> Result<(), WriteError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| WriteError::io(dir, e))
+    crate::platform::sync_dir(dir).map_err(|e| WriteError::io(dir, e))
 }
 
 /// Removes temporary files a killed run left in `dir`.

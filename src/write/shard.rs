@@ -123,7 +123,7 @@ impl ShardWriter {
         })?;
         file.write_all(bytes)
             .map_err(|e| WriteError::io(&self.final_path, e))?;
-        super::writeback::start(file, self.written, bytes.len() as u64);
+        crate::platform::start_writeback(file, self.written, bytes.len() as u64);
         self.written += bytes.len() as u64;
         Ok(())
     }

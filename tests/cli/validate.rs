@@ -266,7 +266,7 @@ fn vram_budget_reports_how_many_leading_blocks_fit() {
 
 #[test]
 fn cuda_without_a_driver_exits_2_without_panicking() {
-    if reshard::validate::cuda::driver_present() {
+    if reshard::validate::device::cuda::driver_present() {
         eprintln!("skipped: a CUDA driver is present here");
         return;
     }

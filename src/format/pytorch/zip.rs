@@ -50,7 +50,7 @@ impl ReadAt for [u8] {
 
 impl ReadAt for std::fs::File {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        crate::format::pread::read_exact_at(self, buf, offset)
+        crate::platform::read_exact_at(self, buf, offset)
     }
 }
 

@@ -9,6 +9,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::platform::Os;
+
 /// A way of loading a checkpoint, named by what it does to memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -68,38 +70,6 @@ impl Loader {
 impl fmt::Display for Loader {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-/// The target operating system: it decides what is charged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Os {
-    Windows,
-    Linux,
-    Macos,
-}
-
-impl Os {
-    /// The OS this binary runs on (anything not Windows or macOS counts as Linux).
-    pub fn current() -> Os {
-        if cfg!(windows) {
-            Os::Windows
-        } else if cfg!(target_os = "macos") {
-            Os::Macos
-        } else {
-            Os::Linux
-        }
-    }
-}
-
-impl fmt::Display for Os {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Os::Windows => "windows",
-            Os::Linux => "linux",
-            Os::Macos => "macos",
-        })
     }
 }
 

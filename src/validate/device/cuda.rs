@@ -18,10 +18,9 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError, PinnedHostSlice};
 
-use super::cpu::try_zeroed;
-use super::load::{Device, DeviceError};
-use super::report::DeviceInfo;
-use super::ValidateError;
+use super::{try_zeroed, Device, DeviceError};
+use crate::validate::report::DeviceInfo;
+use crate::validate::ValidateError;
 
 enum Staging {
     Pinned(PinnedHostSlice<u8>),

@@ -15,8 +15,8 @@
 
 use memmap2::MmapMut;
 
-use super::load::{Device, DeviceError};
-use super::report::DeviceInfo;
+use super::{Device, DeviceError};
+use crate::validate::report::DeviceInfo;
 
 pub struct CpuDevice {
     staging_len: usize,
@@ -43,19 +43,6 @@ pub fn anon(len: usize) -> Result<MmapMut, DeviceError> {
         needed: len as u64,
         host: true,
     })
-}
-
-/// A zeroed buffer of `len` bytes, or `OutOfMemory` if the allocator (or
-/// `RLIMIT_DATA`) refuses it.
-pub fn try_zeroed(len: usize) -> Result<Vec<u8>, DeviceError> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(len)
-        .map_err(|_| DeviceError::OutOfMemory {
-            needed: len as u64,
-            host: true,
-        })?;
-    v.resize(len, 0);
-    Ok(v)
 }
 
 impl Device for CpuDevice {

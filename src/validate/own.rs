@@ -2,8 +2,8 @@
 //! through one staging buffer of bounded size into a device allocation, is
 //! read back and compared.
 //!
-//! Devices implement [`Device`]; the CPU stand-in ([`super::cpu`]) and CUDA
-//! ([`super::cuda`]) run the same code path. The staging buffer belongs to
+//! Devices implement [`Device`]; the CPU stand-in and CUDA
+//! ([`super::device`]) run the same code path. The staging buffer belongs to
 //! the device (pinned host memory on CUDA) and is allocated once, after the
 //! commit baseline, so it counts in the peak. Every allocation is fallible:
 //! under a commit budget an allocation past it is a [`Failure::OverBudget`],
@@ -14,64 +14,14 @@ use std::time::Instant;
 
 use xxhash_rust::xxh3::Xxh3;
 
+use super::device::{staging_len, Device, DeviceError};
 use super::integrity::{Expected, ShardCheck};
 use super::ledger::CommitLedger;
-use super::report::{DeviceInfo, Failure, ShardTiming, ValidateReport, VramFit};
-use super::{DeviceSpec, ValidateError, ValidateOptions};
+use super::report::{Failure, ShardTiming, ValidateReport, VramFit};
+use super::{ValidateError, ValidateOptions};
 use crate::format::read::SourceReader;
 use crate::format::{Checkpoint, DataRef, FormatError};
 use crate::plan::order::{block_of, sort_indices, Order};
-
-/// Why a device operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum DeviceError {
-    /// `host`: the memory was host memory (commit); otherwise device memory.
-    #[error("out of memory: {needed} bytes")]
-    OutOfMemory { needed: u64, host: bool },
-    #[error("{0}")]
-    Driver(String),
-}
-
-/// A place tensors are loaded into. Allocation handles are indices.
-pub trait Device {
-    fn info(&self) -> DeviceInfo;
-    /// Allocates the staging buffer (once).
-    fn prepare(&mut self) -> Result<(), DeviceError>;
-    /// The staging buffer; [`Device::prepare`] must have succeeded.
-    fn staging(&mut self) -> Result<&mut [u8], DeviceError>;
-    /// A device allocation of `len` (> 0) bytes.
-    fn alloc(&mut self, len: u64) -> Result<usize, DeviceError>;
-    /// Copies `staging[..len]` to `alloc[offset..offset + len]`.
-    fn upload(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError>;
-    /// Copies `alloc[offset..offset + len]` to `staging[..len]`.
-    fn download(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError>;
-    /// The shard is loaded: the CPU stand-in hands it on (frees it); a GPU
-    /// keeps it, as a loader would.
-    fn end_shard(&mut self);
-    /// Device bytes held now.
-    fn held(&self) -> u64;
-}
-
-/// The staging buffer for a checkpoint: `requested`, but no larger than
-/// the largest tensor (rounded up to 4 KiB), and at least 4 KiB.
-pub fn staging_len(requested: u64, ck: &Checkpoint) -> usize {
-    let largest = ck.tensors.iter().map(|t| t.len).max().unwrap_or(0);
-    let len = requested.min(largest.next_multiple_of(4096)).max(4096);
-    usize::try_from(len).unwrap_or(usize::MAX)
-}
-
-/// Opens the device `spec` names, with a staging buffer for `ck`.
-pub fn open_device(
-    spec: DeviceSpec,
-    staging: u64,
-    ck: &Checkpoint,
-) -> Result<Box<dyn Device>, ValidateError> {
-    let len = staging_len(staging, ck);
-    Ok(match spec {
-        DeviceSpec::Cpu => Box::new(super::cpu::CpuDevice::new(len)),
-        DeviceSpec::Cuda(ordinal) => Box::new(super::cuda::CudaDevice::open(ordinal, len)?),
-    })
-}
 
 /// File indices of `ck` in layer order: by the layer-order rank of the
 /// first tensor each holds.
@@ -298,7 +248,7 @@ fn hash_raw(
         let n = usize::try_from(end - check.pos)
             .unwrap_or(usize::MAX)
             .min(staging.len());
-        crate::format::pread::read_exact_at(raw, &mut staging[..n], check.pos)
+        crate::platform::read_exact_at(raw, &mut staging[..n], check.pos)
             .map_err(|e| FormatError::io(path, e))?;
         check.update(&staging[..n]);
     }

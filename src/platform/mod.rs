@@ -1,0 +1,177 @@
+//! The one module that knows which operating system reshard runs on.
+//!
+//! Everything that differs between Unix and Windows lives here, behind one
+//! `cfg` per implementation file ([`unix`] or `windows`), in the style of
+//! std's `sys`: the rest of the crate calls the plain functions below and
+//! never branches on the OS. This module owns
+//!
+//! * positioned reads ([`read_at`], [`read_exact_at`]),
+//! * durability of a folder's entries ([`sync_dir`]) and early writeback of
+//!   written pages ([`start_writeback`]),
+//! * the machine's memory and commit figures ([`memory_status`]),
+//! * this process's commit charge ([`commit_usage`], [`COMMIT_SOURCE`]) and
+//!   a commit limit a process puts on itself ([`CommitLimit`]: `RLIMIT_DATA`
+//!   on Unix, a Job Object on Windows),
+//! * reading OS errors and exit statuses portably ([`is_out_of_memory`],
+//!   [`is_symlink_loop`], [`abnormal_exit`]).
+//!
+//! It holds no policy: what to do with a figure or an error is the caller's.
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+use std::process::ExitStatus;
+
+use serde::{Deserialize, Serialize};
+
+#[cfg(unix)]
+mod unix;
+#[cfg(unix)]
+use unix as imp;
+
+#[cfg(windows)]
+mod windows;
+#[cfg(windows)]
+use windows as imp;
+
+/// An operating system, as far as memory accounting goes: it decides what
+/// is charged against the commit limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Os {
+    Windows,
+    Linux,
+    Macos,
+}
+
+impl Os {
+    /// The OS this binary runs on (any Unix but macOS counts as Linux).
+    pub fn current() -> Os {
+        if cfg!(windows) {
+            Os::Windows
+        } else if cfg!(target_os = "macos") {
+            Os::Macos
+        } else {
+            Os::Linux
+        }
+    }
+}
+
+impl std::fmt::Display for Os {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Os::Windows => "windows",
+            Os::Linux => "linux",
+            Os::Macos => "macos",
+        })
+    }
+}
+
+/// Reads up to `buf.len()` bytes at `offset` without moving a shared file
+/// cursor, so workers can read one file at once; 0 means end of file.
+pub fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    imp::read_at(file, buf, offset)
+}
+
+/// Reads exactly `buf.len()` bytes at `offset`, or fails with
+/// `UnexpectedEof`: a short file is never padded.
+pub fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+    while !buf.is_empty() {
+        match read_at(file, buf, offset) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Makes the entries of folder `dir` (creations, renames) durable.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    imp::sync_dir(dir)
+}
+
+/// Starts (does not wait for) writeback of `len` bytes at `offset` of a
+/// file being written, so the disk works while the next chunk is computed
+/// and the final `sync_all` has little left. Best effort: where the OS has
+/// no such call, or it fails, the pages are written at `sync_all`.
+pub fn start_writeback(file: &File, offset: u64, len: u64) {
+    imp::start_writeback(file, offset, len)
+}
+
+/// What the running machine reports about its memory; `None` where it
+/// cannot be read. Bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MemoryStatus {
+    pub ram: Option<u64>,
+    /// Linux MemAvailable; Windows available physical memory.
+    pub available: Option<u64>,
+    /// Linux SwapTotal; Windows pagefile (commit limit minus RAM).
+    pub swap: Option<u64>,
+    /// Linux CommitLimit; Windows commit limit (RAM + current pagefile).
+    pub commit_limit: Option<u64>,
+    /// Linux Committed_AS; Windows commit charge now.
+    pub committed: Option<u64>,
+    /// Linux `vm.overcommit_memory` (2 is strict).
+    pub overcommit_memory: Option<u8>,
+}
+
+/// Reads the machine's memory figures. Never fails: unreadable figures are
+/// `None`.
+pub fn memory_status() -> MemoryStatus {
+    imp::memory_status()
+}
+
+/// Where [`commit_usage`] reads this process's commit charge: `VmData`
+/// (Linux), `PagefileUsage` (Windows), or `unavailable`.
+pub const COMMIT_SOURCE: &str = imp::COMMIT_SOURCE;
+
+/// This process's commit charge now, in bytes, read without allocating on
+/// the heap (so it can be sampled close to a limit).
+pub fn commit_usage() -> Option<u64> {
+    imp::commit_usage()
+}
+
+/// A limit on this process's total commit charge, held for as long as the
+/// value lives: an allocation or copy-on-write mapping past it fails (the
+/// call returns an error) instead of swapping or killing the process.
+/// `RLIMIT_DATA` on Unix; on Windows a Job Object with
+/// `JOB_OBJECT_LIMIT_PROCESS_MEMORY` the process assigns itself to.
+pub struct CommitLimit {
+    // Held for its Drop, which lifts the limit.
+    _limit: imp::CommitLimit,
+}
+
+impl CommitLimit {
+    /// Limits this process's commit to `bytes` in total (not above now).
+    pub fn set(bytes: u64) -> io::Result<CommitLimit> {
+        imp::CommitLimit::set(bytes).map(|l| CommitLimit { _limit: l })
+    }
+}
+
+/// Whether `e` means the system refused memory (ENOMEM, or Windows'
+/// "not enough memory" / "commitment limit" errors).
+pub fn is_out_of_memory(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::OutOfMemory || imp::is_out_of_memory(e)
+}
+
+/// The error an allocation that the system refused is reported as.
+pub fn out_of_memory() -> io::Error {
+    io::Error::from(io::ErrorKind::OutOfMemory)
+}
+
+/// Whether `e` means a chain of symbolic links loops (or is too long).
+pub fn is_symlink_loop(e: &io::Error) -> bool {
+    imp::is_symlink_loop(e)
+}
+
+/// How a child process ended when it did not exit by itself: `signal 6`
+/// on Unix, `status 0xC0000017` (an NTSTATUS exception) on Windows.
+/// `None` for an ordinary exit.
+pub fn abnormal_exit(status: &ExitStatus) -> Option<String> {
+    imp::abnormal_exit(status)
+}

@@ -1,0 +1,214 @@
+//! Unix (Linux first; macOS and other Unixes best effort) behind
+//! [`super`]'s portable API. Linux reads `/proc` for memory figures and the
+//! commit charge (`VmData`, the quantity `RLIMIT_DATA` limits).
+
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+use std::process::ExitStatus;
+
+use super::MemoryStatus;
+
+pub fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    std::os::unix::fs::FileExt::read_at(file, buf, offset)
+}
+
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(target_os = "linux")]
+pub fn start_writeback(file: &File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return;
+    };
+    // SAFETY: sync_file_range reads no memory of ours; the descriptor is
+    // owned by `file` and open for the duration of the call. A failure only
+    // means the kernel will write the pages later, at fsync, so it is ignored.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn start_writeback(_file: &File, _offset: u64, _len: u64) {}
+
+#[cfg(target_os = "linux")]
+pub fn memory_status() -> MemoryStatus {
+    let mut m = std::fs::read_to_string("/proc/meminfo")
+        .map(|t| parse_meminfo(&t))
+        .unwrap_or_default();
+    m.overcommit_memory = std::fs::read_to_string("/proc/sys/vm/overcommit_memory")
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    m
+}
+
+#[cfg(target_os = "macos")]
+pub fn memory_status() -> MemoryStatus {
+    // Best effort: macOS grows swap on demand and has no commit limit.
+    let ram = std::process::Command::new("sysctl")
+        .args(["-n", "hw.memsize"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok());
+    MemoryStatus {
+        ram,
+        ..MemoryStatus::default()
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+pub fn memory_status() -> MemoryStatus {
+    MemoryStatus::default()
+}
+
+/// Parses /proc/meminfo (values in kB).
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn parse_meminfo(text: &str) -> MemoryStatus {
+    let field = |key: &str| {
+        text.lines().find_map(|line| {
+            let rest = line.strip_prefix(key)?.strip_prefix(':')?;
+            let kb: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+            kb.checked_mul(1024)
+        })
+    };
+    MemoryStatus {
+        ram: field("MemTotal"),
+        available: field("MemAvailable"),
+        swap: field("SwapTotal"),
+        commit_limit: field("CommitLimit"),
+        committed: field("Committed_AS"),
+        overcommit_memory: None,
+    }
+}
+
+#[cfg(target_os = "linux")]
+pub const COMMIT_SOURCE: &str = "VmData";
+#[cfg(not(target_os = "linux"))]
+pub const COMMIT_SOURCE: &str = "unavailable";
+
+/// `VmData` in bytes, read into a stack buffer.
+#[cfg(target_os = "linux")]
+pub fn commit_usage() -> Option<u64> {
+    use std::io::Read;
+    let mut buf = [0u8; 16 * 1024];
+    let mut file = File::open("/proc/self/status").ok()?;
+    let mut len = 0;
+    while len < buf.len() {
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    parse_vm_data(&buf[..len])
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn commit_usage() -> Option<u64> {
+    None
+}
+
+/// The `VmData:` line of a /proc/PID/status text, in bytes.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn parse_vm_data(status: &[u8]) -> Option<u64> {
+    let line = status
+        .split(|&b| b == b'\n')
+        .find(|l| l.starts_with(b"VmData:"))?;
+    let rest = std::str::from_utf8(&line[b"VmData:".len()..]).ok()?;
+    let mut parts = rest.split_whitespace();
+    let n: u64 = parts.next()?.parse().ok()?;
+    let unit = match parts.next() {
+        Some("kB") | Some("KB") => 1024,
+        Some("mB") | Some("MB") => 1024 * 1024,
+        None | Some("B") => 1,
+        Some(_) => return None,
+    };
+    n.checked_mul(unit)
+}
+
+/// `RLIMIT_DATA` lowered for as long as this lives; the previous limit is
+/// restored on drop.
+pub struct CommitLimit {
+    previous: (libc::rlim_t, libc::rlim_t),
+}
+
+impl CommitLimit {
+    pub fn set(bytes: u64) -> io::Result<CommitLimit> {
+        use nix::sys::resource::{getrlimit, setrlimit, Resource};
+        let previous = getrlimit(Resource::RLIMIT_DATA).map_err(io::Error::from)?;
+        let soft = (bytes as libc::rlim_t).min(previous.1);
+        setrlimit(Resource::RLIMIT_DATA, soft, previous.1).map_err(io::Error::from)?;
+        Ok(CommitLimit { previous })
+    }
+}
+
+impl Drop for CommitLimit {
+    fn drop(&mut self) {
+        let _ = nix::sys::resource::setrlimit(
+            nix::sys::resource::Resource::RLIMIT_DATA,
+            self.previous.0,
+            self.previous.1,
+        );
+    }
+}
+
+pub fn is_out_of_memory(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENOMEM)
+}
+
+pub fn is_symlink_loop(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ELOOP)
+}
+
+pub fn abnormal_exit(status: &ExitStatus) -> Option<String> {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal().map(|s| format!("signal {s}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn parses_meminfo_in_kib() {
+        let text = "MemTotal:       65536000 kB\nMemFree:         1000 kB\nMemAvailable:   32768000 kB\nSwapTotal:       8388608 kB\nCommitLimit:    41156608 kB\nCommitted_AS:   10240000 kB\n";
+        let m = parse_meminfo(text);
+        assert_eq!(m.ram, Some(65_536_000 * 1024));
+        assert_eq!(m.available, Some(32_768_000 * 1024));
+        assert_eq!(m.swap, Some(8 * GIB));
+        assert_eq!(m.commit_limit, Some(41_156_608 * 1024));
+        assert_eq!(m.committed, Some(10_240_000 * 1024));
+        assert_eq!(
+            parse_meminfo("garbage\nMemTotal: x kB\n"),
+            MemoryStatus::default()
+        );
+    }
+
+    #[test]
+    fn parses_vm_data_lines() {
+        let status = b"Name:\tx\nVmPeak:\t  9999 kB\nVmData:\t    1234 kB\nVmStk:\t 132 kB\n";
+        assert_eq!(parse_vm_data(status), Some(1234 * 1024));
+        assert_eq!(parse_vm_data(b"Name:\tx\n"), None);
+        assert_eq!(parse_vm_data(b"VmData:\tlots kB\n"), None);
+    }
+
+    #[test]
+    fn a_signal_is_an_abnormal_exit() {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            abnormal_exit(&ExitStatus::from_raw(6)).as_deref(),
+            Some("signal 6")
+        );
+        assert_eq!(abnormal_exit(&ExitStatus::from_raw(1 << 8)), None);
+    }
+}

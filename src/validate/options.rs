@@ -1,0 +1,169 @@
+//! What `validate` is asked to do, as plain serde data (the budget child
+//! receives it as JSON): the device, the budgets, the source to compare
+//! with, and the loader to emulate. Depends on nothing else in `validate`.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Default size of the one staging buffer every byte goes through.
+pub const DEFAULT_STAGING: u64 = 64 << 20;
+
+/// Which device the load step puts tensors on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "kind", content = "ordinal")]
+pub enum DeviceSpec {
+    /// Host memory (`Vec<u8>`) standing in for device memory.
+    #[default]
+    Cpu,
+    /// CUDA device N.
+    Cuda(usize),
+}
+
+impl FromStr for DeviceSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "cuda" => Ok(DeviceSpec::Cuda(0)),
+            other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(DeviceSpec::Cuda(n)),
+                _ => Err(format!("invalid device {s:?}: use cpu, cuda or cuda:N")),
+            },
+        }
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Cpu => f.write_str("cpu"),
+            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// What to check and how. Serde so the budget child receives it as JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValidateOptions {
+    pub device: DeviceSpec,
+    /// Size of the staging buffer (capped at the largest tensor).
+    pub staging: u64,
+    /// Device bytes the load may hold in total, counted cumulatively as a
+    /// GPU would hold them.
+    pub vram_budget: Option<u64>,
+    /// Commit the load may add above its baseline. [`validate`] only
+    /// measures and reports against it; [`validate_with_budget`] enforces it.
+    pub commit_budget: Option<u64>,
+    /// A source checkpoint every tensor is compared with.
+    pub against: Option<PathBuf>,
+    /// Reproduce another loader's mapping pattern instead of loading.
+    pub emulate: Option<Loader>,
+}
+
+impl Default for ValidateOptions {
+    fn default() -> Self {
+        ValidateOptions {
+            device: DeviceSpec::Cpu,
+            staging: DEFAULT_STAGING,
+            vram_budget: None,
+            commit_budget: None,
+            against: None,
+            emulate: None,
+        }
+    }
+}
+
+/// A loader whose mapping pattern `--emulate` reproduces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Loader {
+    TransformersV5Mmap,
+    PerShardMmap,
+    FullRead,
+}
+
+impl Loader {
+    pub const ALL: [Loader; 3] = [
+        Loader::TransformersV5Mmap,
+        Loader::PerShardMmap,
+        Loader::FullRead,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Loader::TransformersV5Mmap => "transformers-v5-mmap",
+            Loader::PerShardMmap => "per-shard-mmap",
+            Loader::FullRead => "full-read",
+        }
+    }
+
+    /// Whether every shard stays in memory until the end.
+    pub fn keeps_all(self) -> bool {
+        !matches!(self, Loader::PerShardMmap)
+    }
+}
+
+impl fmt::Display for Loader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Loader {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Loader::ALL
+            .into_iter()
+            .find(|l| l.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Loader::ALL.iter().map(|l| l.name()).collect();
+                format!("unknown loader {s:?}: use one of {}", names.join(", "))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_devices() {
+        assert_eq!("cpu".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
+        assert_eq!("cuda".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(0));
+        assert_eq!("CUDA:3".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(3));
+        for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", ""] {
+            assert!(bad.parse::<DeviceSpec>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn options_round_trip_as_json() {
+        let o = ValidateOptions {
+            device: DeviceSpec::Cuda(1),
+            commit_budget: Some(5),
+            emulate: Some(Loader::PerShardMmap),
+            against: Some(PathBuf::from("/src")),
+            ..ValidateOptions::default()
+        };
+        let back: ValidateOptions =
+            serde_json::from_str(&serde_json::to_string(&o).unwrap()).unwrap();
+        assert_eq!(back, o);
+    }
+
+    #[test]
+    fn parses_loader_names() {
+        for l in Loader::ALL {
+            assert_eq!(l.name().parse::<Loader>().unwrap(), l);
+            assert_eq!(
+                serde_json::to_string(&l).unwrap(),
+                format!("\"{}\"", l.name())
+            );
+        }
+        assert!("transformers".parse::<Loader>().is_err());
+    }
+}
