@@ -1,11 +1,38 @@
 #!/usr/bin/env bash
-# Runs the whole test suite. Sets up what the interop tests need first: a
-# Python venv (.venv) with the `safetensors` and `numpy` packages.
+# Runs the whole test suite: the Rust tests on this machine (with a Python
+# venv for the interop tests), then every suite a script of its own holds
+# (the Windows build under Wine, the Slurm cluster, the Python wheel), each
+# of which installs what it needs itself.
+#
+#   bash scripts/test.sh            everything
+#   bash scripts/test.sh -- ARGS    cargo test ARGS only (a quick loop while coding)
+#
+# The venv and the other suites' caches live outside the checkout, under
+# $RESHARD_CACHE (default /var/cache/reshard, or ~/.cache/reshard when that
+# is not writable), keyed by a hash of what they install, so reruns and fresh
+# clones reuse them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! .venv/bin/python -c "import safetensors, numpy" 2>/dev/null; then
-  python3 -m venv .venv
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check safetensors numpy
+source scripts/lib/cache.sh
+
+requirements=tests/requirements.txt
+venv="$RESHARD_CACHE/venv-$(hash_of "$requirements")"
+if ! "$venv/bin/python" -c "import safetensors, numpy" 2>/dev/null; then
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
 fi
-export RESHARD_TEST_PYTHON="$PWD/.venv/bin/python"
-cargo test "$@"
+export RESHARD_TEST_PYTHON="$venv/bin/python"
+
+if [ "${1:-}" = "--" ]; then
+  shift
+  exec cargo test "$@"
+fi
+
+cargo test
+for suite in scripts/windows-test.sh scripts/slurm-test.sh scripts/dist-test.sh; do
+  if [ -f "$suite" ]; then
+    echo "== $suite"
+    bash "$suite"
+  fi
+done

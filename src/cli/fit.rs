@@ -262,7 +262,7 @@ fn render_machine(o: &mut String, m: &Machine) {
         let _ = writeln!(o, "  overcommit      {mode}");
     }
     let vram = if m.vram.is_none() {
-        "none (give --vram; CUDA detection is not wired in yet)".into()
+        "none detected (no CUDA driver or device found; give --vram)".into()
     } else {
         figure(m.vram)
     };
