@@ -107,7 +107,14 @@ tar -C "$stage" --owner=0 --group=0 --numeric-owner -czf "$out/$name.tar.gz" "$n
 say "tarball $name.tar.gz: $(du -h "$out/$name.tar.gz" | cut -f1)"
 
 # ---- the crate ----------------------------------------------------------------
-cargo package --no-verify --locked --allow-dirty --quiet 2>/dev/null
+# Verified: the packaged sources are built on their own (dev profile, reusing
+# target/'s dependencies), so a file left out of `include` fails here.
+rm -f "target/package/reshard-$version.crate"
+cargo package --locked --allow-dirty --quiet 2>&1 | grep -v 'no documentation, homepage or repository\|^ *|$\|^ *= note: see' || true
+[ -f "target/package/reshard-$version.crate" ] || {
+  say "cargo package failed" >&2
+  exit 1
+}
 cp "target/package/reshard-$version.crate" "$out/"
 say "crate reshard-$version.crate: $(du -h "$out/reshard-$version.crate" | cut -f1), $(cargo package --list --locked --allow-dirty 2>/dev/null | wc -l) files"
 
