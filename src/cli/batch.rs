@@ -92,7 +92,7 @@ const MAX_PLAN_PARTS: u64 = 100_000;
 pub enum BalanceArg {
     /// About the same bytes in every part (the default).
     Bytes,
-    /// A fixed hash of each model's name (the split before 0.2).
+    /// A fixed hash of each model's name (the split before --balance).
     Name,
 }
 
