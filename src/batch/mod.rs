@@ -37,12 +37,14 @@ use crate::validate::{validate_with_budget, ValidateError, ValidateOptions};
 use crate::write::manifest::{MANIFEST, PARTIAL};
 
 pub use self::discover::{discover, DiscoverError, Discovery, Model, Skipped};
-pub use self::part::{part_of, BadPart, Part};
-pub use self::report::{error_chain, BatchReport, ModelResult, Status, Totals};
+pub use self::part::{part_of, BadPart, Balance, Part};
+pub use self::report::{
+    error_chain, merge, BatchReport, MergeError, MergedReport, ModelResult, Status, Totals,
+};
 pub use self::verify::{verify_snapshot, Verified, VerifyError};
 
 /// What each model's job does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     Convert,
@@ -147,10 +149,11 @@ pub struct JobContext<'a> {
 }
 
 /// Runs `models`, `options.jobs` at a time, all drawing buffers from `pool`.
-/// Results come back in the order of `models`.
+/// `part` is the part (of `--part I/N`) the models were assigned to; each
+/// result records it. Results come back in the order of `models`.
 pub fn run_batch(
     models: &[Model],
-    part_count: u64,
+    part: u64,
     options: &BatchOptions,
     pool: &WindowPool,
     reporter: &dyn BatchReporter,
@@ -173,7 +176,6 @@ pub fn run_batch(
     let worker = || loop {
         let i = next.fetch_add(1, Ordering::SeqCst);
         let Some(model) = models.get(i) else { break };
-        let part = part_of(&model.name, part_count);
         let result = if cancel.load(Ordering::SeqCst) {
             not_run(model, part, "interrupted before it started")
         } else if stop.load(Ordering::SeqCst) {
@@ -205,9 +207,7 @@ pub fn run_batch(
     results
         .into_iter()
         .zip(models)
-        .map(|(r, m)| {
-            r.unwrap_or_else(|| not_run(m, part_of(&m.name, part_count), "job did not report"))
-        })
+        .map(|(r, m)| r.unwrap_or_else(|| not_run(m, part, "job did not report")))
         .collect()
 }
 
@@ -420,7 +420,7 @@ mod tests {
         for mode in [Mode::Fit, Mode::Validate] {
             let results = run_batch(
                 &models,
-                1,
+                0,
                 &options(mode, 2, false),
                 &pool,
                 &NoBatchReport,
@@ -451,7 +451,7 @@ mod tests {
         let pool = WindowPool::new(1 << 20);
         let results = run_batch(
             &models,
-            1,
+            0,
             &options(Mode::Convert, 1, true),
             &pool,
             &NoBatchReport,

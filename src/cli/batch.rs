@@ -1,6 +1,7 @@
 //! `reshard batch`: convert every model under a folder, N at a time, within
-//! one memory window; a deterministic `--part I/N` for running it on many
-//! machines.
+//! one memory window; a deterministic `--part I/N` (balanced by bytes or
+//! split by name) for running it on many machines, and `--plan-parts N` to
+//! show that split.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -10,8 +11,9 @@ use std::time::Instant;
 use anyhow::Context;
 use serde::Serialize;
 
+use reshard::batch::part::{assign, plan, source_bytes, ModelSize, PartPlan};
 use reshard::batch::{
-    self, part_of, skipped_result, BatchOptions, BatchReport, Mode, Model, ModelResult, Part,
+    self, skipped_result, Balance, BatchOptions, BatchReport, Mode, Model, ModelResult, Part,
     Skipped,
 };
 use reshard::exec::WindowPool;
@@ -44,10 +46,21 @@ pub struct Args {
     /// --threads between them.
     #[arg(long, default_value = "1", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     jobs: u32,
-    /// Take only part I of N (0 <= I < N): a stable hash of each model's
-    /// name decides, so N machines can each run one part of the same folder.
+    /// Take only part I of N (0 <= I < N), so N machines can each run one
+    /// part of the same folder; --balance says how the parts are made.
     #[arg(long, value_name = "I/N")]
     part: Option<Part>,
+    /// How --part splits the models. `bytes`: largest model first to the part
+    /// with the fewest bytes, so parts finish together; every machine must
+    /// see the same folder. `name`: a fixed hash of each model's name, which
+    /// does not move a model when others are added or removed.
+    #[arg(long, value_enum, default_value = "bytes")]
+    balance: BalanceArg,
+    /// Print how --part would split the models into N parts (the models and
+    /// bytes of each part) and write nothing.
+    #[arg(long, value_name = "N", conflicts_with_all = ["part", "dry_run"],
+          value_parser = clap::value_parser!(u64).range(1..=MAX_PLAN_PARTS))]
+    plan_parts: Option<u64>,
     /// Before converting a Hugging Face cache model, check that every blob's
     /// content still hashes to its sha256 name.
     #[arg(long)]
@@ -70,6 +83,26 @@ pub struct Args {
     /// Print only errors and failed models.
     #[arg(short, long)]
     quiet: bool,
+}
+
+/// The most parts `--plan-parts` lists.
+const MAX_PLAN_PARTS: u64 = 100_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BalanceArg {
+    /// About the same bytes in every part (the default).
+    Bytes,
+    /// A fixed hash of each model's name (the split before --balance).
+    Name,
+}
+
+impl From<BalanceArg> for Balance {
+    fn from(b: BalanceArg) -> Balance {
+        match b {
+            BalanceArg::Bytes => Balance::Bytes,
+            BalanceArg::Name => Balance::Name,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -100,6 +133,7 @@ struct Listing<'a> {
     root: String,
     out: String,
     part: Part,
+    balance: Balance,
     models: Vec<ListedModel<'a>>,
     skipped: Vec<&'a Skipped>,
 }
@@ -109,19 +143,84 @@ struct ListedModel<'a> {
     #[serde(flatten)]
     model: &'a Model,
     part: u64,
+    /// What --balance bytes weighs it by (`source_bytes`).
+    bytes: u64,
+}
+
+/// What `--plan-parts` prints.
+#[derive(Serialize)]
+struct Planned {
+    root: String,
+    out: String,
+    #[serde(flatten)]
+    plan: PartPlan,
+}
+
+/// Each model's [`source_bytes`], in order.
+fn measure(models: &[Model]) -> Vec<u64> {
+    models.iter().map(|m| source_bytes(&m.source)).collect()
+}
+
+fn sized<'a>(models: &'a [Model], bytes: &[u64]) -> Vec<ModelSize<'a>> {
+    models
+        .iter()
+        .zip(bytes)
+        .map(|(m, &bytes)| ModelSize {
+            name: &m.name,
+            bytes,
+        })
+        .collect()
+}
+
+/// Each model's (part, bytes) under `balance`. Sizes are measured (a stat
+/// per file) when `always_measure` or when the split needs them; else 0.
+fn place(models: &[Model], count: u64, balance: Balance, always_measure: bool) -> Vec<(u64, u64)> {
+    let bytes = if always_measure || (balance == Balance::Bytes && count > 1) {
+        measure(models)
+    } else {
+        vec![0; models.len()]
+    };
+    assign(&sized(models, &bytes), count, balance)
+        .into_iter()
+        .zip(bytes)
+        .collect()
+}
+
+fn plan_parts(args: &Args, models: &[Model], count: u64) -> anyhow::Result<ExitStatus> {
+    let bytes = measure(models);
+    let sized = sized(models, &bytes);
+    let planned = Planned {
+        root: args.root.display().to_string(),
+        out: args.out.display().to_string(),
+        plan: plan(&sized, count, args.balance.into()),
+    };
+    if args.json {
+        printer::json(&planned)?;
+    } else {
+        printer::text(&render_plan(&planned.plan))?;
+    }
+    Ok(ExitStatus::Ok)
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     let started = Instant::now();
     let found = batch::discover(&args.root, &args.out)
         .with_context(|| format!("cannot search {}", args.root.display()))?;
+    if let Some(count) = args.plan_parts {
+        return plan_parts(&args, &found.models, count);
+    }
     let part = args.part.unwrap_or(Part::ALL);
-    let models: Vec<Model> = found
+    let balance: Balance = args.balance.into();
+    let placed = place(&found.models, part.count, balance, args.dry_run);
+    let mine: Vec<(&Model, u64)> = found
         .models
         .iter()
-        .filter(|m| part.contains(&m.name))
-        .cloned()
+        .zip(&placed)
+        .filter(|(_, &(p, _))| p == part.index)
+        .map(|(m, &(_, bytes))| (m, bytes))
         .collect();
+    let models: Vec<Model> = mine.iter().map(|(m, _)| (*m).clone()).collect();
+    // Entries discovery skipped do no work: they go by name in both splits.
     let skipped: Vec<&Skipped> = found
         .skipped
         .iter()
@@ -132,11 +231,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             root: args.root.display().to_string(),
             out: args.out.display().to_string(),
             part,
-            models: models
+            balance,
+            models: mine
                 .iter()
-                .map(|m| ListedModel {
-                    model: m,
-                    part: part_of(&m.name, part.count),
+                .map(|&(model, bytes)| ListedModel {
+                    model,
+                    part: part.index,
+                    bytes,
                 })
                 .collect(),
             skipped,
@@ -167,7 +268,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         !(args.quiet || args.options.no_progress || args.json),
         models.len() as u64,
     );
-    let mut results = batch::run_batch(&models, part.count, &options, &pool, &bars, &CANCEL);
+    let mut results = batch::run_batch(&models, part.index, &options, &pool, &bars, &CANCEL);
     bars.finish();
     results.extend(skipped.iter().map(|s| skipped_result(s, part.count)));
     results.sort_by(|a, b| a.name.cmp(&b.name));
@@ -177,6 +278,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         out: args.out.display().to_string(),
         mode: options.mode,
         part,
+        balance,
         jobs: options.jobs,
         window: pool.budget(),
         peak_buffer_bytes: pool.peak(),
@@ -210,13 +312,18 @@ fn render_listing(l: &Listing) -> String {
         .max()
         .unwrap_or(0)
         .max(5);
-    let _ = writeln!(o, "{:<width$}  {:>5}  OUTPUT", "MODEL", "PART");
+    let _ = writeln!(
+        o,
+        "{:<width$}  {:>5}  {:>10}  OUTPUT",
+        "MODEL", "PART", "BYTES"
+    );
     for m in &l.models {
         let part = format!("{}/{}", m.part, l.part.count);
         let _ = writeln!(
             o,
-            "{:<width$}  {part:>5}  {}",
+            "{:<width$}  {part:>5}  {:>10}  {}",
             m.model.name,
+            human(m.bytes),
             m.model.output.display()
         );
     }
@@ -229,6 +336,66 @@ fn render_listing(l: &Listing) -> String {
         l.models.len(),
         l.part,
         l.skipped.len()
+    );
+    o
+}
+
+fn render_plan(p: &PartPlan) -> String {
+    let mut o = String::new();
+    let width = p
+        .parts
+        .iter()
+        .flat_map(|part| part.models.iter().map(|m| m.name.len() + 2))
+        .max()
+        .unwrap_or(0)
+        .max(6);
+    let _ = writeln!(
+        o,
+        "{:<width$}  {:>6}  {:>10}  SHARE",
+        "PART", "MODELS", "BYTES"
+    );
+    let share = |bytes: u64| {
+        if p.total_bytes == 0 {
+            0.0
+        } else {
+            100.0 * bytes as f64 / p.total_bytes as f64
+        }
+    };
+    for part in &p.parts {
+        let _ = writeln!(
+            o,
+            "{:<width$}  {:>6}  {:>10}  {:.1}%",
+            part.part.to_string(),
+            part.models.len(),
+            human(part.bytes),
+            share(part.bytes)
+        );
+        for m in &part.models {
+            let _ = writeln!(
+                o,
+                "  {:<w$}  {:>6}  {:>10}",
+                m.name,
+                "",
+                human(m.bytes),
+                w = width - 2
+            );
+        }
+    }
+    let models: usize = p.parts.iter().map(|part| part.models.len()).sum();
+    let ratio = if p.average_bytes == 0 {
+        1.0
+    } else {
+        p.largest_part_bytes as f64 / p.average_bytes as f64
+    };
+    let _ = writeln!(
+        o,
+        "{models} models, {} in {} parts by {}: largest part {} ({ratio:.2}x the average {}), largest model {}",
+        human(p.total_bytes),
+        p.count,
+        p.balance,
+        human(p.largest_part_bytes),
+        human(p.average_bytes),
+        human(p.largest_model_bytes)
     );
     o
 }
@@ -323,6 +490,21 @@ mod tests {
         );
         assert!(parse(&["--part", "8/8"]).is_err());
         assert!(parse(&["--part", "x"]).is_err());
+    }
+
+    #[test]
+    fn balance_defaults_to_bytes_and_plan_parts_stands_alone() {
+        assert_eq!(parse(&[]).unwrap().balance, BalanceArg::Bytes);
+        assert_eq!(
+            Balance::from(parse(&["--balance", "name"]).unwrap().balance),
+            Balance::Name
+        );
+        assert!(parse(&["--balance", "size"]).is_err());
+        assert_eq!(parse(&["--plan-parts", "4"]).unwrap().plan_parts, Some(4));
+        assert!(parse(&["--plan-parts", "0"]).is_err());
+        assert!(parse(&["--plan-parts", "4", "--part", "0/4"]).is_err());
+        assert!(parse(&["--plan-parts", "4", "--dry-run"]).is_err());
+        assert!(parse(&["--plan-parts", "100001"]).is_err());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! the only layer that prints.
 
 mod batch;
+mod batch_report;
 mod convert;
 mod exit;
 mod fit;
@@ -33,6 +34,9 @@ enum Command {
     Fit(fit::Args),
     /// Convert every model under a folder, N at a time, within one window.
     Batch(batch::Args),
+    /// Work with `batch --report` files: merge the reports of a run's parts.
+    #[command(name = "batch-report")]
+    BatchReport(batch_report::Args),
     /// Check a checkpoint's bytes and load it within a memory budget.
     Validate(validate::Args),
     /// The budget child of `validate` (internal).
@@ -59,6 +63,7 @@ pub fn run() -> ExitStatus {
         Command::Convert(args) => convert::run(args),
         Command::Fit(args) => fit::run(args),
         Command::Batch(args) => batch::run(args),
+        Command::BatchReport(args) => batch_report::run(args),
         Command::Validate(args) => validate::run(args),
         Command::ValidateChild => Ok(validate::run_child()),
     };
