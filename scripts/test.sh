@@ -30,6 +30,9 @@ if [ "${1:-}" = "--" ]; then
 fi
 
 cargo test
+# The wheel test reuses the test build's profile rather than building every
+# dependency again in release.
+export RESHARD_DIST_PROFILE="${RESHARD_DIST_PROFILE:-dev}"
 for suite in scripts/windows-test.sh scripts/slurm-test.sh scripts/dist-test.sh; do
   if [ -f "$suite" ]; then
     echo "== $suite"

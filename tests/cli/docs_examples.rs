@@ -171,7 +171,7 @@ fn slurm_script_run_for_every_task_converts_each_model_once() {
 }
 
 /// The Indexed Job's one container's `sh -c` command line.
-fn k8s_command(job: &serde_yaml::Value) -> String {
+fn k8s_command(job: &serde_norway::Value) -> String {
     let container = &job["spec"]["template"]["spec"]["containers"][0];
     let command: Vec<&str> = container["command"]
         .as_sequence()
@@ -187,8 +187,8 @@ fn k8s_command(job: &serde_yaml::Value) -> String {
 
 #[test]
 fn k8s_manifest_is_an_indexed_job_over_n_parts() {
-    let job: serde_yaml::Value =
-        serde_yaml::from_str(&repo_file("docs/examples/k8s-indexed-job.yaml")).unwrap();
+    let job: serde_norway::Value =
+        serde_norway::from_str(&repo_file("docs/examples/k8s-indexed-job.yaml")).unwrap();
     assert_eq!(job["apiVersion"].as_str(), Some("batch/v1"));
     assert_eq!(job["kind"].as_str(), Some("Job"));
     let spec = &job["spec"];
@@ -223,8 +223,8 @@ fn k8s_manifest_is_an_indexed_job_over_n_parts() {
 fn k8s_manifest_rendered_for_every_index_converts_each_model_once() {
     // Each pod's command, with the index Kubernetes sets and the volumes
     // mounted at temp folders, run through `sh -c` as the pod would.
-    let job: serde_yaml::Value =
-        serde_yaml::from_str(&repo_file("docs/examples/k8s-indexed-job.yaml")).unwrap();
+    let job: serde_norway::Value =
+        serde_norway::from_str(&repo_file("docs/examples/k8s-indexed-job.yaml")).unwrap();
     let completions = job["spec"]["completions"].as_u64().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let (root, names) = models(tmp.path());
