@@ -16,4 +16,5 @@ mod inspect;
 mod proof;
 mod pytorch;
 mod readers;
+mod touch;
 mod validate;
