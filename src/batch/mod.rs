@@ -112,11 +112,13 @@ pub enum ModelError {
 }
 
 /// What a job that succeeded did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     pub status: Status,
     pub bytes: u64,
     pub resumed_shards: usize,
+    /// What the user should hear about (other files not copied, and why).
+    pub notes: Vec<String>,
 }
 
 /// Receives progress from a running batch (the CLI draws bars with it).
@@ -244,9 +246,9 @@ pub fn run_model(
         }
     };
     let outcome = job();
-    let (status, reason, bytes, resumed_shards) = match outcome {
-        Ok(o) => (o.status, None, o.bytes, o.resumed_shards),
-        Err(e) => (Status::Failed, Some(error_chain(&e)), 0, 0),
+    let (status, reason, bytes, resumed_shards, notes) = match outcome {
+        Ok(o) => (o.status, None, o.bytes, o.resumed_shards, o.notes),
+        Err(e) => (Status::Failed, Some(error_chain(&e)), 0, 0, Vec::new()),
     };
     ModelResult {
         name: model.name.clone(),
@@ -258,6 +260,7 @@ pub fn run_model(
         bytes,
         resumed_shards,
         verified_files,
+        notes,
         seconds: started.elapsed().as_secs_f64(),
     }
 }
@@ -288,6 +291,11 @@ pub fn convert_model(
         },
         bytes: summary.bytes_written,
         resumed_shards: summary.resumed_shards,
+        notes: summary
+            .skipped_files
+            .iter()
+            .map(|f| format!("not copied: {:?}: {}", f.name, f.reason))
+            .collect(),
     })
 }
 
@@ -304,6 +312,7 @@ pub fn fit_model(model: &Model, job: &FitJob, ctx: &JobContext) -> Result<Outcom
             status: Status::Passed,
             bytes: ck.total_bytes(),
             resumed_shards: 0,
+            notes: Vec::new(),
         });
     }
     let judged = report.what_if.as_ref().unwrap_or(&report.today);
@@ -331,6 +340,7 @@ pub fn validate_model(model: &Model, options: &ValidateOptions) -> Result<Outcom
             status: Status::Passed,
             bytes: report.bytes_loaded,
             resumed_shards: 0,
+            notes: Vec::new(),
         });
     }
     let failures = report
@@ -384,6 +394,7 @@ pub fn skipped_result(s: &Skipped, part_count: u64) -> ModelResult {
         bytes: 0,
         resumed_shards: 0,
         verified_files: None,
+        notes: Vec::new(),
         seconds: 0.0,
     }
 }
@@ -399,6 +410,7 @@ fn not_run(model: &Model, part: u64, reason: &str) -> ModelResult {
         bytes: 0,
         resumed_shards: 0,
         verified_files: None,
+        notes: Vec::new(),
         seconds: 0.0,
     }
 }

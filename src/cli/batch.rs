@@ -278,6 +278,9 @@ fn render_report(r: &BatchReport, quiet: bool) -> String {
             human(m.bytes),
             m.seconds
         );
+        for note in &m.notes {
+            let _ = writeln!(o, "  note: {note}");
+        }
     }
     if quiet {
         return o;

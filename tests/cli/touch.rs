@@ -473,6 +473,32 @@ fn other_files_linking_out_of_the_model_are_not_copied() {
 
 #[cfg(unix)]
 #[test]
+fn batch_reports_other_files_it_did_not_copy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let model = copy_fixture("tiny-gpt2", &root);
+    std::os::unix::fs::symlink("/proc/self/environ", model.join("notes.txt")).unwrap();
+    let out = tmp.path().join("out");
+    let result = reshard()
+        .arg("batch")
+        .arg(&root)
+        .arg("--out")
+        .arg(&out)
+        .args(["--no-progress", "--json"])
+        .output()
+        .unwrap();
+    assert!(result.status.success(), "{}", stderr_of(&result));
+    let report: serde_json::Value = serde_json::from_slice(&result.stdout).unwrap();
+    let notes = report["models"][0]["notes"].to_string();
+    assert!(
+        notes.contains("not copied") && notes.contains("notes.txt"),
+        "{report}"
+    );
+    assert!(!out.join("tiny-gpt2/notes.txt").exists());
+}
+
+#[cfg(unix)]
+#[test]
 fn hf_cache_snapshot_links_into_blobs_are_still_copied() {
     let tmp = tempfile::tempdir().unwrap();
     cache_repo(tmp.path(), "models--org--tiny");
