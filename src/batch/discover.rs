@@ -355,7 +355,6 @@ fn io_reason(e: &std::io::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::symlink;
 
     /// A tiny but real safetensors file: discovery only looks at names, but
     /// keep it openable.
@@ -421,8 +420,10 @@ mod tests {
         assert!(d.skipped[0].reason.contains("not a model"));
     }
 
+    #[cfg(unix)]
     #[test]
     fn symlink_loops_are_skipped_not_followed() {
+        use std::os::unix::fs::symlink;
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("root");
         weights(&root.join("m"), "model.safetensors");

@@ -2,7 +2,7 @@
 //! leave OUT, outputs through symlinks, overwrite by itself, `--report`.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
 use super::*;
@@ -60,11 +60,12 @@ fn cache_repos_named_dot_dot_or_dot_never_write_outside_out() {
         work.join("model.safetensors"),
     )
     .unwrap();
-    let outside = |t: BTreeMap<PathBuf, String>| -> BTreeMap<PathBuf, String> {
-        t.into_iter()
-            .filter(|(p, _)| !p.starts_with(&out))
-            .collect()
-    };
+    let outside =
+        |t: BTreeMap<std::path::PathBuf, String>| -> BTreeMap<std::path::PathBuf, String> {
+            t.into_iter()
+                .filter(|(p, _)| !p.starts_with(&out))
+                .collect()
+        };
     let before = outside(tree(&work));
     let (result, status) = batch_json(&root, &out, &[]);
     assert!(result.status.success(), "{}", stderr_of(&result));
