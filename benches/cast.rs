@@ -39,7 +39,11 @@ fn random_f32(n: usize) -> Vec<u8> {
         x ^= x >> 7;
         x ^= x << 17;
         let u = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-        let v = if x % 1000 == 0 { u * 1e5 } else { u * 0.1 };
+        let v = if x.is_multiple_of(1000) {
+            u * 1e5
+        } else {
+            u * 0.1
+        };
         out.extend_from_slice(&v.to_le_bytes());
     }
     out

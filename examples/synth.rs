@@ -165,7 +165,7 @@ fn write_file(
         offset += len;
     }
     let mut json = serde_json::to_vec(&header).unwrap_or_default();
-    while json.len() % 8 != 0 {
+    while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let file = File::create(path).unwrap_or_else(|e| usage(&format!("{}: {e}", path.display())));

@@ -2,6 +2,14 @@
 //! life cycle: refusing a DST that holds something else, resuming a killed
 //! run, copying the model's other files, and writing the index and manifest
 //! last, which is the commit point.
+//!
+//! What it may touch is decided before anything is written: the paths by
+//! [`OutputScope`], the names inside DST by [`DstInventory`] (only what
+//! reshard's own manifests record is ever removed), one run at a time by
+//! [`DstLock`], and the free space by [`dst::check_space`].
+
+mod dst;
+mod other;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -10,15 +18,19 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::cast;
 use crate::exec::{self, ExecError, ExecOptions, Reporter, WindowPool};
 use crate::format::{Checkpoint, FormatError};
 use crate::plan::{Plan, PlanError, PlanOptions};
+use crate::write::lock::{DstLock, LockError};
 use crate::write::manifest::{
     plan_id, Manifest, ManifestError, ShardRecord, SourceIdentity, MANIFEST, PARTIAL,
 };
+use crate::write::owned::DstInventory;
+use crate::write::scope::{OutputScope, ScopeError, ScopeRules};
 use crate::write::shard::sha256_file;
-use crate::write::{copy_atomic, remove_stale_temps, sync_dir, write_atomic, WriteError};
+use crate::write::{remove_stale_temps, sync_dir, write_atomic, WriteError};
+
+pub use self::other::SkippedFile;
 
 /// How to run a conversion, beyond the plan.
 #[derive(Debug, Clone)]
@@ -27,10 +39,16 @@ pub struct ConvertOptions {
     /// Bytes of buffers in flight, in total.
     pub window: u64,
     pub threads: usize,
-    /// Replace a DST that holds a different conversion or other files.
+    /// Replace a DST that holds a different conversion, or write into one
+    /// that holds other (non-weight) files. Never removes a file reshard did
+    /// not write.
     pub overwrite: bool,
     /// Copy config.json, tokenizer files, ... from the source folder.
     pub copy_other_files: bool,
+    /// SRC was one file, not a folder: DST may sit beside it.
+    pub single_file: bool,
+    /// `batch`: DST must resolve inside this folder (OUT).
+    pub within: Option<PathBuf>,
 }
 
 impl Default for ConvertOptions {
@@ -41,6 +59,8 @@ impl Default for ConvertOptions {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             overwrite: false,
             copy_other_files: true,
+            single_file: false,
+            within: None,
         }
     }
 }
@@ -59,12 +79,22 @@ pub enum ConvertError {
     Read(#[from] FormatError),
     #[error(transparent)]
     Manifest(#[from] ManifestError),
-    #[error("{}: output must not be the source folder or inside it", .dst.display())]
-    DstInsideSource { dst: PathBuf },
+    #[error(transparent)]
+    Scope(#[from] ScopeError),
+    #[error(transparent)]
+    Lock(#[from] LockError),
     #[error("{}: holds a different conversion (other source or options); pass --overwrite to replace it", .dst.display())]
     DstHoldsOther { dst: PathBuf },
     #[error("{}: folder is not empty and was not written by reshard; pass --overwrite to write into it", .dst.display())]
     DstNotEmpty { dst: PathBuf },
+    #[error("{}: holds weight files reshard did not write ({names}); remove them or choose another output folder (--overwrite never deletes them)", .dst.display())]
+    ForeignWeights { dst: PathBuf, names: String },
+    #[error("{}: not enough free space: the conversion needs {} ({needed} bytes) and the file system has {} ({available} bytes) available", .dst.display(), crate::units::human(*.needed), crate::units::human(*.available))]
+    NoSpace {
+        dst: PathBuf,
+        needed: u64,
+        available: u64,
+    },
     #[error("{}: {reason}", .path.display())]
     Config { path: PathBuf, reason: String },
 }
@@ -85,6 +115,9 @@ pub struct ConvertSummary {
     /// Most bytes of window buffers held at once.
     pub peak_buffer_bytes: u64,
     pub window: u64,
+    /// Other files of the source folder that were not copied, and why (a
+    /// symlink out of the model's folder, a name that is not UTF-8, ...).
+    pub skipped_files: Vec<SkippedFile>,
     pub manifest: Manifest,
 }
 
@@ -116,22 +149,39 @@ pub fn convert_with_pool(
     cancel: &AtomicBool,
 ) -> Result<ConvertSummary, ConvertError> {
     let started = Instant::now();
-    refuse_dst_in_source(ck, dst)?;
-    let plan = Plan::build(ck, &options.plan)?;
-    let source = SourceIdentity::of(ck);
-    let id = plan_id(&source, &options.plan);
-    std::fs::create_dir_all(dst).map_err(|e| WriteError::io(dst, e))?;
-
-    let done = match dst_state(dst, &id, options.overwrite)? {
-        DstState::UpToDate(manifest) => {
-            return Ok(summary(
-                dst, true, 0, &plan, 0, started, pool, options, manifest,
-            ));
-        }
-        DstState::Resume(partial) => verified_shards(dst, &plan, partial.shards),
-        DstState::Fresh => Vec::new(),
+    let rules = ScopeRules {
+        single_file: options.single_file,
+        within: options.within.as_deref(),
     };
-    remove_stale_temps(dst)?;
+    let mut scope = OutputScope::resolve(ck, dst, rules)?;
+    let plan = Plan::build(ck, &options.plan)?;
+    let mut source = SourceIdentity::of(ck);
+    source.root = Some(scope.root().display().to_string());
+    let id = plan_id(&source, &options.plan);
+    let others = if options.copy_other_files {
+        other::select(ck, &scope)?
+    } else {
+        other::OtherFiles::default()
+    };
+    std::fs::create_dir_all(dst).map_err(|e| WriteError::io(dst, e))?;
+    scope.confirm(ck, rules)?;
+    let lock = DstLock::acquire(dst)?;
+    remove_stale_temps(dst, &lock)?;
+    let inventory = DstInventory::read(dst, &lock)?;
+
+    let (done, doomed) = match dst::decide(dst, &inventory, &id, options.overwrite)? {
+        dst::DstState::UpToDate(manifest) => {
+            let mut s = summary(dst, true, 0, &plan, 0, started, pool, options, manifest);
+            s.skipped_files = others.skipped;
+            return Ok(s);
+        }
+        dst::DstState::Resume(partial) => (verified_shards(dst, &plan, partial.shards), None),
+        dst::DstState::Fresh { remove } => (Vec::new(), Some(remove)),
+    };
+    dst::check_space(dst, ck, &plan, &done, &others, doomed.as_ref())?;
+    if let Some(doomed) = &doomed {
+        dst::clear(dst, &inventory, doomed, &lock)?;
+    }
     let resumed = done.len();
 
     let mut manifest = Manifest {
@@ -144,8 +194,17 @@ pub fn convert_with_pool(
         copied_files: Vec::new(),
         oversized: plan.oversized.clone(),
         dropped: plan.dropped.clone(),
+        planned: Vec::new(),
     };
-    let progress = Mutex::new(manifest.clone());
+    let mut partial = manifest.clone();
+    partial.planned = plan
+        .shards
+        .iter()
+        .map(|s| s.file.clone())
+        .chain(plan.index_file.clone())
+        .collect();
+    write_atomic(dst, PARTIAL, &partial.to_json())?;
+    let progress = Mutex::new(partial);
     let record_shard = |record: &ShardRecord| -> Result<(), WriteError> {
         let mut partial = progress
             .lock()
@@ -153,7 +212,6 @@ pub fn convert_with_pool(
         partial.shards.push(record.clone());
         write_atomic(dst, PARTIAL, &partial.to_json())
     };
-    write_atomic(dst, PARTIAL, &manifest.to_json())?;
     let finished: Vec<String> = manifest.shards.iter().map(|s| s.file.clone()).collect();
     let todo_bytes: u64 = plan
         .shards
@@ -176,9 +234,7 @@ pub fn convert_with_pool(
     manifest.shards.sort_by_key(|s| position(&s.file));
 
     ck.check_unchanged()?;
-    if options.copy_other_files {
-        manifest.copied_files = copy_other_files(ck, dst, options.plan.dtype)?;
-    }
+    manifest.copied_files = other::copy(&others.files, dst, options.plan.dtype)?;
     sync_dir(dst)?;
     if let Some(index) = &plan.index_file {
         write_atomic(dst, index, &crate::write::index::index_json(&plan))?;
@@ -186,9 +242,12 @@ pub fn convert_with_pool(
     write_atomic(dst, MANIFEST, &manifest.to_json())?;
     let _ = std::fs::remove_file(dst.join(PARTIAL));
     sync_dir(dst)?;
-    Ok(summary(
+    drop(lock);
+    let mut s = summary(
         dst, false, resumed, &plan, todo_bytes, started, pool, options, manifest,
-    ))
+    );
+    s.skipped_files = others.skipped;
+    Ok(s)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -218,113 +277,9 @@ fn summary(
         seconds: started.elapsed().as_secs_f64(),
         peak_buffer_bytes: pool.peak(),
         window: options.window,
+        skipped_files: Vec::new(),
         manifest,
     }
-}
-
-fn refuse_dst_in_source(ck: &Checkpoint, dst: &Path) -> Result<(), ConvertError> {
-    let src = ck
-        .dir
-        .canonicalize()
-        .map_err(|e| FormatError::io(&ck.dir, e))?;
-    // DST may not exist yet: canonicalize its nearest existing ancestor.
-    let mut existing = dst.to_path_buf();
-    let mut tail = Vec::new();
-    while !existing.exists() {
-        match (existing.parent(), existing.file_name()) {
-            (Some(parent), Some(name)) => {
-                tail.push(name.to_os_string());
-                existing = if parent.as_os_str().is_empty() {
-                    PathBuf::from(".")
-                } else {
-                    parent.to_path_buf()
-                };
-            }
-            _ => break,
-        }
-    }
-    let mut full = existing
-        .canonicalize()
-        .map_err(|e| WriteError::io(&existing, e))?;
-    full.extend(tail.iter().rev());
-    if full.starts_with(&src) {
-        return Err(ConvertError::DstInsideSource {
-            dst: dst.to_path_buf(),
-        });
-    }
-    Ok(())
-}
-
-enum DstState {
-    Fresh,
-    UpToDate(Manifest),
-    Resume(Manifest),
-}
-
-/// Decides what DST holds: nothing of ours, this exact conversion (done or
-/// half done), or something else.
-fn dst_state(dst: &Path, id: &str, overwrite: bool) -> Result<DstState, ConvertError> {
-    let manifest = Manifest::read(&dst.join(MANIFEST))?;
-    let partial = Manifest::read(&dst.join(PARTIAL)).ok().flatten();
-    match (manifest, partial) {
-        (Some(m), _) if m.plan_id == id => return Ok(DstState::UpToDate(m)),
-        (None, Some(p)) if p.plan_id == id => return Ok(DstState::Resume(p)),
-        (None, Some(_)) => {
-            // Our own unfinished run of another plan (the source or options
-            // changed since): nothing was committed, so start over.
-            clear_outputs(dst)?;
-            return Ok(DstState::Fresh);
-        }
-        _ => {}
-    }
-    let occupied = std::fs::read_dir(dst)
-        .map_err(|e| WriteError::io(dst, e))?
-        .filter_map(Result::ok)
-        .any(|e| {
-            !e.file_name()
-                .to_string_lossy()
-                .ends_with(crate::write::TEMP_SUFFIX)
-        });
-    if !occupied {
-        return Ok(DstState::Fresh);
-    }
-    if !overwrite {
-        let ours = dst.join(MANIFEST).exists() || dst.join(PARTIAL).exists();
-        return Err(if ours {
-            ConvertError::DstHoldsOther {
-                dst: dst.to_path_buf(),
-            }
-        } else {
-            ConvertError::DstNotEmpty {
-                dst: dst.to_path_buf(),
-            }
-        });
-    }
-    clear_outputs(dst)?;
-    Ok(DstState::Fresh)
-}
-
-/// Under --overwrite: removes the commit point first, then weight files and
-/// indexes, so no moment shows a final index over missing shards.
-fn clear_outputs(dst: &Path) -> Result<(), WriteError> {
-    for name in [MANIFEST, PARTIAL] {
-        match std::fs::remove_file(dst.join(name)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(WriteError::io(&dst.join(name), e))
-            }
-            _ => {}
-        }
-    }
-    for entry in std::fs::read_dir(dst)
-        .map_err(|e| WriteError::io(dst, e))?
-        .filter_map(Result::ok)
-    {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".index.json") || name.ends_with(".safetensors") {
-            std::fs::remove_file(entry.path()).map_err(|e| WriteError::io(&entry.path(), e))?;
-        }
-    }
-    Ok(())
 }
 
 /// The shards of a partial run that are still on disk and intact.
@@ -333,59 +288,12 @@ fn verified_shards(dst: &Path, plan: &Plan, recorded: Vec<ShardRecord>) -> Vec<S
         .into_iter()
         .filter(|r| plan.shards.iter().any(|s| s.file == r.file))
         .filter(|r| {
+            // A regular file under its own name: a symlink there is not a
+            // shard reshard wrote, and is never read through.
             let path = dst.join(&r.file);
-            std::fs::metadata(&path).is_ok_and(|m| m.len() == r.size)
+            std::fs::symlink_metadata(&path)
+                .is_ok_and(|m| m.file_type().is_file() && m.len() == r.size)
                 && sha256_file(&path).is_ok_and(|h| h == r.sha256)
         })
         .collect()
-}
-
-/// Copies the source folder's other files (config, tokenizer, README, ...),
-/// rewriting config.json's dtype when casting. Weight files, indexes and
-/// pickles are not copied.
-fn copy_other_files(
-    ck: &Checkpoint,
-    dst: &Path,
-    dtype: Option<crate::format::Dtype>,
-) -> Result<Vec<String>, ConvertError> {
-    let weight_files: Vec<&Path> = ck.files.iter().map(|f| f.path.as_path()).collect();
-    let mut copied = Vec::new();
-    let mut entries: Vec<_> = std::fs::read_dir(&ck.dir)
-        .map_err(|e| FormatError::io(&ck.dir, e))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .collect();
-    entries.sort();
-    for path in entries {
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let skip = name.starts_with('.')
-            || !path.is_file()
-            || weight_files.contains(&path.as_path())
-            || name.ends_with(".index.json")
-            || name.ends_with(".safetensors")
-            || [".bin", ".pt", ".pth", ".pkl", ".ckpt"]
-                .iter()
-                .any(|e| name.ends_with(e))
-            || name == MANIFEST;
-        if skip {
-            continue;
-        }
-        match (name.as_str(), dtype) {
-            ("config.json", Some(to)) => {
-                let text = std::fs::read_to_string(&path).map_err(|e| FormatError::io(&path, e))?;
-                let rewritten =
-                    cast::rewrite_config_dtype(&text, to).map_err(|e| ConvertError::Config {
-                        path: path.clone(),
-                        reason: e.to_string(),
-                    })?;
-                write_atomic(dst, &name, rewritten.as_bytes())?;
-            }
-            _ => copy_atomic(&path, dst, &name)?,
-        }
-        copied.push(name);
-    }
-    Ok(copied)
 }

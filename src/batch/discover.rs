@@ -14,6 +14,13 @@
 //!   and `spaces--` repos are skipped.
 //! - A folder with weights ([`looks_like_checkpoint`]) is a model, written to
 //!   `OUT/<its path under ROOT>`; the walk does not go below it.
+//! - Every component of a model's output path must be one plain name
+//!   ([`is_plain_name`]): a repo folder named `models--..`, `models--.` or
+//!   `models--` (which would map to OUT's parent, OUT itself or nothing), or
+//!   a folder name holding a `\`, is skipped with the reason, never
+//!   joined. (`convert` checks again that each output resolves inside OUT.)
+//! - OUT may not lie inside a model's folder: outputs would be written into
+//!   a source.
 //! - Any other folder is walked into. So a diffusers pipeline (a folder with
 //!   `model_index.json` and no weights of its own) yields one model per
 //!   component folder with weights (`unet`, `vae`, `text_encoder`, ...), and
@@ -29,6 +36,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::format::discover::{looks_like_checkpoint, resolve_hf_cache};
+use crate::write::scope::{is_plain_name, model_root, resolve};
 
 /// A model found under ROOT.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -74,6 +82,14 @@ pub enum DiscoverError {
     RootNotDir { root: PathBuf },
     #[error("{}: the output folder must not be ROOT itself", .out.display())]
     OutIsRoot { out: PathBuf },
+    #[error("{}: the output folder is inside the model folder {}; outputs would be written into a source", .out.display(), .model.display())]
+    OutInsideModel { out: PathBuf, model: PathBuf },
+    #[error("cannot resolve the output folder {}", .out.display())]
+    OutUnresolvable {
+        out: PathBuf,
+        #[source]
+        source: crate::write::scope::ScopeError,
+    },
 }
 
 /// One folder waiting in the walk.
@@ -140,6 +156,11 @@ pub fn discover(root: &Path, out: &Path) -> Result<Discovery, DiscoverError> {
             continue;
         }
         if looks_like_checkpoint(&dir.path) {
+            if let Some(bad) = dir.rel.iter().find(|c| !is_plain_name(c)) {
+                let reason = format!("folder name {bad:?} cannot be an output folder name");
+                found.skipped.push(skip(&name, &dir.path, reason));
+                continue;
+            }
             let output = dir.rel.iter().fold(out.to_path_buf(), |p, c| p.join(c));
             found.models.push(Model {
                 name,
@@ -176,6 +197,7 @@ pub fn discover(root: &Path, out: &Path) -> Result<Discovery, DiscoverError> {
         }
     }
     dedupe_outputs(&mut found);
+    refuse_out_inside_a_model(out, &found)?;
     found.models.sort_by(|a, b| a.name.cmp(&b.name));
     found.skipped.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(found)
@@ -231,6 +253,14 @@ fn hf_repo(dir: &Pending, name: &str, out: &Path, found: &mut Discovery) {
         ));
         return;
     };
+    if !is_plain_name(repo) {
+        found.skipped.push(skip(
+            name,
+            &dir.path,
+            format!("repo name {repo:?} cannot be an output folder name"),
+        ));
+        return;
+    }
     // A repo whose refs/main is broken is still listed: its job fails with
     // the reader's precise error instead of the model silently vanishing.
     if let Ok(snapshot) = resolve_hf_cache(&dir.path) {
@@ -249,6 +279,31 @@ fn hf_repo(dir: &Pending, name: &str, out: &Path, found: &mut Discovery) {
         output: out.join(repo),
         hf_cache: true,
     });
+}
+
+/// OUT inside a model's folder (or its HF cache repo) would put outputs
+/// into a source.
+fn refuse_out_inside_a_model(out: &Path, found: &Discovery) -> Result<(), DiscoverError> {
+    let out_real = resolve(out).map_err(|source| DiscoverError::OutUnresolvable {
+        out: out.to_path_buf(),
+        source,
+    })?;
+    for m in &found.models {
+        let Ok(real) = m.source.canonicalize() else {
+            continue;
+        };
+        let snapshot = resolve_hf_cache(&m.source)
+            .ok()
+            .and_then(|d| d.canonicalize().ok());
+        let roots = [Some(real), snapshot.map(|s| model_root(&s))];
+        if roots.iter().flatten().any(|r| out_real.starts_with(r)) {
+            return Err(DiscoverError::OutInsideModel {
+                out: out.to_path_buf(),
+                model: m.source.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Two models may not share an output folder (two HF caches holding the same
@@ -300,7 +355,6 @@ fn io_reason(e: &std::io::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::symlink;
 
     /// A tiny but real safetensors file: discovery only looks at names, but
     /// keep it openable.
@@ -366,8 +420,10 @@ mod tests {
         assert!(d.skipped[0].reason.contains("not a model"));
     }
 
+    #[cfg(unix)]
     #[test]
     fn symlink_loops_are_skipped_not_followed() {
+        use std::os::unix::fs::symlink;
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("root");
         weights(&root.join("m"), "model.safetensors");
@@ -400,6 +456,29 @@ mod tests {
             skipped[3].0 == "x/y/way-up" && skipped[3].1.contains("loop"),
             "{skipped:?}"
         );
+    }
+
+    #[test]
+    fn names_that_are_not_one_folder_name_are_skipped_and_out_inside_a_model_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        for name in ["models--..", "models--.", "models--"] {
+            let repo = root.join(name);
+            weights(&repo.join("snapshots/abc"), "model.safetensors");
+            std::fs::create_dir_all(repo.join("blobs")).unwrap();
+        }
+        weights(&root.join("ok"), "model.safetensors");
+        let d = discover(&root, &tmp.path().join("out")).unwrap();
+        assert_eq!(names(&d), ["ok"]);
+        assert_eq!(d.skipped.len(), 3, "{:?}", d.skipped);
+        assert!(d
+            .skipped
+            .iter()
+            .all(|s| s.reason.contains("cannot be an output folder name")));
+        assert!(matches!(
+            discover(&root, &root.join("ok/converted")),
+            Err(DiscoverError::OutInsideModel { .. })
+        ));
     }
 
     #[test]

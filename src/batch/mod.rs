@@ -34,7 +34,7 @@ use crate::format::FormatError;
 use crate::plan::fit::{FitError, FitOptions};
 use crate::plan::machine::Machine;
 use crate::validate::{validate_with_budget, ValidateError, ValidateOptions};
-use crate::write::manifest::{MANIFEST, PARTIAL};
+use crate::write::manifest::{Manifest, MANIFEST};
 
 pub use self::discover::{discover, DiscoverError, Discovery, Model, Skipped};
 pub use self::part::{part_of, BadPart, Balance, Part};
@@ -67,7 +67,9 @@ impl std::fmt::Display for Mode {
 pub struct BatchOptions {
     /// Options of each conversion. `threads` is for the whole batch (each
     /// job gets `threads / jobs`, at least 1); `window` is the shared budget;
-    /// `overwrite` also lets jobs write into folders reshard did not write.
+    /// `overwrite` also lets jobs write into folders reshard did not write
+    /// (never deleting anything it did not write); `within` should be OUT,
+    /// so every output must resolve inside it.
     pub convert: ConvertOptions,
     pub mode: Mode,
     /// Models run at once.
@@ -112,11 +114,13 @@ pub enum ModelError {
 }
 
 /// What a job that succeeded did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     pub status: Status,
     pub bytes: u64,
     pub resumed_shards: usize,
+    /// What the user should hear about (other files not copied, and why).
+    pub notes: Vec<String>,
 }
 
 /// Receives progress from a running batch (the CLI draws bars with it).
@@ -242,9 +246,9 @@ pub fn run_model(
         }
     };
     let outcome = job();
-    let (status, reason, bytes, resumed_shards) = match outcome {
-        Ok(o) => (o.status, None, o.bytes, o.resumed_shards),
-        Err(e) => (Status::Failed, Some(error_chain(&e)), 0, 0),
+    let (status, reason, bytes, resumed_shards, notes) = match outcome {
+        Ok(o) => (o.status, None, o.bytes, o.resumed_shards, o.notes),
+        Err(e) => (Status::Failed, Some(error_chain(&e)), 0, 0, Vec::new()),
     };
     ModelResult {
         name: model.name.clone(),
@@ -256,6 +260,7 @@ pub fn run_model(
         bytes,
         resumed_shards,
         verified_files,
+        notes,
         seconds: started.elapsed().as_secs_f64(),
     }
 }
@@ -274,8 +279,9 @@ pub fn convert_model(
 ) -> Result<Outcome, ModelError> {
     let ck = crate::format::open(&model.source)?;
     let mut options = ctx.convert.clone();
-    options.overwrite |= holds_reshard_output(&model.output);
+    options.overwrite |= converted_from(&model.output, &model.source);
     options.copy_other_files = true;
+    options.single_file = false;
     let summary = convert_with_pool(&ck, &model.output, &options, ctx.pool, reporter, ctx.cancel)?;
     Ok(Outcome {
         status: if summary.up_to_date {
@@ -285,6 +291,11 @@ pub fn convert_model(
         },
         bytes: summary.bytes_written,
         resumed_shards: summary.resumed_shards,
+        notes: summary
+            .skipped_files
+            .iter()
+            .map(|f| format!("not copied: {:?}: {}", f.name, f.reason))
+            .collect(),
     })
 }
 
@@ -301,6 +312,7 @@ pub fn fit_model(model: &Model, job: &FitJob, ctx: &JobContext) -> Result<Outcom
             status: Status::Passed,
             bytes: ck.total_bytes(),
             resumed_shards: 0,
+            notes: Vec::new(),
         });
     }
     let judged = report.what_if.as_ref().unwrap_or(&report.today);
@@ -328,6 +340,7 @@ pub fn validate_model(model: &Model, options: &ValidateOptions) -> Result<Outcom
             status: Status::Passed,
             bytes: report.bytes_loaded,
             resumed_shards: 0,
+            notes: Vec::new(),
         });
     }
     let failures = report
@@ -339,11 +352,24 @@ pub fn validate_model(model: &Model, options: &ValidateOptions) -> Result<Outcom
     Err(ModelError::Invalid { failures })
 }
 
-/// True if `dst` holds a conversion reshard wrote (finished or not). Batch
-/// replaces those when the source or options changed; a folder of anyone
-/// else's files is never replaced without `--overwrite`.
-pub fn holds_reshard_output(dst: &Path) -> bool {
-    dst.join(MANIFEST).is_file() || dst.join(PARTIAL).is_file()
+/// True if `dst/reshard.json` records a conversion of this same source (its
+/// real model root). Batch replaces such an output by itself when the
+/// source's files or the options changed; anything else (another source's
+/// conversion, a manifest from before roots were recorded, a folder of
+/// anyone else's files) needs `--overwrite`. An unfinished run of reshard's
+/// own is resumed or restarted by `convert` without it.
+pub fn converted_from(dst: &Path, source: &Path) -> bool {
+    let Ok(Some(manifest)) = Manifest::read(&dst.join(MANIFEST)) else {
+        return false;
+    };
+    let Ok(real) = source.canonicalize() else {
+        return false;
+    };
+    let root = crate::format::discover::resolve_hf_cache(source)
+        .ok()
+        .and_then(|d| d.canonicalize().ok())
+        .map_or(real, |d| crate::write::scope::model_root(&d));
+    manifest.source.root.as_deref() == Some(root.display().to_string().as_str())
 }
 
 /// `--verify-source` for one model: its HF cache snapshot's blobs. Folders
@@ -368,6 +394,7 @@ pub fn skipped_result(s: &Skipped, part_count: u64) -> ModelResult {
         bytes: 0,
         resumed_shards: 0,
         verified_files: None,
+        notes: Vec::new(),
         seconds: 0.0,
     }
 }
@@ -383,6 +410,7 @@ fn not_run(model: &Model, part: u64, reason: &str) -> ModelResult {
         bytes: 0,
         resumed_shards: 0,
         verified_files: None,
+        notes: Vec::new(),
         seconds: 0.0,
     }
 }
@@ -472,12 +500,34 @@ mod tests {
     }
 
     #[test]
-    fn only_reshard_outputs_count_as_ours() {
+    fn only_a_conversion_of_the_same_source_counts_as_ours() {
         let tmp = tempfile::tempdir().unwrap();
-        assert!(!holds_reshard_output(tmp.path()));
-        std::fs::write(tmp.path().join("notes.txt"), "mine").unwrap();
-        assert!(!holds_reshard_output(tmp.path()));
-        std::fs::write(tmp.path().join(PARTIAL), "{}").unwrap();
-        assert!(holds_reshard_output(tmp.path()));
+        let src = tmp.path().join("src");
+        let other = tmp.path().join("other");
+        let dst = tmp.path().join("dst");
+        for d in [&src, &other, &dst] {
+            std::fs::create_dir(d).unwrap();
+        }
+        assert!(!converted_from(&dst, &src));
+        std::fs::write(dst.join("notes.txt"), "mine").unwrap();
+        assert!(!converted_from(&dst, &src));
+        std::fs::write(dst.join(crate::write::manifest::PARTIAL), "{}").unwrap();
+        assert!(
+            !converted_from(&dst, &src),
+            "a partial manifest is not a conversion"
+        );
+        let manifest = |root: &Path| {
+            serde_json::json!({
+                "reshard_version": "0", "plan_id": "p",
+                "source": {"dir": "x", "root": root.canonicalize().unwrap().display().to_string(),
+                           "format": "safetensors", "files": []},
+                "options": crate::plan::PlanOptions::default(), "shards": []
+            })
+            .to_string()
+        };
+        std::fs::write(dst.join(MANIFEST), manifest(&other)).unwrap();
+        assert!(!converted_from(&dst, &src), "another source's conversion");
+        std::fs::write(dst.join(MANIFEST), manifest(&src)).unwrap();
+        assert!(converted_from(&dst, &src));
     }
 }

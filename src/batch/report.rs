@@ -61,6 +61,9 @@ pub struct ModelResult {
     /// Files checked against their HF blob names (`--verify-source`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verified_files: Option<usize>,
+    /// What the job wants the user to know (files not copied, and why).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
     pub seconds: f64,
 }
 

@@ -175,7 +175,7 @@ pub fn cast_slice(
     assert!(supports(from, to), "cast_slice: cannot cast {from} to {to}");
     let (isz, osz) = (elem_size(from), elem_size(to));
     assert!(
-        input.len() % isz == 0 && output.len() == input.len() / isz * osz,
+        input.len().is_multiple_of(isz) && output.len() == input.len() / isz * osz,
         "cast_slice: {} bytes of {from} do not fill {} bytes of {to}",
         input.len(),
         output.len()

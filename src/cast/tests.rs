@@ -388,7 +388,7 @@ proptest! {
                 2 => input.extend_from_slice(&(*v as u16).to_le_bytes()),
                 4 => {
                     let f = f64::from_bits(*v) as f32;
-                    let b = if *v >> 63 == 0 && (*v as u32) % 3 == 0 { *v as u32 } else { f.to_bits() };
+                    let b = if *v >> 63 == 0 && (*v as u32).is_multiple_of(3) { *v as u32 } else { f.to_bits() };
                     input.extend_from_slice(&b.to_le_bytes());
                 }
                 _ => input.extend_from_slice(&v.to_le_bytes()),

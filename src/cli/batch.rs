@@ -18,6 +18,7 @@ use reshard::batch::{
 };
 use reshard::exec::WindowPool;
 use reshard::units::human;
+use reshard::write::scope::{check_report, SourceSet};
 
 use super::convert::{ConvertArgs, CANCEL};
 use super::fit::MachineArgs;
@@ -68,7 +69,9 @@ pub struct Args {
     /// What to do with each model.
     #[arg(long, value_enum, default_value = "convert")]
     mode: ModeArg,
-    /// Also write the report as JSON to FILE (atomically).
+    /// Also write the report as JSON to FILE (atomically). FILE may not be
+    /// or lie inside a source model, and an existing FILE is replaced only if
+    /// it is a report reshard wrote.
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
     /// Start no new model after the first failure.
@@ -250,9 +253,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         return Ok(ExitStatus::Ok);
     }
 
+    if let Some(path) = &args.report {
+        // Checked before any model is written, against every model found
+        // (not only this part's): the report may not land on any source.
+        let mut sources = SourceSet::default();
+        for m in &found.models {
+            sources.add_model(&m.source);
+        }
+        check_report(path, &sources)
+            .with_context(|| format!("cannot write the report {}", path.display()))?;
+    }
     let _ = ctrlc::set_handler(|| CANCEL.store(true, Ordering::SeqCst));
+    let mut convert = args.options.to_options();
+    convert.within = Some(args.out.clone());
     let options = BatchOptions {
-        convert: args.options.to_options(),
+        convert,
         mode: args.mode.into(),
         jobs: args.jobs as usize,
         verify_source: args.verify_source,
@@ -430,6 +445,9 @@ fn render_report(r: &BatchReport, quiet: bool) -> String {
             human(m.bytes),
             m.seconds
         );
+        for note in &m.notes {
+            let _ = writeln!(o, "  note: {note}");
+        }
     }
     if quiet {
         return o;

@@ -118,6 +118,8 @@ impl ConvertArgs {
                 .unwrap_or_else(|| ConvertOptions::default().threads),
             overwrite: self.overwrite,
             copy_other_files: true,
+            single_file: false,
+            within: None,
         }
     }
 }
@@ -126,7 +128,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     let ck = format::open(&args.src)
         .with_context(|| format!("cannot convert {}", args.src.display()))?;
     let mut options = args.options.to_options();
-    options.copy_other_files = args.src.is_dir();
+    let src_is_dir = args.src.is_dir();
+    options.copy_other_files = src_is_dir;
+    options.single_file = !src_is_dir;
     if args.dry_run {
         let plan = Plan::build(&ck, &options.plan)
             .with_context(|| format!("cannot plan {}", args.src.display()))?;
@@ -153,6 +157,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             args.dst.display()
         )
     })?;
+    if !args.quiet {
+        for skipped in &summary.skipped_files {
+            eprintln!("note: not copied: {:?}: {}", skipped.name, skipped.reason);
+        }
+    }
     if args.json && !args.validate {
         printer::json(&summary)?;
     } else if !args.quiet && !args.json {

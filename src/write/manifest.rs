@@ -3,9 +3,15 @@
 //!
 //! The same structure, with only the finished shards, is kept in
 //! `.reshard-partial.json` while a conversion runs: a rerun keeps the shards
-//! it lists (after checking their sha256) and writes the rest.
+//! it lists (after checking their sha256) and writes the rest. The partial
+//! manifest also lists every name the run is going to write (`planned`), so
+//! a later run can clean up after it without touching anything else.
+//!
+//! Both are read with [`read_regular`]: a regular file (never a FIFO or a
+//! device) of at most [`MAX_MANIFEST_LEN`] bytes.
 
-use std::path::Path;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +28,11 @@ pub const PARTIAL: &str = ".reshard-partial.json";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceIdentity {
     pub dir: String,
+    /// The model's real root folder (see [`super::scope::OutputScope::root`]):
+    /// what `batch` compares to decide that an output is its own conversion
+    /// of the same source. Not part of the plan id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
     pub format: Format,
     pub files: Vec<SourceFile>,
 }
@@ -30,6 +41,7 @@ impl SourceIdentity {
     pub fn of(ck: &Checkpoint) -> SourceIdentity {
         SourceIdentity {
             dir: ck.dir.display().to_string(),
+            root: None,
             format: ck.format,
             files: ck.files.clone(),
         }
@@ -84,6 +96,10 @@ pub struct Manifest {
     pub oversized: Vec<Oversized>,
     #[serde(default)]
     pub dropped: Vec<Dropped>,
+    /// Partial manifest only: every name this run may write (shards and
+    /// index), recorded before the first of them is created.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub planned: Vec<String>,
 }
 
 impl Manifest {
@@ -95,7 +111,7 @@ impl Manifest {
 
     /// Reads a manifest; `Ok(None)` if there is none.
     pub fn read(path: &Path) -> Result<Option<Manifest>, ManifestError> {
-        let bytes = match std::fs::read(path) {
+        let bytes = match read_regular(path, MAX_MANIFEST_LEN) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(source) => {
@@ -113,6 +129,20 @@ impl Manifest {
             })
     }
 
+    /// Every file name this manifest says reshard wrote or meant to write,
+    /// the manifest files themselves excluded. Only plain names (one path
+    /// component) count: a record naming `../x` or `/x` is ignored, never
+    /// followed.
+    pub fn own_names(&self) -> impl Iterator<Item = &str> {
+        self.shards
+            .iter()
+            .map(|s| s.file.as_str())
+            .chain(self.index_file.as_deref())
+            .chain(self.copied_files.iter().map(String::as_str))
+            .chain(self.planned.iter().map(String::as_str))
+            .filter(|n| super::scope::is_plain_name(n))
+    }
+
     /// Every tensor record, shard by shard.
     pub fn tensors(&self) -> impl Iterator<Item = (&ShardRecord, &TensorRecord)> {
         self.shards
@@ -121,19 +151,50 @@ impl Manifest {
     }
 }
 
+/// The largest manifest read back. A manifest costs about 250 bytes per
+/// tensor; the largest real checkpoints have about 100,000 tensors (25 MB),
+/// so 128 MiB leaves five times that.
+pub const MAX_MANIFEST_LEN: u64 = 128 << 20;
+
+/// Reads a small file reshard wrote itself: refused by type before it is
+/// opened unless it is (or a symlink leads to) a regular file (a FIFO would
+/// block the open, a device never ends), and refused if longer than `max`
+/// (checked on the size and again while reading: `/proc` files claim 0
+/// bytes). `NotFound` when it does not exist.
+pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other(
+            "not a regular file (a folder, FIFO, socket or device)",
+        ));
+    }
+    let too_long = |len: u64| {
+        std::io::Error::other(format!(
+            "{len} bytes, more than the {max} a reshard file may hold"
+        ))
+    };
+    if meta.len() > max {
+        return Err(too_long(meta.len()));
+    }
+    let file = std::fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(too_long(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     #[error("cannot read {}", .path.display())]
     Io {
-        path: std::path::PathBuf,
+        path: PathBuf,
         #[source]
         source: std::io::Error,
     },
     #[error("{}: not a reshard manifest: {reason}", .path.display())]
-    Invalid {
-        path: std::path::PathBuf,
-        reason: String,
-    },
+    Invalid { path: PathBuf, reason: String },
 }
 
 /// The plan id: sha256 over the source identity (file names, sizes, mtimes)

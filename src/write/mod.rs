@@ -8,7 +8,10 @@
 
 pub mod failpoint;
 pub mod index;
+pub mod lock;
 pub mod manifest;
+pub mod owned;
+pub mod scope;
 pub mod shard;
 
 use std::fs::File;
@@ -44,19 +47,39 @@ impl WriteError {
 }
 
 /// The temporary name a final file is written under: hidden, in the same
-/// folder (so the rename is atomic), and recognisable for cleanup.
+/// folder (so the rename is atomic), unique to this run (the pid and a
+/// random token, so two runs never share or delete each other's temps), and
+/// recognisable for cleanup by its suffix.
 pub fn temp_path(dir: &Path, name: &str) -> PathBuf {
-    dir.join(format!(".{name}{TEMP_SUFFIX}"))
+    dir.join(format!(".{name}.{}{TEMP_SUFFIX}", run_token()))
+}
+
+/// `PID-TOKEN`: the same for every temp file of one process.
+fn run_token() -> &'static str {
+    static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TOKEN.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        // std's RandomState is seeded from the OS's random source.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        format!("{}-{:08x}", std::process::id(), h.finish() as u32)
+    })
 }
 
 /// Suffix of every temporary file reshard writes.
 pub const TEMP_SUFFIX: &str = ".reshard-tmp";
 
+/// Creates a temporary file that must not exist yet: never opens (and so
+/// never truncates) a file or a symlink's target someone left at the name.
+pub fn create_temp(tmp: &Path) -> io::Result<File> {
+    File::options().write(true).create_new(true).open(tmp)
+}
+
 /// Writes `bytes` to `dir/name` atomically: temp file, fsync, rename.
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), WriteError> {
     let tmp = temp_path(dir, name);
     let result = (|| {
-        let mut f = File::create(&tmp)?;
+        let mut f = create_temp(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()
     })();
@@ -68,7 +91,7 @@ pub fn copy_atomic(src: &Path, dir: &Path, name: &str) -> Result<(), WriteError>
     let tmp = temp_path(dir, name);
     let mut input = File::open(src).map_err(|e| WriteError::io(src, e))?;
     let result = (|| {
-        let mut f = File::create(&tmp)?;
+        let mut f = create_temp(&tmp)?;
         io::copy(&mut input, &mut f)?;
         f.sync_all()
     })();
@@ -92,8 +115,10 @@ pub fn sync_dir(dir: &Path) -> Result<(), WriteError> {
     crate::platform::sync_dir(dir).map_err(|e| WriteError::io(dir, e))
 }
 
-/// Removes temporary files a killed run left in `dir`.
-pub fn remove_stale_temps(dir: &Path) -> Result<usize, WriteError> {
+/// Removes temporary files a killed run left in `dir`. Only a run holding
+/// `dir`'s lock may do this (no other run can be writing there then); a
+/// symlink with a temp name is removed itself, never its target.
+pub fn remove_stale_temps(dir: &Path, _held: &lock::DstLock) -> Result<usize, WriteError> {
     let mut removed = 0;
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
@@ -104,7 +129,8 @@ pub fn remove_stale_temps(dir: &Path) -> Result<usize, WriteError> {
         let entry = entry.map_err(|e| WriteError::io(dir, e))?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        if name.starts_with('.') && name.ends_with(TEMP_SUFFIX) {
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if name.starts_with('.') && name.ends_with(TEMP_SUFFIX) && !is_dir {
             std::fs::remove_file(entry.path()).map_err(|e| WriteError::io(&entry.path(), e))?;
             removed += 1;
         }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::{temp_path, WriteError};
+use super::{create_temp, temp_path, WriteError};
 use crate::plan::ShardPlan;
 
 /// The header of a shard: 8-byte little-endian length, then JSON padded with
@@ -89,7 +89,7 @@ pub struct FinishedShard {
 }
 
 impl ShardWriter {
-    /// Creates `dir/.name.reshard-tmp` and writes the header into it.
+    /// Creates `dir/.name.PID-TOKEN.reshard-tmp` and writes the header into it.
     pub fn create(
         dir: &Path,
         name: &str,
@@ -98,7 +98,7 @@ impl ShardWriter {
     ) -> Result<ShardWriter, WriteError> {
         let final_path = dir.join(name);
         let tmp_path = temp_path(dir, name);
-        let file = File::create(&tmp_path).map_err(|e| WriteError::io(&final_path, e))?;
+        let file = create_temp(&tmp_path).map_err(|e| WriteError::io(&final_path, e))?;
         let mut w = ShardWriter {
             final_path,
             tmp_path,

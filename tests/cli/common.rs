@@ -159,7 +159,7 @@ pub fn python() -> Option<PathBuf> {
 /// Writes a safetensors file from a header JSON value and a data section.
 pub fn write_safetensors(path: &Path, header: &serde_json::Value, data: &[u8]) {
     let mut json = serde_json::to_vec(header).unwrap();
-    while json.len() % 8 != 0 {
+    while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let mut bytes = (json.len() as u64).to_le_bytes().to_vec();

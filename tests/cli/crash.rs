@@ -144,7 +144,7 @@ fn sigkill_at_every_write_step_then_rerun_matches_a_clean_run() {
 
 /// Mounts a tmpfs of `size` at a new folder; None (with a printed reason)
 /// when not root or mounting is not allowed here.
-fn tmpfs(size: &str, read_only: bool) -> Option<(tempfile::TempDir, PathBuf)> {
+pub fn tmpfs(size: &str, read_only: bool) -> Option<(tempfile::TempDir, PathBuf)> {
     let holder = tempfile::tempdir().unwrap();
     let mnt = holder.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
@@ -161,16 +161,19 @@ fn tmpfs(size: &str, read_only: bool) -> Option<(tempfile::TempDir, PathBuf)> {
     Some((holder, mnt))
 }
 
-struct Unmount(PathBuf);
+pub struct Unmount(pub PathBuf);
 impl Drop for Unmount {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.0).status();
     }
 }
 
+/// The disk fills during the run (after convert's free-space check passed:
+/// another writer took the space): exit 2 naming the file, nothing partial.
+/// (Too little space from the start is refused earlier: tests/cli/touch.rs.)
 #[test]
 fn full_disk_exits_2_naming_the_file_and_leaves_nothing_partial() {
-    let Some((_holder, mnt)) = tmpfs("300k", false) else {
+    let Some((_holder, mnt)) = tmpfs("2m", false) else {
         return;
     };
     let _guard = Unmount(mnt.clone());
@@ -179,13 +182,37 @@ fn full_disk_exits_2_naming_the_file_and_leaves_nothing_partial() {
     let clean_dir = tmp.path().join("clean");
     assert!(convert_cmd(&src, &clean_dir).status().unwrap().success());
     let dst = mnt.join("out");
-    let out = convert_cmd(&src, &dst).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("No space left on device"), "{stderr}");
+    let release = tmp.path().join("go");
+    let mut child = convert_cmd(&src, &dst)
+        .env("RESHARD_PAUSE_AT", "2")
+        .env("RESHARD_PAUSE_UNTIL", &release)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("paused at write step") {
+        line.clear();
+        assert!(
+            std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0,
+            "ended before its pause"
+        );
+    }
+    // Another writer fills the file system while the run is paused.
+    let mut filler = std::fs::File::create(mnt.join("filler")).unwrap();
+    let block = vec![0u8; 4096];
+    while std::io::Write::write_all(&mut filler, &block).is_ok() {}
+    drop(filler);
+    std::fs::write(&release, "").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(2), "{rest}");
+    assert!(rest.contains("No space left on device"), "{rest}");
     assert!(
-        stderr.contains(&dst.display().to_string()),
-        "names the file: {stderr}"
+        rest.contains(&dst.display().to_string()),
+        "names the file: {rest}"
     );
     assert_consistent(&dst, &hashes(&clean_dir));
     let temps: Vec<_> = hashes(&dst)

@@ -29,7 +29,7 @@ fn write_sparse_shard(path: &Path, tensors: &[(String, Vec<u64>)]) -> u64 {
         offset += len;
     }
     let mut text = serde_json::to_vec(&Value::Object(header)).unwrap();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let mut f = File::create(path).unwrap();

@@ -18,4 +18,5 @@ mod parts;
 mod proof;
 mod pytorch;
 mod readers;
+mod touch;
 mod validate;

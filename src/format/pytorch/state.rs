@@ -222,7 +222,7 @@ pub fn place(name: &str, spec: &TensorSpec, entry: &Entry) -> Result<Placed, Pyt
 }
 
 fn whole_bytes(d: Dtype) -> Option<u64> {
-    (d.bits() % 8 == 0).then_some(d.bits() / 8)
+    d.bits().is_multiple_of(8).then_some(d.bits() / 8)
 }
 
 /// True when `strides` are the row-major strides of `shape` (dimensions of

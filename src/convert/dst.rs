@@ -1,0 +1,165 @@
+//! What to do with what DST already holds, and whether the output fits.
+//!
+//! The rules, in order (DST is locked and listed by the caller):
+//!
+//! 1. `reshard.json` of this exact plan: up to date, nothing is written.
+//! 2. Foreign weight files (weights or indexes no manifest records): refused,
+//!    `--overwrite` or not; reshard never deletes them and a loader could
+//!    mix them with its output.
+//! 3. A partial manifest of this plan: resume, keeping its verified shards.
+//! 4. `reshard.json` of another plan: refused without `--overwrite`; with it,
+//!    every name either manifest records is removed.
+//! 5. A partial manifest of another plan (reshard's own run that never
+//!    committed): the names it records are removed and the run starts over.
+//! 6. Other foreign files without any manifest: refused without
+//!    `--overwrite`; with it, written beside and never removed.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use super::other::OtherFiles;
+use super::ConvertError;
+use crate::format::Checkpoint;
+use crate::plan::Plan;
+use crate::write::lock::DstLock;
+use crate::write::manifest::{Manifest, ShardRecord, MANIFEST, PARTIAL};
+use crate::write::owned::{reclaimable, remove_names, DstInventory};
+use crate::write::{write_atomic, WriteError};
+
+pub enum DstState {
+    UpToDate(Manifest),
+    Resume(Manifest),
+    /// Start from nothing after removing these recorded names.
+    Fresh {
+        remove: BTreeSet<String>,
+    },
+}
+
+/// Applies the rules of the module doc.
+pub fn decide(
+    dst: &Path,
+    inv: &DstInventory,
+    id: &str,
+    overwrite: bool,
+) -> Result<DstState, ConvertError> {
+    if let Some(m) = inv.manifest.as_ref().filter(|m| m.plan_id == id) {
+        return Ok(DstState::UpToDate(m.clone()));
+    }
+    let foreign = inv.foreign_weights();
+    if !foreign.is_empty() {
+        let mut names = foreign
+            .iter()
+            .take(3)
+            .map(|n| format!("{n:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if foreign.len() > 3 {
+            names.push_str(&format!(" and {} more", foreign.len() - 3));
+        }
+        return Err(ConvertError::ForeignWeights {
+            dst: dst.to_path_buf(),
+            names,
+        });
+    }
+    match (&inv.manifest, &inv.partial) {
+        (None, Some(p)) if p.plan_id == id => return Ok(DstState::Resume(p.clone())),
+        (Some(_), _) if !overwrite => {
+            return Err(ConvertError::DstHoldsOther {
+                dst: dst.to_path_buf(),
+            })
+        }
+        (None, None) if !inv.foreign.is_empty() && !overwrite => {
+            return Err(ConvertError::DstNotEmpty {
+                dst: dst.to_path_buf(),
+            })
+        }
+        _ => {}
+    }
+    Ok(DstState::Fresh {
+        remove: inv.own_names(),
+    })
+}
+
+/// Removes the names of an earlier conversion. With a committed manifest,
+/// it is first demoted to a partial manifest that records every doomed name
+/// (so a run killed half way through leaves a record the next run finishes
+/// cleaning), then the commit point goes, then the index, then the rest.
+pub fn clear(
+    dst: &Path,
+    inv: &DstInventory,
+    doomed: &BTreeSet<String>,
+    lock: &DstLock,
+) -> Result<(), WriteError> {
+    if let Some(m) = &inv.manifest {
+        let mut record = m.clone();
+        record.planned = doomed.iter().cloned().collect();
+        write_atomic(dst, PARTIAL, &record.to_json())?;
+        match std::fs::remove_file(dst.join(MANIFEST)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(WriteError::io(&dst.join(MANIFEST), e))
+            }
+            _ => {}
+        }
+    }
+    remove_names(dst, doomed, lock)
+}
+
+/// Refuses early when the output cannot fit: the shards still to write
+/// (header and data), the index, the manifests and the other files, against
+/// what DST's file system has available plus what removing the old output
+/// gives back. A file system that cannot tell its free space is not checked.
+pub fn check_space(
+    dst: &Path,
+    ck: &Checkpoint,
+    plan: &Plan,
+    done: &[ShardRecord],
+    others: &OtherFiles,
+    doomed: Option<&BTreeSet<String>>,
+) -> Result<(), ConvertError> {
+    let Ok(free) = fs4::available_space(dst) else {
+        return Ok(());
+    };
+    let needed = planned_bytes(plan, done, ck.tensors.len(), others.bytes());
+    let freed = doomed.map_or(0, |d| {
+        reclaimable(dst, d.iter().map(String::as_str).chain([MANIFEST]))
+    });
+    let available = free.saturating_add(freed);
+    if needed > available {
+        return Err(ConvertError::NoSpace {
+            dst: dst.to_path_buf(),
+            needed,
+            available,
+        });
+    }
+    Ok(())
+}
+
+/// A manifest costs about this much per tensor (name, shape, checksum, cast
+/// figures); the partial and the final one exist together for a moment.
+const MANIFEST_BYTES_PER_TENSOR: u64 = 256;
+
+/// Bytes this run will add to DST.
+fn planned_bytes(plan: &Plan, done: &[ShardRecord], tensors: usize, others: u64) -> u64 {
+    let shards = plan
+        .shards
+        .iter()
+        .filter(|s| !done.iter().any(|d| d.file == s.file))
+        .map(|s| {
+            let header = crate::write::shard::header_bytes(Path::new(&s.file), s, &plan.metadata)
+                .map_or(0, |h| h.len() as u64);
+            header.saturating_add(s.data_len)
+        })
+        .fold(0u64, u64::saturating_add);
+    let index = plan
+        .index_file
+        .as_ref()
+        .map_or(0, |_| crate::write::index::index_json(plan).len() as u64);
+    let manifests = (tensors as u64)
+        .saturating_mul(MANIFEST_BYTES_PER_TENSOR)
+        .saturating_add(4096)
+        .saturating_mul(2);
+    shards
+        .saturating_add(index)
+        .saturating_add(manifests)
+        .saturating_add(others)
+}
