@@ -62,7 +62,7 @@ pub struct ModelResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verified_files: Option<usize>,
     /// What the job wants the user to know (files not copied, and why).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
     pub seconds: f64,
 }
@@ -458,6 +458,7 @@ mod tests {
             bytes,
             resumed_shards: 0,
             verified_files: None,
+            notes: Vec::new(),
             seconds: 0.5,
         }
     }
