@@ -9,30 +9,9 @@
 
 use std::rc::Rc;
 
-use super::pickle::Value;
+use super::value::{Global, Storage, TensorSpec, Value};
 use super::PytorchError;
 use crate::format::Dtype;
-
-/// A whitelisted global.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Global {
-    OrderedDict,
-    RebuildTensorV2,
-    RebuildTensorV3,
-    RebuildParameter,
-    RebuildParameterWithState,
-    /// A typed storage class (`torch.FloatStorage`): its element type.
-    StorageType(Dtype),
-    /// `torch.UntypedStorage`: bytes.
-    UntypedStorage,
-    /// A dtype object (`torch.bfloat16`).
-    Dtype(Dtype),
-    Size,
-    Device,
-    CodecsEncode,
-    GetLayout,
-    Strided,
-}
 
 /// torch's storage class names and dtype names, with reshard's dtypes.
 const STORAGES: &[(&str, Dtype)] = &[
@@ -110,28 +89,6 @@ pub fn resolve(module: &str, name: &str) -> Result<Global, PytorchError> {
     found.ok_or_else(|| PytorchError::ForbiddenGlobal {
         global: format!("{module}.{name}"),
     })
-}
-
-/// A storage named by a persistent id: `('storage', type, key, location, numel)`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Storage {
-    /// The zip entry is `<archive>/data/<key>`.
-    pub key: String,
-    pub dtype: Dtype,
-    /// Elements of `dtype` (bytes for an untyped storage).
-    pub numel: u64,
-}
-
-/// What `_rebuild_tensor_v2` was called with, shape-checked but not yet
-/// bounds-checked against the archive.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TensorSpec {
-    pub storage: Rc<Storage>,
-    pub dtype: Dtype,
-    /// In elements of `dtype`.
-    pub offset: u64,
-    pub shape: Vec<u64>,
-    pub strides: Vec<u64>,
 }
 
 /// Reads a persistent id (the argument of `BINPERSID`).

@@ -6,8 +6,9 @@
 //! entry against the file; [`pickle`] runs `data.pkl` on a whitelist of
 //! opcodes, with [`globals`] turning the few allowed Python names into data;
 //! [`state`] reads the result as a state dict and places every tensor in its
-//! storage entry. No tensor bytes are read here: [`crate::format::read`]
-//! streams them later from the [`DataRef`]s this module returns.
+//! storage entry; [`value`], below all three, holds the data they share.
+//! No tensor bytes are read here: [`crate::format::read`] streams them later
+//! from the [`DataRef`]s this module returns.
 //!
 //! Entry points: [`read_file`] for a checkpoint on disk, [`read_bytes`] and
 //! [`parse_pickle`] for the same work on bytes in memory (the fuzz targets).
@@ -15,13 +16,14 @@
 pub mod globals;
 pub mod pickle;
 pub mod state;
+pub mod value;
 pub mod zip;
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 
-pub use self::globals::{Storage, TensorSpec};
+pub use self::value::{Storage, TensorSpec};
 use self::zip::{ReadAt, ZipIndex};
 use super::{DataRef, Dtype, Finding, SourceFile, Tensor};
 

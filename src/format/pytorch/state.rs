@@ -8,8 +8,7 @@
 
 use std::collections::HashMap;
 
-use super::globals::TensorSpec;
-use super::pickle::Value;
+use super::value::{TensorSpec, Value};
 use super::zip::{Entry, Method};
 use super::PytorchError;
 use crate::format::{DataRef, Dtype};
@@ -247,7 +246,7 @@ mod tests {
     use std::rc::Rc;
 
     use super::*;
-    use crate::format::pytorch::globals::Storage;
+    use crate::format::pytorch::value::Storage;
 
     fn spec(numel: u64, offset: u64, shape: &[u64], strides: &[u64]) -> TensorSpec {
         TensorSpec {
