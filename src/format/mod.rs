@@ -11,6 +11,8 @@ pub mod discover;
 pub mod dtype;
 pub mod error;
 pub mod index;
+mod json;
+pub mod names;
 pub mod pread;
 pub mod pytorch;
 pub mod read;
@@ -201,6 +203,13 @@ pub enum Finding {
     /// that much commit; resharding helps.
     LargeShard { file: String, size: u64 },
 }
+
+/// Most tensors one checkpoint may hold. The largest real index (~10 MB, at
+/// about 100 bytes an entry) lists about 100,000 tensors; 262,144 is 2.6
+/// times that. Each tensor costs about 1 KiB through `convert` (names,
+/// shapes, plan, manifest), so this also bounds the memory of a header full
+/// of zero-size tensors.
+pub const MAX_TENSORS: usize = 262_144;
 
 /// Shards above this size are reported: loaders that map a shard at a time
 /// need at least this much free commit. 5 GB is transformers v4's old default.

@@ -1,16 +1,98 @@
-//! Bounded reads of tensor bytes.
+//! Bounded reads: the one way reshard opens a file it reads
+//! ([`open_regular`], [`read_regular`]), and the reads of tensor bytes.
 //!
-//! Every read is a positioned read (`pread`) of a caller-sized buffer from a
-//! file opened read-only: nothing is mapped, nothing is read whole, and the
-//! caller's window decides how much memory is in flight. Files are checked
-//! against the size and mtime they had when the checkpoint was read, so a
-//! file that shrinks under us is an error, never zeros.
+//! Every file reshard reads (weight files, indexes, `config.json`, the HF
+//! cache's `refs/main`, manifests) must be a regular file: its type is
+//! checked before it is opened, so a FIFO never blocks an open and a link to
+//! `/dev/zero` is refused instead of read until memory runs out. Small files
+//! are read whole only under a size limit the caller names.
+//!
+//! Every read of tensor bytes is a positioned read (`pread`) of a
+//! caller-sized buffer from a file opened read-only: nothing is mapped,
+//! nothing is read whole, and the caller's window decides how much memory is
+//! in flight. Files are checked against the size and mtime they had when the
+//! checkpoint was read, so a file that shrinks under us is an error, never
+//! zeros.
 
 use std::fs::File;
 use std::io::{self, Read};
+use std::path::Path;
 use std::sync::Arc;
 
 use super::{Checkpoint, DataRef, FormatError, Tensor};
+
+/// Opens `path` read-only if it is a regular file of at most `max_len` bytes.
+///
+/// The type is checked (following symlinks, so Hugging Face snapshot links
+/// into `blobs/` work) before the file is opened: a FIFO, socket, device or
+/// folder is [`FormatError::NotRegularFile`] and is never opened, so nothing
+/// blocks. A larger file is [`FormatError::FileTooLarge`]; a missing one is
+/// [`FormatError::NotFound`]. The opened handle is checked again, so a file
+/// swapped for another type between the two steps is refused as well. Pass
+/// `u64::MAX` for files read in bounded pieces (weight files).
+pub fn open_regular(path: &Path, max_len: u64) -> Result<File, FormatError> {
+    let meta = std::fs::metadata(path).map_err(|e| FormatError::io(path, e))?;
+    check_regular(path, &meta, max_len)?;
+    let file = File::open(path).map_err(|e| FormatError::io(path, e))?;
+    let meta = file.metadata().map_err(|e| FormatError::io(path, e))?;
+    check_regular(path, &meta, max_len)?;
+    Ok(file)
+}
+
+/// Reads the whole regular file at `path`, refusing it (before reading) if it
+/// is over `max_len` bytes; a file that grows past `max_len` while it is
+/// read is refused too. See [`open_regular`] for what is refused.
+pub fn read_regular(path: &Path, max_len: u64) -> Result<Vec<u8>, FormatError> {
+    let file = open_regular(path, max_len)?;
+    let len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
+    let mut bytes = Vec::new();
+    // `len <= max_len`, which the caller chose as a size it can hold.
+    bytes
+        .try_reserve_exact(usize::try_from(len).unwrap_or(usize::MAX))
+        .map_err(|_| FormatError::OutOfMemory {
+            path: path.to_path_buf(),
+            bytes: len,
+        })?;
+    file.take(max_len.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| FormatError::io(path, e))?;
+    if bytes.len() as u64 > max_len {
+        return Err(FormatError::FileTooLarge {
+            path: path.to_path_buf(),
+            len: bytes.len() as u64,
+            max: max_len,
+        });
+    }
+    Ok(bytes)
+}
+
+/// [`read_regular`] for a text file: not UTF-8 is [`FormatError::NotUtf8`].
+pub fn read_regular_string(path: &Path, max_len: u64) -> Result<String, FormatError> {
+    String::from_utf8(read_regular(path, max_len)?).map_err(|_| FormatError::NotUtf8 {
+        path: path.to_path_buf(),
+    })
+}
+
+fn check_regular(path: &Path, meta: &std::fs::Metadata, max_len: u64) -> Result<(), FormatError> {
+    if !meta.is_file() {
+        return Err(FormatError::NotRegularFile {
+            path: path.to_path_buf(),
+            kind: if meta.is_dir() {
+                "a folder"
+            } else {
+                "a FIFO, socket or device"
+            },
+        });
+    }
+    if meta.len() > max_len {
+        return Err(FormatError::FileTooLarge {
+            path: path.to_path_buf(),
+            len: meta.len(),
+            max: max_len,
+        });
+    }
+    Ok(())
+}
 
 /// Open, read-only handles to every file of a checkpoint.
 #[derive(Debug, Clone)]
@@ -26,8 +108,7 @@ impl SourceReader {
         checkpoint.check_unchanged()?;
         let mut files = Vec::with_capacity(checkpoint.files.len());
         for f in &checkpoint.files {
-            let file = File::open(&f.path).map_err(|e| FormatError::io(&f.path, e))?;
-            files.push(Arc::new(file));
+            files.push(Arc::new(open_regular(&f.path, u64::MAX)?));
         }
         Ok(SourceReader {
             files,

@@ -191,13 +191,19 @@ impl Plan {
             })
             .collect();
         let ranges = pack(&items, options.max_shard_size);
+        drop(items);
         let prefix = output_prefix(ck);
         let count = ranges.len();
+        let layer_order: Vec<String> = planned.iter().map(|t| t.name.clone()).collect();
+        let total_size = planned.iter().map(|t| t.len).sum();
         let mut shards = Vec::with_capacity(count);
         let mut oversized = Vec::new();
+        // The ranges tile `planned` in order: move each shard's tensors out
+        // rather than copy them (a checkpoint may hold 262,144 tensors).
+        let mut rest = planned.into_iter();
         for (n, range) in ranges.into_iter().enumerate() {
             let file = shard_name(&prefix, n, count);
-            let tensors = planned[range].to_vec();
+            let tensors: Vec<PlannedTensor> = rest.by_ref().take(range.len()).collect();
             if tensors.len() == 1 && tensors[0].len > options.max_shard_size {
                 oversized.push(Oversized {
                     tensor: tensors[0].name.clone(),
@@ -213,8 +219,8 @@ impl Plan {
             options: options.clone(),
             index_file: (count > 1).then(|| format!("{prefix}.safetensors.index.json")),
             prefix,
-            layer_order: planned.iter().map(|t| t.name.clone()).collect(),
-            total_size: planned.iter().map(|t| t.len).sum(),
+            layer_order,
+            total_size,
             shards,
             oversized,
             casts: casts.into_values().collect(),
