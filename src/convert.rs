@@ -118,6 +118,10 @@ pub fn convert_with_pool(
     let started = Instant::now();
     refuse_dst_in_source(ck, dst)?;
     let plan = Plan::build(ck, &options.plan)?;
+    if options.copy_other_files {
+        // A config.json that cannot be rewritten fails now, before any shard.
+        rewritten_config(ck, options.plan.dtype)?;
+    }
     let source = SourceIdentity::of(ck);
     let id = plan_id(&source, &options.plan);
     std::fs::create_dir_all(dst).map_err(|e| WriteError::io(dst, e))?;
@@ -340,6 +344,29 @@ fn verified_shards(dst: &Path, plan: &Plan, recorded: Vec<ShardRecord>) -> Vec<S
         .collect()
 }
 
+/// The source's `config.json` rewritten for a cast to `dtype`; `None` when
+/// not casting or when there is no config. Read as a regular file of at
+/// most [`cast::MAX_CONFIG`] bytes.
+fn rewritten_config(
+    ck: &Checkpoint,
+    dtype: Option<crate::format::Dtype>,
+) -> Result<Option<String>, ConvertError> {
+    let Some(to) = dtype else {
+        return Ok(None);
+    };
+    let path = ck.dir.join("config.json");
+    if std::fs::symlink_metadata(&path).is_err() {
+        return Ok(None);
+    }
+    let text = crate::format::read::read_regular_string(&path, cast::MAX_CONFIG)?;
+    cast::rewrite_config_dtype(&text, to)
+        .map(Some)
+        .map_err(|e| ConvertError::Config {
+            path,
+            reason: e.to_string(),
+        })
+}
+
 /// Copies the source folder's other files (config, tokenizer, README, ...),
 /// rewriting config.json's dtype when casting. Weight files, indexes and
 /// pickles are not copied.
@@ -349,6 +376,7 @@ fn copy_other_files(
     dtype: Option<crate::format::Dtype>,
 ) -> Result<Vec<String>, ConvertError> {
     let weight_files: Vec<&Path> = ck.files.iter().map(|f| f.path.as_path()).collect();
+    let config = rewritten_config(ck, dtype)?;
     let mut copied = Vec::new();
     let mut entries: Vec<_> = std::fs::read_dir(&ck.dir)
         .map_err(|e| FormatError::io(&ck.dir, e))?
@@ -373,14 +401,8 @@ fn copy_other_files(
         if skip {
             continue;
         }
-        match (name.as_str(), dtype) {
-            ("config.json", Some(to)) => {
-                let text = std::fs::read_to_string(&path).map_err(|e| FormatError::io(&path, e))?;
-                let rewritten =
-                    cast::rewrite_config_dtype(&text, to).map_err(|e| ConvertError::Config {
-                        path: path.clone(),
-                        reason: e.to_string(),
-                    })?;
+        match &config {
+            Some(rewritten) if name == "config.json" => {
                 write_atomic(dst, &name, rewritten.as_bytes())?;
             }
             _ => copy_atomic(&path, dst, &name)?,
