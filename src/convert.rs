@@ -31,6 +31,9 @@ pub struct ConvertOptions {
     pub overwrite: bool,
     /// Copy config.json, tokenizer files, ... from the source folder.
     pub copy_other_files: bool,
+    /// Write expanded (stride-0) views however much they amplify
+    /// (see [`crate::plan::check_expanded`]).
+    pub allow_expanded: bool,
 }
 
 impl Default for ConvertOptions {
@@ -41,6 +44,7 @@ impl Default for ConvertOptions {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             overwrite: false,
             copy_other_files: true,
+            allow_expanded: false,
         }
     }
 }
@@ -118,6 +122,7 @@ pub fn convert_with_pool(
     let started = Instant::now();
     refuse_dst_in_source(ck, dst)?;
     let plan = Plan::build(ck, &options.plan)?;
+    crate::plan::check_expanded(ck, &plan, options.allow_expanded)?;
     if options.copy_other_files {
         // A config.json that cannot be rewritten fails now, before any shard.
         rewritten_config(ck, options.plan.dtype)?;

@@ -365,6 +365,17 @@ fn open_files(dir: &Path, paths: &[PathBuf], format: Format) -> Result<Checkpoin
                 max: MAX_TENSORS,
             });
         }
+        findings.extend(
+            file_tensors
+                .iter()
+                .filter(|t| t.len > t.stored_bytes())
+                .map(|t| Finding::ExpandedView {
+                    tensor: t.name.clone(),
+                    file: file.name(),
+                    bytes: t.len,
+                    stored: t.stored_bytes(),
+                }),
+        );
         if file.size > LARGE_SHARD {
             findings.push(Finding::LargeShard {
                 file: file.name(),

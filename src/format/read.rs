@@ -19,6 +19,7 @@ use std::io::{self, Read};
 use std::path::Path;
 use std::sync::Arc;
 
+use super::strided::{StridedReader, GATHER_MAX};
 use super::{Checkpoint, DataRef, FormatError, Tensor};
 
 /// Opens `path` read-only if it is a regular file of at most `max_len` bytes.
@@ -118,7 +119,18 @@ impl SourceReader {
 
     /// A sequential reader over a tensor's contiguous little-endian bytes,
     /// whatever its layout on disk. Reads exactly `tensor.len` bytes.
+    ///
+    /// A strided view whose storage span is at most [`GATHER_MAX`] bytes is
+    /// gathered in memory (see [`super::strided`]).
     pub fn tensor_bytes(&self, tensor: &Tensor) -> TensorBytes {
+        self.tensor_bytes_gathered(tensor, GATHER_MAX)
+    }
+
+    /// [`SourceReader::tensor_bytes`], gathering a strided view in memory
+    /// only when its span is at most `gather_limit` bytes: a caller that
+    /// counts memory against a window passes what it reserved (0 reads one
+    /// run at a time).
+    pub fn tensor_bytes_gathered(&self, tensor: &Tensor, gather_limit: usize) -> TensorBytes {
         let file = Arc::clone(&self.files[tensor.file]);
         let inner = match &tensor.data {
             DataRef::Contiguous { offset } => Inner::Range(RangeReader {
@@ -138,6 +150,7 @@ impl SourceReader {
                 *storage_len,
                 *elem_offset,
                 strides.clone(),
+                gather_limit,
             )),
             DataRef::Deflated {
                 entry,
@@ -254,116 +267,6 @@ impl Read for RangeReader {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         self.pos += n as u64;
-        Ok(n)
-    }
-}
-
-/// Gathers a strided PyTorch view into row-major order, one innermost run
-/// (or one element) per positioned read.
-struct StridedReader {
-    file: Arc<File>,
-    storage: u64,
-    storage_len: u64,
-    elem_size: u64,
-    shape: Vec<u64>,
-    strides: Vec<u64>,
-    elem_offset: u64,
-    /// Row-major index of the next element to produce.
-    index: Vec<u64>,
-    /// Bytes of the current run already produced.
-    run_done: u64,
-    done: bool,
-}
-
-impl StridedReader {
-    fn new(
-        file: Arc<File>,
-        tensor: &Tensor,
-        storage: u64,
-        storage_len: u64,
-        elem_offset: u64,
-        strides: Vec<u64>,
-    ) -> StridedReader {
-        StridedReader {
-            file,
-            storage,
-            storage_len,
-            elem_size: (tensor.dtype.bits() / 8).max(1),
-            index: vec![0; tensor.shape.len()],
-            done: tensor.shape.contains(&0),
-            shape: tensor.shape.clone(),
-            strides,
-            elem_offset,
-            run_done: 0,
-        }
-    }
-
-    /// Length in elements of the contiguous run starting at the current index.
-    fn run_elems(&self) -> u64 {
-        match (self.shape.last(), self.strides.last()) {
-            (Some(&n), Some(&1)) => n - self.index[self.index.len() - 1],
-            _ => 1,
-        }
-    }
-
-    fn advance(&mut self, elems: u64) {
-        let Some(last) = self.index.len().checked_sub(1) else {
-            self.done = true; // a scalar has one element
-            return;
-        };
-        self.index[last] += elems;
-        let mut d = last;
-        while self.index[d] >= self.shape[d] {
-            self.index[d] = 0;
-            if d == 0 {
-                self.done = true;
-                return;
-            }
-            d -= 1;
-            self.index[d] += 1;
-        }
-    }
-
-    fn element_byte_offset(&self) -> Option<u64> {
-        let elem = self
-            .index
-            .iter()
-            .zip(&self.strides)
-            .try_fold(self.elem_offset, |acc, (&i, &s)| {
-                acc.checked_add(i.checked_mul(s)?)
-            })?;
-        elem.checked_mul(self.elem_size)
-    }
-}
-
-impl Read for StridedReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.done || buf.is_empty() {
-            return Ok(0);
-        }
-        let run_bytes = self.run_elems() * self.elem_size;
-        let start = self
-            .element_byte_offset()
-            .and_then(|o| o.checked_add(self.run_done))
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "view offset overflows"))?;
-        let left_in_run = run_bytes - self.run_done;
-        let want = (buf.len() as u64).min(left_in_run);
-        if start.checked_add(want).is_none_or(|e| e > self.storage_len) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "strided view reaches past the end of its storage",
-            ));
-        }
-        let n = super::pread::read_at(&self.file, &mut buf[..want as usize], self.storage + start)?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        self.run_done += n as u64;
-        if self.run_done == run_bytes {
-            self.run_done = 0;
-            let elems = self.run_elems();
-            self.advance(elems);
-        }
         Ok(n)
     }
 }

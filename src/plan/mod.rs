@@ -63,6 +63,46 @@ pub enum PlanError {
     Cast(#[from] CastError),
     #[error("tensor {tensor:?}: its {bytes}-byte header entry makes the shard header larger than safetensors allows")]
     HeaderTooLarge { tensor: String, bytes: u64 },
+    #[error("{file}: tensor {tensor:?} is an expanded view: {bytes} bytes of output from {stored} bytes stored, more than {MAX_EXPANSION} times; pass --allow-expanded to write it anyway")]
+    ExpandedView {
+        file: String,
+        tensor: String,
+        bytes: u64,
+        stored: u64,
+    },
+}
+
+/// Most output bytes a tensor may have per byte of storage it reads
+/// (`convert` without `--allow-expanded`). A transpose or slice reads each
+/// element once (1x); only a view whose elements repeat (`expand`, stride
+/// 0) goes past it, and torch writes such views only when a user saves
+/// one.
+pub const MAX_EXPANSION: u64 = 16;
+/// Expanded views of at most 16 MiB of output pass whatever their ratio:
+/// they cost nothing worth refusing.
+pub const EXPANSION_FLOOR: u64 = 16 << 20;
+
+/// Refuses, unless `allow`, every planned tensor whose output is more than
+/// [`MAX_EXPANSION`] times the bytes it reads and more than
+/// [`EXPANSION_FLOOR`]: a 1.6 KB `.bin` of `torch.zeros(1).expand(2**50)`
+/// would otherwise write 4 PiB.
+pub fn check_expanded(ck: &Checkpoint, plan: &Plan, allow: bool) -> Result<(), PlanError> {
+    if allow {
+        return Ok(());
+    }
+    for t in plan.tensors() {
+        let source = &ck.tensors[t.source];
+        let stored = source.stored_bytes();
+        if t.len > EXPANSION_FLOOR && t.len / MAX_EXPANSION > stored {
+            return Err(PlanError::ExpandedView {
+                file: ck.file_of(source).name(),
+                tensor: t.name.clone(),
+                bytes: t.len,
+                stored,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// One tensor as it will be written.
