@@ -433,24 +433,24 @@ fn control_characters_in_tensor_names_are_escaped_when_printed() {
     }
 }
 
-/// A Hugging Face cache repo whose snapshot `abc` holds one tensor; returns
-/// the repo folder.
-fn hf_cache(dir: &Path) -> PathBuf {
-    let repo = dir.join("models--org--m");
-    let snap = repo.join("snapshots/abc");
-    std::fs::create_dir_all(&snap).unwrap();
-    std::fs::create_dir_all(repo.join("refs")).unwrap();
-    write_safetensors(
-        &snap.join("model.safetensors"),
-        &json!({"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "__metadata__": {"format": "pt"}}),
-        &[1],
-    );
-    repo
-}
-
 #[cfg(unix)]
 mod special {
     use super::*;
+
+    /// A Hugging Face cache repo whose snapshot `abc` holds one tensor; returns
+    /// the repo folder.
+    fn hf_cache(dir: &Path) -> PathBuf {
+        let repo = dir.join("models--org--m");
+        let snap = repo.join("snapshots/abc");
+        std::fs::create_dir_all(&snap).unwrap();
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        write_safetensors(
+            &snap.join("model.safetensors"),
+            &json!({"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "__metadata__": {"format": "pt"}}),
+            &[1],
+        );
+        repo
+    }
 
     fn mkfifo(path: &Path) {
         let status = std::process::Command::new("mkfifo")
