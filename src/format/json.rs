@@ -36,9 +36,9 @@ pub fn excerpt(raw: &str) -> String {
     }
 }
 
-/// Visitor methods for every JSON type a visitor does not handle itself:
-/// each consumes the value without keeping it and returns `$value`.
-/// `seq` and `map` choose whether arrays and objects are skipped too.
+/// Visitor methods for every JSON scalar (bool, number, string, null): each
+/// returns `$value`. [`skip_seq!`] and [`skip_map!`] do the same for an
+/// array or an object, consuming it without keeping anything.
 macro_rules! skip_scalars {
     ($value:expr) => {
         fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
