@@ -49,6 +49,9 @@ pub struct ConvertOptions {
     pub single_file: bool,
     /// `batch`: DST must resolve inside this folder (OUT).
     pub within: Option<PathBuf>,
+    /// Write expanded (stride-0) views however much they amplify
+    /// (see [`crate::plan::check_expanded`]).
+    pub allow_expanded: bool,
 }
 
 impl Default for ConvertOptions {
@@ -61,6 +64,7 @@ impl Default for ConvertOptions {
             copy_other_files: true,
             single_file: false,
             within: None,
+            allow_expanded: false,
         }
     }
 }
@@ -155,6 +159,7 @@ pub fn convert_with_pool(
     };
     let mut scope = OutputScope::resolve(ck, dst, rules)?;
     let plan = Plan::build(ck, &options.plan)?;
+    crate::plan::check_expanded(ck, &plan, options.allow_expanded)?;
     let mut source = SourceIdentity::of(ck);
     source.root = Some(scope.root().display().to_string());
     let id = plan_id(&source, &options.plan);
@@ -163,6 +168,8 @@ pub fn convert_with_pool(
     } else {
         other::OtherFiles::default()
     };
+    // A config.json that cannot be rewritten fails now, before any shard.
+    let config = other::rewritten_config(ck, &others, options.plan.dtype)?;
     std::fs::create_dir_all(dst).map_err(|e| WriteError::io(dst, e))?;
     scope.confirm(ck, rules)?;
     let lock = DstLock::acquire(dst)?;
@@ -234,7 +241,7 @@ pub fn convert_with_pool(
     manifest.shards.sort_by_key(|s| position(&s.file));
 
     ck.check_unchanged()?;
-    manifest.copied_files = other::copy(&others.files, dst, options.plan.dtype)?;
+    manifest.copied_files = other::copy(&others.files, dst, config.as_deref())?;
     sync_dir(dst)?;
     if let Some(index) = &plan.index_file {
         write_atomic(dst, index, &crate::write::index::index_json(&plan))?;

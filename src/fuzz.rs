@@ -71,6 +71,27 @@ pub fn pytorch(data: &[u8]) {
     }
 }
 
+/// The restricted pickle machine alone, under a small budget (1 MiB, 1,000
+/// stack values and memo entries) so that fuzzing reaches the budget's
+/// edges, and under the budget `data.pkl` of this length would get: any
+/// bytes end in a value or an error, never a panic or an abort, and the
+/// bytes charged never pass the budget.
+pub fn pickle(data: &[u8]) {
+    use format::pytorch::pickle::{run_counted, Limits};
+    let small = Limits {
+        stack: 1_000,
+        memo: 1_000,
+        bytes: 1 << 20,
+    };
+    for limits in [small, Limits::for_len(data.len())] {
+        let (result, held) = run_counted(data, limits);
+        assert!(held <= limits.bytes, "charged {held} of {}", limits.bytes);
+        if let Ok(root) = result {
+            let _ = format::pytorch::state::state_dict(&root);
+        }
+    }
+}
+
 /// The planner: every tensor exactly once, limits respected, offsets aligned
 /// and contiguous, for any tensor list, limit and order.
 pub fn planner(data: &[u8]) {

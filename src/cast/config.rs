@@ -38,6 +38,17 @@ pub fn torch_name(d: Dtype) -> Option<&'static str> {
     })
 }
 
+/// Largest `config.json` rewritten under `--dtype`: 4 MiB. Real configs
+/// are a few KiB; the largest carry label maps of ~20,000 classes (about
+/// 1.3 MB).
+pub const MAX_CONFIG: u64 = 4 << 20;
+
+/// Most JSON values a `config.json` may hold before it is parsed. It is
+/// parsed whole into `serde_json::Value`s (32 bytes each, plus vector
+/// growth), so this bounds the parse to about 16 MiB whatever the bytes
+/// are. A 20,000-class label map in both directions is ~80,000 values.
+pub const MAX_CONFIG_VALUES: usize = 262_144;
+
 /// The keys that hold the weights' dtype.
 const DTYPE_KEYS: [&str; 2] = ["torch_dtype", "dtype"];
 
@@ -56,6 +67,11 @@ pub fn rewrite_config_dtype(config_json: &str, to: Dtype) -> Result<String, Cast
         Some(name) if super::TARGETS.contains(&to) => name,
         _ => return Err(CastError::UnsupportedTarget { to }),
     };
+    if value_bound(config_json) > MAX_CONFIG_VALUES {
+        return Err(CastError::ConfigTooLarge {
+            max: MAX_CONFIG_VALUES,
+        });
+    }
     let mut value: Value = serde_json::from_str(config_json).map_err(CastError::ConfigJson)?;
     let root = value.as_object_mut().ok_or(CastError::ConfigNotObject)?;
     if !DTYPE_KEYS.iter().any(|k| root.contains_key(*k)) {
@@ -65,6 +81,31 @@ pub fn rewrite_config_dtype(config_json: &str, to: Dtype) -> Result<String, Cast
     let mut out = serde_json::to_string_pretty(&value).map_err(CastError::ConfigJson)?;
     out.push('\n');
     Ok(out)
+}
+
+/// An upper bound of the number of values in JSON `text`, found without
+/// parsing: every value but the first follows a `,` `:` `[` or `{` outside
+/// a string.
+fn value_bound(text: &str) -> usize {
+    let mut count = 1usize;
+    let (mut in_string, mut escaped) = (false, false);
+    for b in text.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b',' | b':' | b'[' | b'{' => count += 1,
+                _ => {}
+            }
+        }
+    }
+    count
 }
 
 /// Sets every present dtype key of `obj` that holds a string or null, then
@@ -150,6 +191,27 @@ mod tests {
         let err = rewrite_config_dtype("{", Dtype::F16).unwrap_err();
         assert!(matches!(err, CastError::ConfigJson(_)));
         assert_eq!(err.to_string(), "config.json is not valid json");
+    }
+
+    #[test]
+    fn configs_with_more_values_than_any_real_one_are_refused_before_parsing() {
+        assert_eq!(value_bound(r#"{"a": [1, 2], "b": "x,y:[{"}"#), 7);
+        let huge = format!(
+            "{{\"torch_dtype\": \"float32\", \"pad\": [{}]}}",
+            "0,".repeat(300_000) + "0"
+        );
+        assert!(matches!(
+            rewrite_config_dtype(&huge, Dtype::BF16),
+            Err(CastError::ConfigTooLarge { .. })
+        ));
+        let labels: Vec<String> = (0..20_000)
+            .map(|i| format!("\"{i}\": \"class {i}\""))
+            .collect();
+        let real = format!(
+            "{{\"torch_dtype\": \"float32\", \"id2label\": {{{}}}}}",
+            labels.join(", ")
+        );
+        assert!(rewrite_config_dtype(&real, Dtype::BF16).is_ok());
     }
 
     #[test]

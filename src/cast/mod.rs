@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use crate::format::Dtype;
 use kernels::{drive, then};
 
-pub use config::{rewrite_config_dtype, torch_name};
+pub use config::{rewrite_config_dtype, torch_name, MAX_CONFIG};
 
 /// What to do with finite values too large for the target dtype.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -102,6 +102,9 @@ pub enum CastError {
     /// `config.json` parsed, but is not a JSON object.
     #[error("config.json is not a json object")]
     ConfigNotObject,
+    /// `config.json` holds more values than any real config.
+    #[error("config.json holds more than {max} json values; no real config has that many")]
+    ConfigTooLarge { max: usize },
 }
 
 fn needs_scales(to: Dtype) -> &'static str {

@@ -8,6 +8,7 @@ use anyhow::Context;
 
 use reshard::cast::OverflowPolicy;
 use reshard::convert::{convert, ConvertOptions, ConvertSummary};
+use reshard::format::names::escape;
 use reshard::format::{self, Dtype};
 use reshard::plan::{Plan, PlanOptions};
 use reshard::units::{human, ByteSize};
@@ -85,6 +86,11 @@ pub struct ConvertArgs {
     /// Write only the first name of tensors that share one storage.
     #[arg(long)]
     pub dedupe_tied: bool,
+    /// Write expanded (stride-0) views even when their output is more than
+    /// 16 times the bytes they read (a tiny .bin can otherwise ask for
+    /// petabytes).
+    #[arg(long)]
+    pub allow_expanded: bool,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -120,6 +126,7 @@ impl ConvertArgs {
             copy_other_files: true,
             single_file: false,
             within: None,
+            allow_expanded: self.allow_expanded,
         }
     }
 }
@@ -133,6 +140,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     options.single_file = !src_is_dir;
     if args.dry_run {
         let plan = Plan::build(&ck, &options.plan)
+            .and_then(|plan| {
+                reshard::plan::check_expanded(&ck, &plan, options.allow_expanded)?;
+                Ok(plan)
+            })
             .with_context(|| format!("cannot plan {}", args.src.display()))?;
         if args.json {
             printer::json(&plan)?;
@@ -196,8 +207,8 @@ pub fn render_plan(plan: &Plan, window: u64) -> String {
     );
     for s in &plan.shards {
         let blocks = match (&s.first_block, &s.last_block) {
-            (Some(a), Some(b)) if a == b => a.clone(),
-            (Some(a), Some(b)) => format!("{a} .. {b}"),
+            (Some(a), Some(b)) if a == b => escape(a).into_owned(),
+            (Some(a), Some(b)) => format!("{} .. {}", escape(a), escape(b)),
             _ => "-".into(),
         };
         let _ = writeln!(
@@ -223,13 +234,14 @@ pub fn render_plan(plan: &Plan, window: u64) -> String {
         );
     }
     for t in &plan.oversized {
-        let _ = writeln!(o, "oversized: {} is {}, larger than --max-shard-size; it gets {} alone and sets the floor of every loader's peak", t.tensor, human(t.bytes), t.file);
+        let _ = writeln!(o, "oversized: {} is {}, larger than --max-shard-size; it gets {} alone and sets the floor of every loader's peak", escape(&t.tensor), human(t.bytes), t.file);
     }
     for d in &plan.dropped {
         let _ = writeln!(
             o,
             "dropped tied name {} (same bytes as {})",
-            d.tensor, d.same_as
+            escape(&d.tensor),
+            escape(&d.same_as)
         );
     }
     let _ = writeln!(
@@ -280,7 +292,12 @@ fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
                     let _ = writeln!(
                         o,
                         "  {}: {} -> {}: {} overflowed, {} underflowed to zero, {} NaN",
-                        t.name, c.from, c.to, st.overflow, st.underflow, st.nan
+                        escape(&t.name),
+                        c.from,
+                        c.to,
+                        st.overflow,
+                        st.underflow,
+                        st.nan
                     );
                 }
             }
@@ -290,7 +307,7 @@ fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
         let _ = writeln!(
             o,
             "note: {} ({}) is larger than --max-shard-size and sits alone in {}",
-            t.tensor,
+            escape(&t.tensor),
             human(t.bytes),
             t.file
         );

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use reshard::format;
+use reshard::format::names::escape;
 use reshard::inspect::{tensor_lines, Summary, TensorLine};
 use reshard::plan::order::Order;
 use reshard::units::human;
@@ -97,10 +98,10 @@ fn render_summary(s: &Summary) -> String {
                 .unwrap_or_default()
         ),
     };
-    let _ = writeln!(o, "{}", s.path);
+    let _ = writeln!(o, "{}", escape(&s.path));
     let _ = writeln!(o, "  format        {} ({layout})", s.format);
     for f in &s.files {
-        let _ = writeln!(o, "  file          {}  {}", f.name, human(f.size));
+        let _ = writeln!(o, "  file          {}  {}", escape(&f.name), human(f.size));
     }
     let _ = writeln!(o, "  tensors       {}", s.tensor_count);
     let _ = writeln!(o, "  parameters    {}", group_thousands(s.parameter_count));
@@ -114,10 +115,15 @@ fn render_summary(s: &Summary) -> String {
         let _ = writeln!(o, "    {dtype:<10}  {}", human(*bytes));
     }
     if let Some(t) = &s.largest_tensor {
-        let _ = writeln!(o, "  largest tensor {}  {}", t.name, human(t.bytes));
+        let _ = writeln!(
+            o,
+            "  largest tensor {}  {}",
+            escape(&t.name),
+            human(t.bytes)
+        );
     }
     if let Some(f) = &s.largest_file {
-        let _ = writeln!(o, "  largest file  {}  {}", f.name, human(f.bytes));
+        let _ = writeln!(o, "  largest file  {}  {}", escape(&f.name), human(f.bytes));
     }
     if s.blocks.count > 0 {
         let _ = writeln!(
@@ -126,7 +132,7 @@ fn render_summary(s: &Summary) -> String {
             s.blocks.count,
             human(s.blocks.min_bytes),
             human(s.blocks.max_bytes),
-            s.blocks.largest.as_deref().unwrap_or("-")
+            escape(s.blocks.largest.as_deref().unwrap_or("-"))
         );
     } else {
         let _ = writeln!(o, "  blocks        none numbered");
@@ -154,11 +160,11 @@ fn render_tensors(lines: &[TensorLine]) -> String {
         let _ = writeln!(
             o,
             "{}  {}  [{}]  {}  {}@{}",
-            t.name,
+            escape(&t.name),
             t.dtype,
             shape,
             human(t.bytes),
-            t.file,
+            escape(&t.file),
             t.offset
         );
     }

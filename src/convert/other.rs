@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::ConvertError;
 use crate::cast;
 use crate::format::{Checkpoint, Dtype, FormatError};
-use crate::write::manifest::{read_regular, MANIFEST};
+use crate::write::manifest::MANIFEST;
 use crate::write::scope::OutputScope;
 use crate::write::{copy_atomic, write_atomic};
 
@@ -53,10 +53,6 @@ impl OtherFiles {
             .fold(0, u64::saturating_add)
     }
 }
-
-/// config.json is read whole to rewrite its dtype; real ones are at most a
-/// few MB (large label maps).
-const MAX_CONFIG_LEN: u64 = 16 << 20;
 
 /// Lists the other files of the source folder and decides each one.
 pub fn select(ck: &Checkpoint, scope: &OutputScope) -> Result<OtherFiles, ConvertError> {
@@ -126,27 +122,49 @@ pub fn select(ck: &Checkpoint, scope: &OutputScope) -> Result<OtherFiles, Conver
     Ok(out)
 }
 
-/// Copies `files` into `dst`; returns the names written.
+/// The selected `config.json` rewritten for a cast to `dtype`; `None` when
+/// not casting or when there is no config. Read as a regular file of at
+/// most [`cast::MAX_CONFIG`] bytes, so a bad one fails before any shard.
+/// When casting, a config.json that [`select`] skipped (a FIFO, a link out
+/// of the model) is an error, not a note: the output would otherwise claim
+/// the source's dtype.
+pub fn rewritten_config(
+    ck: &Checkpoint,
+    others: &OtherFiles,
+    dtype: Option<Dtype>,
+) -> Result<Option<String>, ConvertError> {
+    let Some(to) = dtype else {
+        return Ok(None);
+    };
+    if let Some(skipped) = others.skipped.iter().find(|f| f.name == "config.json") {
+        return Err(ConvertError::Config {
+            path: ck.dir.join("config.json"),
+            reason: format!("cannot rewrite its dtype: {}", skipped.reason),
+        });
+    }
+    let Some(f) = others.files.iter().find(|f| f.name == "config.json") else {
+        return Ok(None);
+    };
+    let text = crate::format::read::read_regular_string(&f.path, cast::MAX_CONFIG)?;
+    cast::rewrite_config_dtype(&text, to)
+        .map(Some)
+        .map_err(|e| ConvertError::Config {
+            path: f.path.clone(),
+            reason: e.to_string(),
+        })
+}
+
+/// Copies `files` into `dst`, config.json as `config` when given (see
+/// [`rewritten_config`]); returns the names written.
 pub fn copy(
     files: &[OtherFile],
     dst: &Path,
-    dtype: Option<Dtype>,
+    config: Option<&str>,
 ) -> Result<Vec<String>, ConvertError> {
     let mut copied = Vec::with_capacity(files.len());
     for f in files {
-        match (f.name.as_str(), dtype) {
-            ("config.json", Some(to)) => {
-                let bytes = read_regular(&f.path, MAX_CONFIG_LEN)
-                    .map_err(|e| FormatError::io(&f.path, e))?;
-                let config_error = |reason: String| ConvertError::Config {
-                    path: f.path.clone(),
-                    reason,
-                };
-                let text = String::from_utf8(bytes).map_err(|e| config_error(e.to_string()))?;
-                let rewritten = cast::rewrite_config_dtype(&text, to)
-                    .map_err(|e| config_error(e.to_string()))?;
-                write_atomic(dst, &f.name, rewritten.as_bytes())?;
-            }
+        match (f.name.as_str(), config) {
+            ("config.json", Some(rewritten)) => write_atomic(dst, &f.name, rewritten.as_bytes())?,
             _ => copy_atomic(&f.path, dst, &f.name)?,
         }
         copied.push(f.name.clone());

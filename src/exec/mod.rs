@@ -18,7 +18,8 @@ use xxhash_rust::xxh3::Xxh3;
 
 use crate::cast::{self, CastError, OverflowPolicy};
 use crate::format::read::SourceReader;
-use crate::format::{Checkpoint, FormatError};
+use crate::format::strided::GATHER_MAX;
+use crate::format::{Checkpoint, DataRef, FormatError};
 use crate::plan::{Plan, ShardPlan};
 use crate::write::manifest::{CastRecord, ShardRecord, TensorRecord};
 use crate::write::shard::{header_bytes, ShardWriter};
@@ -75,8 +76,24 @@ pub fn execute(
     let run = || {
         todo.par_iter()
             .map(|shard| {
-                let bufs = pool.acquire_many((buffer / 2).min(shard_need(ck, shard)), 2)?;
-                let record = write_shard(&reader, ck, plan, shard, dst, bufs, options, reporter)?;
+                // A shard with a strided view takes a third buffer's worth of
+                // the window for gathering the view's storage in memory.
+                let count = if has_strided(ck, shard) { 3 } else { 2 };
+                let mut bufs =
+                    pool.acquire_many((buffer / count).min(shard_need(ck, shard)), count)?;
+                let gather = (count == 3).then(|| bufs.pop()).flatten();
+                let record = write_shard(
+                    &reader,
+                    ck,
+                    plan,
+                    shard,
+                    dst,
+                    bufs,
+                    gather.as_deref().map_or(0, <[u8]>::len),
+                    options,
+                    reporter,
+                )?;
+                drop(gather);
                 (options.on_shard)(&record)?;
                 Ok(record)
             })
@@ -103,6 +120,14 @@ fn buffer_len(budget: u64, workers: u64, plan: &Plan) -> usize {
         .max(1);
     let per_chunk = share.min(MAX_CHUNK * (1 + max_ratio));
     usize::try_from(per_chunk).unwrap_or(usize::MAX)
+}
+
+/// Whether a shard holds a strided view (which gathers its storage span).
+fn has_strided(ck: &Checkpoint, shard: &ShardPlan) -> bool {
+    shard
+        .tensors
+        .iter()
+        .any(|t| matches!(ck.tensors[t.source].data, DataRef::Strided { .. }))
 }
 
 /// The most buffer a shard can use: its largest tensor plus its cast output.
@@ -144,6 +169,7 @@ fn write_shard(
     shard: &ShardPlan,
     dst: &Path,
     bufs: Vec<WindowBuf<'_>>,
+    gather: usize,
     options: &ExecOptions<'_>,
     reporter: &dyn Reporter,
 ) -> Result<ShardRecord, ExecError> {
@@ -167,7 +193,7 @@ fn write_shard(
             Ok(writer)
         });
         let records = fill_shard(
-            reader, ck, plan, shard, &free, &to_writer, options, reporter,
+            reader, ck, plan, shard, &free, &to_writer, gather, options, reporter,
         );
         drop(to_writer);
         let written = write_stage.join().unwrap_or_else(|_| {
@@ -202,6 +228,7 @@ fn fill_shard<'p>(
     shard: &ShardPlan,
     free: &mpsc::Receiver<WindowBuf<'p>>,
     to_writer: &mpsc::SyncSender<Filled<'p>>,
+    gather: usize,
     options: &ExecOptions<'_>,
     reporter: &dyn Reporter,
 ) -> Result<Vec<TensorRecord>, ExecError> {
@@ -212,7 +239,7 @@ fn fill_shard<'p>(
         let casting = from != to;
         let in_elem = (from.bits() / 8).max(1) as usize;
         let out_elem = (to.bits() / 8).max(1) as usize;
-        let mut stream = reader.tensor_bytes(source);
+        let mut stream = reader.tensor_bytes_gathered(source, gather.min(GATHER_MAX));
         let mut hash = Xxh3::new();
         let mut stats = cast::CastStats::default();
         let mut left = source.len;

@@ -8,9 +8,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::index::{cross_check, read_index};
+use super::read::{open_regular, read_regular_string};
 use super::{
-    pytorch, safetensors, Checkpoint, Finding, Format, FormatError, Layout, SourceFile, Tensor,
-    LARGE_SHARD,
+    names, pytorch, safetensors, Checkpoint, Finding, Format, FormatError, Layout, SourceFile,
+    Tensor, LARGE_SHARD, MAX_TENSORS,
 };
 
 /// Files next to PyTorch weights that torch.save writes but that hold no
@@ -28,6 +29,12 @@ pub fn open(path: &Path) -> Result<Checkpoint, FormatError> {
     let meta = std::fs::metadata(path).map_err(|e| io_error(path, e))?;
     if meta.is_file() {
         return open_file(path);
+    }
+    if !meta.is_dir() {
+        return Err(FormatError::NotRegularFile {
+            path: path.to_path_buf(),
+            kind: "a FIFO, socket or device",
+        });
     }
     let dir = resolve_hf_cache(path)?;
     let weights = WeightFiles::scan(&dir)?;
@@ -99,19 +106,26 @@ fn open_file(path: &Path) -> Result<Checkpoint, FormatError> {
     open_files(&dir, &[path.to_path_buf()], format)
 }
 
+/// Largest `refs/main` read: it holds one revision (a 40-character commit
+/// hash, or a branch or tag name), never more than a line.
+pub const MAX_REF: u64 = 1024;
+
 /// An HF cache repo folder (`models--ORG--NAME`, holding `refs/` and
 /// `snapshots/`) resolves to the snapshot `refs/main` names; any other folder
-/// is returned as it is.
+/// is returned as it is. A `refs/main` that exists but cannot be read (not a
+/// regular file, too large, not UTF-8, unreadable) is an error, never a
+/// reason to guess a snapshot.
 pub fn resolve_hf_cache(dir: &Path) -> Result<PathBuf, FormatError> {
     let snapshots = dir.join("snapshots");
     if !snapshots.is_dir() {
         return Ok(dir.to_path_buf());
     }
     let refs_main = dir.join("refs").join("main");
-    let revision = match std::fs::read_to_string(&refs_main) {
+    let revision = match read_regular_string(&refs_main, MAX_REF) {
         Ok(r) => r.trim().to_string(),
-        Err(_) => {
-            // No refs/main: accept a cache holding exactly one snapshot.
+        // No refs/main at all (not even a dangling link): accept a cache
+        // holding exactly one snapshot.
+        Err(FormatError::NotFound { .. }) if std::fs::symlink_metadata(&refs_main).is_err() => {
             let mut revs = list_dir(&snapshots)?
                 .into_iter()
                 .filter(|p| p.is_dir())
@@ -123,6 +137,7 @@ pub fn resolve_hf_cache(dir: &Path) -> Result<PathBuf, FormatError> {
             }
             return Ok(revs.remove(0));
         }
+        Err(e) => return Err(e),
     };
     if revision.is_empty() || revision.contains('/') || revision.contains("..") {
         return Err(FormatError::MissingSnapshot {
@@ -172,23 +187,34 @@ impl WeightFiles {
             if name.starts_with('.') {
                 continue;
             }
-            // Follow symlinks (HF snapshots are links into blobs/); a loop is an error.
-            let meta = std::fs::metadata(&path).map_err(|e| io_error(&path, e))?;
-            if !meta.is_file() {
-                continue;
-            }
-            if name.ends_with(".safetensors.index.json") {
-                st_indexes.push(path);
+            let kind = if name.ends_with(".safetensors.index.json") {
+                &mut st_indexes
             } else if name.ends_with(".safetensors") {
-                w.safetensors.push(path);
+                &mut w.safetensors
             } else if name.ends_with(".bin.index.json") || name.ends_with(".pt.index.json") {
-                pt_indexes.push(path);
+                &mut pt_indexes
             } else if [".bin", ".pt", ".pth"].iter().any(|e| name.ends_with(e))
                 && !NOT_WEIGHTS.contains(&name.as_str())
                 && !name.starts_with("rng_state")
             {
-                w.pytorch.push(path);
+                &mut w.pytorch
+            } else {
+                continue;
+            };
+            // Follow symlinks (HF snapshots are links into blobs/); a loop is
+            // an error. A folder with a weight file's name is not one; a FIFO,
+            // socket or device with such a name is refused, never skipped.
+            let meta = std::fs::metadata(&path).map_err(|e| io_error(&path, e))?;
+            if meta.is_dir() {
+                continue;
             }
+            if !meta.is_file() {
+                return Err(FormatError::NotRegularFile {
+                    path,
+                    kind: "a FIFO, socket or device",
+                });
+            }
+            kind.push(path);
         }
         w.safetensors_index = pick_index(st_indexes, "model.safetensors.index.json");
         w.pytorch_index = pick_index(pt_indexes, "pytorch_model.bin.index.json");
@@ -235,7 +261,22 @@ fn open_indexed(dir: &Path, index_path: &Path, format: Format) -> Result<Checkpo
     files.sort();
     for file in files {
         let path = dir.join(&file);
-        if !path.is_file() {
+        let missing = match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => false,
+            Ok(meta) => {
+                return Err(FormatError::NotRegularFile {
+                    path,
+                    kind: if meta.is_dir() {
+                        "a folder"
+                    } else {
+                        "a FIFO, socket or device"
+                    },
+                })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+            Err(e) => return Err(io_error(&path, e)),
+        };
+        if missing {
             let tensor = index
                 .weight_map
                 .iter()
@@ -284,7 +325,6 @@ fn open_files(dir: &Path, paths: &[PathBuf], format: Format) -> Result<Checkpoin
     let mut tensors: Vec<Tensor> = Vec::new();
     let mut findings = Vec::new();
     let mut metadata = BTreeMap::new();
-    let mut owner: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for (i, path) in paths.iter().enumerate() {
         let file = SourceFile::stat(path).map_err(|e| match e {
             FormatError::Io { path, source } => io_error(&path, source),
@@ -292,12 +332,13 @@ fn open_files(dir: &Path, paths: &[PathBuf], format: Format) -> Result<Checkpoin
         })?;
         let (file_tensors, file_meta, file_findings) = match format {
             Format::Safetensors => {
-                let (t, header, f) = safetensors::read_file(&file, i)?;
-                (t, header.metadata.unwrap_or_default(), f)
+                let (t, metadata, f) = safetensors::read_file(&file, i)?;
+                (t, metadata.unwrap_or_default(), f)
             }
             Format::Pytorch => {
+                let handle = open_regular(path, u64::MAX)?;
                 let (t, f) =
-                    pytorch::read_file(&file, i).map_err(|source| FormatError::Pytorch {
+                    pytorch::read_file(&handle, i).map_err(|source| FormatError::Pytorch {
                         path: path.clone(),
                         source,
                     })?;
@@ -318,16 +359,23 @@ fn open_files(dir: &Path, paths: &[PathBuf], format: Format) -> Result<Checkpoin
                 Some(_) => {}
             }
         }
-        for t in &file_tensors {
-            if let Some(&first) = owner.get(&t.name) {
-                return Err(FormatError::TensorInTwoFiles {
-                    tensor: t.name.clone(),
-                    first: paths[first].clone(),
-                    second: path.clone(),
-                });
-            }
-            owner.insert(t.name.clone(), i);
+        if tensors.len().saturating_add(file_tensors.len()) > MAX_TENSORS {
+            return Err(FormatError::TooManyTensors {
+                path: path.clone(),
+                max: MAX_TENSORS,
+            });
         }
+        findings.extend(
+            file_tensors
+                .iter()
+                .filter(|t| t.len > t.stored_bytes())
+                .map(|t| Finding::ExpandedView {
+                    tensor: t.name.clone(),
+                    file: file.name(),
+                    bytes: t.len,
+                    stored: t.stored_bytes(),
+                }),
+        );
         if file.size > LARGE_SHARD {
             findings.push(Finding::LargeShard {
                 file: file.name(),
@@ -335,9 +383,14 @@ fn open_files(dir: &Path, paths: &[PathBuf], format: Format) -> Result<Checkpoin
             });
         }
         findings.extend(file_findings);
-        tensors.extend(file_tensors);
+        if tensors.is_empty() {
+            tensors = file_tensors;
+        } else {
+            tensors.extend(file_tensors);
+        }
         files.push(file);
     }
+    names::check(paths, &tensors)?;
     let layout = if files.len() == 1 {
         Layout::Single
     } else {

@@ -18,6 +18,14 @@ pub enum FormatError {
     NotFound { path: PathBuf },
     #[error("{}: no checkpoint found (no *.safetensors, *.bin or *.pt weights, no index)", .path.display())]
     NoCheckpoint { path: PathBuf },
+    #[error("{}: is {kind}, not a regular file; reshard reads only regular files", .path.display())]
+    NotRegularFile { path: PathBuf, kind: &'static str },
+    #[error("{}: {len} bytes is more than the {max}-byte limit for this file", .path.display())]
+    FileTooLarge { path: PathBuf, len: u64, max: u64 },
+    #[error("{}: not valid UTF-8", .path.display())]
+    NotUtf8 { path: PathBuf },
+    #[error("{}: out of memory reserving {bytes} bytes", .path.display())]
+    OutOfMemory { path: PathBuf, bytes: u64 },
     #[error("{}: symlink loop or cycle in a Hugging Face cache folder", .path.display())]
     SymlinkLoop { path: PathBuf },
     #[error("{}: refs/main names revision {revision:?} but snapshots/{revision} does not exist", .path.display())]
@@ -57,6 +65,15 @@ pub enum FormatError {
         tensor: String,
         shape: String,
     },
+    #[error("{}: tensor {tensor:?}: shape has {dims} dimensions, more than the {max} any real checkpoint uses", .path.display())]
+    TooManyDims {
+        path: PathBuf,
+        tensor: String,
+        dims: u64,
+        max: usize,
+    },
+    #[error("{}: more than {max} tensors, more than any real checkpoint holds", .path.display())]
+    TooManyTensors { path: PathBuf, max: usize },
     #[error("{}: tensor {tensor:?}: shape {shape:?} of {dtype} needs {expected} bytes but its offsets span {actual}", .path.display())]
     ByteLenMismatch {
         path: PathBuf,
@@ -86,7 +103,13 @@ pub enum FormatError {
         at: u64,
         len: u64,
     },
-    #[error("{}: tensor {tensor:?} appears twice in the header", .path.display())]
+    #[error("{}: tensor name {tensor:?} is refused: {reason}", .path.display())]
+    BadTensorName {
+        path: PathBuf,
+        tensor: String,
+        reason: &'static str,
+    },
+    #[error("{}: tensor {tensor:?} appears twice", .path.display())]
     DuplicateTensor { path: PathBuf, tensor: String },
     #[error("{}: __metadata__ key {key:?}: {reason}", .path.display())]
     BadMetadata {

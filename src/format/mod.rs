@@ -11,9 +11,12 @@ pub mod discover;
 pub mod dtype;
 pub mod error;
 pub mod index;
+mod json;
+pub mod names;
 pub mod pytorch;
 pub mod read;
 pub mod safetensors;
+pub mod strided;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -153,6 +156,20 @@ impl Tensor {
             .unwrap_or(u64::MAX)
     }
 
+    /// Bytes of the file the tensor's values are read from: its length,
+    /// except for a strided view, which reads only the span of storage its
+    /// strides reach (less than its length when elements repeat, as in an
+    /// `expand`).
+    pub fn stored_bytes(&self) -> u64 {
+        match &self.data {
+            DataRef::Strided { strides, .. } => {
+                let elem = (self.dtype.bits() / 8).max(1);
+                strided::span(&self.shape, strides, elem).map_or(self.len, |s| s.min(self.len))
+            }
+            DataRef::Contiguous { .. } | DataRef::Deflated { .. } => self.len,
+        }
+    }
+
     /// The absolute file offset where the tensor's bytes (or its storage) begin.
     pub fn offset(&self) -> u64 {
         match &self.data {
@@ -199,7 +216,23 @@ pub enum Finding {
     /// A shard so large that loaders mapping one shard at a time need about
     /// that much commit; resharding helps.
     LargeShard { file: String, size: u64 },
+    /// A strided view whose elements repeat (`expand`, stride 0): `bytes`
+    /// of output from `stored` bytes of storage. `convert` refuses large
+    /// ones unless `--allow-expanded`.
+    ExpandedView {
+        tensor: String,
+        file: String,
+        bytes: u64,
+        stored: u64,
+    },
 }
+
+/// Most tensors one checkpoint may hold. The largest real index (~10 MB, at
+/// about 100 bytes an entry) lists about 100,000 tensors; 262,144 is 2.6
+/// times that. Each tensor costs about 1 KiB through `convert` (names,
+/// shapes, plan, manifest), so this also bounds the memory of a header full
+/// of zero-size tensors.
+pub const MAX_TENSORS: usize = 262_144;
 
 /// Shards above this size are reported: loaders that map a shard at a time
 /// need at least this much free commit. 5 GB is transformers v4's old default.
@@ -209,9 +242,11 @@ impl fmt::Display for Finding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Finding::TensorNotInIndex { tensor, file } => {
+                let file = names::escape(file);
                 write!(f, "tensor {tensor:?} is in {file} but not in the index; index-driven loaders will skip it")
             }
             Finding::FileNotInIndex { file } => {
+                let file = names::escape(file);
                 write!(f, "{file} is in the folder but the index does not list it; index-driven loaders ignore it")
             }
             Finding::TotalSizeMismatch { declared, actual } => write!(
@@ -220,23 +255,34 @@ impl fmt::Display for Finding {
             ),
             Finding::MissingFormatPt { file } => write!(
                 f,
-                "{file} has no \"format\": \"pt\" in __metadata__; transformers refuses to load it"
+                "{} has no \"format\": \"pt\" in __metadata__; transformers refuses to load it",
+                names::escape(file)
             ),
             Finding::MetadataConflict { key, kept, dropped, file } => write!(
                 f,
-                "__metadata__ key {key:?} is {dropped:?} in {file} but {kept:?} in an earlier shard; keeping {kept:?}"
+                "__metadata__ key {key:?} is {dropped:?} in {} but {kept:?} in an earlier shard; keeping {kept:?}",
+                names::escape(file)
             ),
             Finding::Misaligned { tensor, file, offset, alignment } => write!(
                 f,
-                "tensor {tensor:?} in {file} starts at offset {offset}, not a multiple of {alignment}"
+                "tensor {tensor:?} in {} starts at offset {offset}, not a multiple of {alignment}",
+                names::escape(file)
             ),
             Finding::SharedStorage { tensors } => {
-                write!(f, "tensors share one storage (tied weights): {}", tensors.join(", "))
+                let names: Vec<_> = tensors.iter().map(|t| names::escape(t)).collect();
+                write!(f, "tensors share one storage (tied weights): {}", names.join(", "))
             }
             Finding::LargeShard { file, size } => write!(
                 f,
-                "{file} is {}; a loader that maps one shard at a time needs about that much free commit",
+                "{} is {}; a loader that maps one shard at a time needs about that much free commit",
+                names::escape(file),
                 crate::units::human(*size)
+            ),
+            Finding::ExpandedView { tensor, file, bytes, stored } => write!(
+                f,
+                "tensor {tensor:?} in {} is an expanded view: {} ({bytes} bytes) from {stored} bytes stored",
+                names::escape(file),
+                crate::units::human(*bytes)
             ),
         }
     }

@@ -1,16 +1,99 @@
-//! Bounded reads of tensor bytes.
+//! Bounded reads: the one way reshard opens a file it reads
+//! ([`open_regular`], [`read_regular`]), and the reads of tensor bytes.
 //!
-//! Every read is a positioned read (`pread`) of a caller-sized buffer from a
-//! file opened read-only: nothing is mapped, nothing is read whole, and the
-//! caller's window decides how much memory is in flight. Files are checked
-//! against the size and mtime they had when the checkpoint was read, so a
-//! file that shrinks under us is an error, never zeros.
+//! Every file reshard reads (weight files, indexes, `config.json`, the HF
+//! cache's `refs/main`, manifests) must be a regular file: its type is
+//! checked before it is opened, so a FIFO never blocks an open and a link to
+//! `/dev/zero` is refused instead of read until memory runs out. Small files
+//! are read whole only under a size limit the caller names.
+//!
+//! Every read of tensor bytes is a positioned read (`pread`) of a
+//! caller-sized buffer from a file opened read-only: nothing is mapped,
+//! nothing is read whole, and the caller's window decides how much memory is
+//! in flight. Files are checked against the size and mtime they had when the
+//! checkpoint was read, so a file that shrinks under us is an error, never
+//! zeros.
 
 use std::fs::File;
 use std::io::{self, Read};
+use std::path::Path;
 use std::sync::Arc;
 
+use super::strided::{StridedReader, GATHER_MAX};
 use super::{Checkpoint, DataRef, FormatError, Tensor};
+
+/// Opens `path` read-only if it is a regular file of at most `max_len` bytes.
+///
+/// The type is checked (following symlinks, so Hugging Face snapshot links
+/// into `blobs/` work) before the file is opened: a FIFO, socket, device or
+/// folder is [`FormatError::NotRegularFile`] and is never opened, so nothing
+/// blocks. A larger file is [`FormatError::FileTooLarge`]; a missing one is
+/// [`FormatError::NotFound`]. The opened handle is checked again, so a file
+/// swapped for another type between the two steps is refused as well. Pass
+/// `u64::MAX` for files read in bounded pieces (weight files).
+pub fn open_regular(path: &Path, max_len: u64) -> Result<File, FormatError> {
+    let meta = std::fs::metadata(path).map_err(|e| FormatError::io(path, e))?;
+    check_regular(path, &meta, max_len)?;
+    let file = File::open(path).map_err(|e| FormatError::io(path, e))?;
+    let meta = file.metadata().map_err(|e| FormatError::io(path, e))?;
+    check_regular(path, &meta, max_len)?;
+    Ok(file)
+}
+
+/// Reads the whole regular file at `path`, refusing it (before reading) if it
+/// is over `max_len` bytes; a file that grows past `max_len` while it is
+/// read is refused too. See [`open_regular`] for what is refused.
+pub fn read_regular(path: &Path, max_len: u64) -> Result<Vec<u8>, FormatError> {
+    let file = open_regular(path, max_len)?;
+    let len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
+    let mut bytes = Vec::new();
+    // `len <= max_len`, which the caller chose as a size it can hold.
+    bytes
+        .try_reserve_exact(usize::try_from(len).unwrap_or(usize::MAX))
+        .map_err(|_| FormatError::OutOfMemory {
+            path: path.to_path_buf(),
+            bytes: len,
+        })?;
+    file.take(max_len.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| FormatError::io(path, e))?;
+    if bytes.len() as u64 > max_len {
+        return Err(FormatError::FileTooLarge {
+            path: path.to_path_buf(),
+            len: bytes.len() as u64,
+            max: max_len,
+        });
+    }
+    Ok(bytes)
+}
+
+/// [`read_regular`] for a text file: not UTF-8 is [`FormatError::NotUtf8`].
+pub fn read_regular_string(path: &Path, max_len: u64) -> Result<String, FormatError> {
+    String::from_utf8(read_regular(path, max_len)?).map_err(|_| FormatError::NotUtf8 {
+        path: path.to_path_buf(),
+    })
+}
+
+fn check_regular(path: &Path, meta: &std::fs::Metadata, max_len: u64) -> Result<(), FormatError> {
+    if !meta.is_file() {
+        return Err(FormatError::NotRegularFile {
+            path: path.to_path_buf(),
+            kind: if meta.is_dir() {
+                "a folder"
+            } else {
+                "a FIFO, socket or device"
+            },
+        });
+    }
+    if meta.len() > max_len {
+        return Err(FormatError::FileTooLarge {
+            path: path.to_path_buf(),
+            len: meta.len(),
+            max: max_len,
+        });
+    }
+    Ok(())
+}
 
 /// Open, read-only handles to every file of a checkpoint.
 #[derive(Debug, Clone)]
@@ -26,8 +109,7 @@ impl SourceReader {
         checkpoint.check_unchanged()?;
         let mut files = Vec::with_capacity(checkpoint.files.len());
         for f in &checkpoint.files {
-            let file = File::open(&f.path).map_err(|e| FormatError::io(&f.path, e))?;
-            files.push(Arc::new(file));
+            files.push(Arc::new(open_regular(&f.path, u64::MAX)?));
         }
         Ok(SourceReader {
             files,
@@ -37,7 +119,18 @@ impl SourceReader {
 
     /// A sequential reader over a tensor's contiguous little-endian bytes,
     /// whatever its layout on disk. Reads exactly `tensor.len` bytes.
+    ///
+    /// A strided view whose storage span is at most [`GATHER_MAX`] bytes is
+    /// gathered in memory (see [`super::strided`]).
     pub fn tensor_bytes(&self, tensor: &Tensor) -> TensorBytes {
+        self.tensor_bytes_gathered(tensor, GATHER_MAX)
+    }
+
+    /// [`SourceReader::tensor_bytes`], gathering a strided view in memory
+    /// only when its span is at most `gather_limit` bytes: a caller that
+    /// counts memory against a window passes what it reserved (0 reads one
+    /// run at a time).
+    pub fn tensor_bytes_gathered(&self, tensor: &Tensor, gather_limit: usize) -> TensorBytes {
         let file = Arc::clone(&self.files[tensor.file]);
         let inner = match &tensor.data {
             DataRef::Contiguous { offset } => Inner::Range(RangeReader {
@@ -57,6 +150,7 @@ impl SourceReader {
                 *storage_len,
                 *elem_offset,
                 strides.clone(),
+                gather_limit,
             )),
             DataRef::Deflated {
                 entry,
@@ -173,117 +267,6 @@ impl Read for RangeReader {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         self.pos += n as u64;
-        Ok(n)
-    }
-}
-
-/// Gathers a strided PyTorch view into row-major order, one innermost run
-/// (or one element) per positioned read.
-struct StridedReader {
-    file: Arc<File>,
-    storage: u64,
-    storage_len: u64,
-    elem_size: u64,
-    shape: Vec<u64>,
-    strides: Vec<u64>,
-    elem_offset: u64,
-    /// Row-major index of the next element to produce.
-    index: Vec<u64>,
-    /// Bytes of the current run already produced.
-    run_done: u64,
-    done: bool,
-}
-
-impl StridedReader {
-    fn new(
-        file: Arc<File>,
-        tensor: &Tensor,
-        storage: u64,
-        storage_len: u64,
-        elem_offset: u64,
-        strides: Vec<u64>,
-    ) -> StridedReader {
-        StridedReader {
-            file,
-            storage,
-            storage_len,
-            elem_size: (tensor.dtype.bits() / 8).max(1),
-            index: vec![0; tensor.shape.len()],
-            done: tensor.shape.contains(&0),
-            shape: tensor.shape.clone(),
-            strides,
-            elem_offset,
-            run_done: 0,
-        }
-    }
-
-    /// Length in elements of the contiguous run starting at the current index.
-    fn run_elems(&self) -> u64 {
-        match (self.shape.last(), self.strides.last()) {
-            (Some(&n), Some(&1)) => n - self.index[self.index.len() - 1],
-            _ => 1,
-        }
-    }
-
-    fn advance(&mut self, elems: u64) {
-        let Some(last) = self.index.len().checked_sub(1) else {
-            self.done = true; // a scalar has one element
-            return;
-        };
-        self.index[last] += elems;
-        let mut d = last;
-        while self.index[d] >= self.shape[d] {
-            self.index[d] = 0;
-            if d == 0 {
-                self.done = true;
-                return;
-            }
-            d -= 1;
-            self.index[d] += 1;
-        }
-    }
-
-    fn element_byte_offset(&self) -> Option<u64> {
-        let elem = self
-            .index
-            .iter()
-            .zip(&self.strides)
-            .try_fold(self.elem_offset, |acc, (&i, &s)| {
-                acc.checked_add(i.checked_mul(s)?)
-            })?;
-        elem.checked_mul(self.elem_size)
-    }
-}
-
-impl Read for StridedReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.done || buf.is_empty() {
-            return Ok(0);
-        }
-        let run_bytes = self.run_elems() * self.elem_size;
-        let start = self
-            .element_byte_offset()
-            .and_then(|o| o.checked_add(self.run_done))
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "view offset overflows"))?;
-        let left_in_run = run_bytes - self.run_done;
-        let want = (buf.len() as u64).min(left_in_run);
-        if start.checked_add(want).is_none_or(|e| e > self.storage_len) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "strided view reaches past the end of its storage",
-            ));
-        }
-        let n =
-            crate::platform::read_at(&self.file, &mut buf[..want as usize], self.storage + start)?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        self.run_done += n as u64;
-        if self.run_done == run_bytes {
-            self.run_done = 0;
-            let elems = self.run_elems();
-            self.advance(elems);
-        }
         Ok(n)
     }
 }

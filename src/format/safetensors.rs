@@ -1,23 +1,36 @@
 //! The safetensors header: read it with bounded memory and check everything
 //! the safetensors crate checks, plus what it does not (duplicate names, the
-//! exact file length, every dtype of safetensors 0.8, checked arithmetic).
+//! exact file length, every dtype of safetensors 0.8, checked arithmetic,
+//! the number of tensors and of dimensions).
 //!
 //! Layout of a file: `u64` little-endian header length `n`, `n` bytes of JSON,
 //! then the data section. Only the first `8 + n` bytes are ever read here.
+//! The JSON is parsed in one pass that borrows from those bytes: each entry
+//! becomes a [`HeaderTensor`] as it is met, nothing else is kept, so the
+//! memory a header costs is its `n` bytes plus about 100 bytes a tensor,
+//! whatever it holds (a 10,000,000-dimension shape is counted, not stored).
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{DataRef, Dtype, Finding, FormatError, SourceFile, Tensor};
+use super::json::{excerpt, Failure, Ints};
+use super::read::open_regular;
+use super::{DataRef, Dtype, Finding, FormatError, SourceFile, Tensor, MAX_TENSORS};
 
-/// The largest header we accept, as the safetensors crate does (100 MB).
-pub const MAX_HEADER: u64 = 100_000_000;
+/// The largest header we accept. The safetensors crate allows 100 MB; real
+/// headers take about 150 bytes a tensor, so even the largest real checkpoint
+/// (about 100,000 tensors, from its ~10 MB index) merged into one file would
+/// need ~15 MB. 32 MiB leaves twice that.
+pub const MAX_HEADER: u64 = 32 << 20;
+
+/// Most dimensions a shape may have. No real checkpoint has a tensor of more
+/// than 8 (torch itself caps many kernels at 25; models use 1 to 5).
+pub const MAX_DIMS: usize = 8;
 
 /// One parsed safetensors file: its tensors (in data-offset order), its
 /// `__metadata__`, and where the data section starts.
@@ -43,7 +56,7 @@ pub struct HeaderTensor {
 
 /// Reads and checks the header of the safetensors file at `path`.
 pub fn read_header(path: &Path) -> Result<Header, FormatError> {
-    let mut file = File::open(path).map_err(|e| FormatError::io(path, e))?;
+    let file = open_regular(path, u64::MAX)?;
     let file_len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
     if file_len < 8 {
         return Err(FormatError::FileTooSmall {
@@ -52,6 +65,7 @@ pub fn read_header(path: &Path) -> Result<Header, FormatError> {
         });
     }
     let mut len_bytes = [0u8; 8];
+    let mut file = file;
     file.read_exact(&mut len_bytes)
         .map_err(|e| FormatError::io(path, e))?;
     let n = u64::from_le_bytes(len_bytes);
@@ -70,7 +84,13 @@ pub fn read_header(path: &Path) -> Result<Header, FormatError> {
         });
     }
     // n <= MAX_HEADER, so this allocation is bounded.
-    let mut json = vec![0u8; n as usize];
+    let mut json = Vec::new();
+    json.try_reserve_exact(n as usize)
+        .map_err(|_| FormatError::OutOfMemory {
+            path: path.to_path_buf(),
+            bytes: n,
+        })?;
+    json.resize(n as usize, 0);
     file.read_exact(&mut json)
         .map_err(|e| FormatError::io(path, e))?;
     let header = parse_header(path, &json)?;
@@ -85,37 +105,33 @@ pub fn parse_header(path: &Path, json: &[u8]) -> Result<Header, FormatError> {
     let text = std::str::from_utf8(json).map_err(|_| FormatError::HeaderNotUtf8 {
         path: path.to_path_buf(),
     })?;
-    let entries: Entries = match serde_json::from_str(text) {
-        Ok(e) => e,
-        Err(e) if e.is_data() => {
-            return Err(FormatError::HeaderNotObject {
-                path: path.to_path_buf(),
-            })
-        }
+    let seed = HeaderSeed {
+        path,
+        failure: Failure::default(),
+    };
+    let mut de = serde_json::Deserializer::from_str(text);
+    let parsed = (&seed)
+        .deserialize(&mut de)
+        .and_then(|p| de.end().map(|()| p));
+    let (mut tensors, metadata) = match parsed {
+        Ok(p) => p,
         Err(e) => {
-            return Err(FormatError::HeaderNotJson {
-                path: path.to_path_buf(),
-                reason: e.to_string(),
-            })
+            if let Some(failure) = seed.failure.take() {
+                return Err(failure);
+            }
+            return Err(if e.is_data() {
+                FormatError::HeaderNotObject {
+                    path: path.to_path_buf(),
+                }
+            } else {
+                FormatError::HeaderNotJson {
+                    path: path.to_path_buf(),
+                    reason: e.to_string(),
+                }
+            });
         }
     };
-    let mut metadata = None;
-    let mut tensors = Vec::with_capacity(entries.0.len());
-    let mut seen = std::collections::HashSet::with_capacity(entries.0.len());
-    for (name, raw) in entries.0 {
-        if !seen.insert(name.clone()) {
-            let dup = FormatError::DuplicateTensor {
-                path: path.to_path_buf(),
-                tensor: name,
-            };
-            return Err(dup);
-        }
-        if name == "__metadata__" {
-            metadata = Some(parse_metadata(path, &raw)?);
-        } else {
-            tensors.push(parse_tensor(path, name, &raw)?);
-        }
-    }
+    refuse_duplicates(path, &tensors)?;
     let data_len = check_offsets(path, &mut tensors)?;
     Ok(Header {
         tensors,
@@ -125,27 +141,76 @@ pub fn parse_header(path: &Path, json: &[u8]) -> Result<Header, FormatError> {
     })
 }
 
-/// Header entries in file order, duplicates kept so we can refuse them
-/// (serde_json's maps keep only the last value of a repeated key).
-struct Entries(Vec<(String, Box<RawValue>)>);
+type Parsed = (Vec<HeaderTensor>, Option<BTreeMap<String, String>>);
 
-impl<'de> Deserialize<'de> for Entries {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Entries;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries, A::Error> {
-                let mut out = Vec::new();
-                while let Some((k, v)) = map.next_entry::<String, Box<RawValue>>()? {
-                    out.push((k, v));
+/// Parses the header object entry by entry, each entry borrowed from the
+/// header bytes and turned into a [`HeaderTensor`] at once.
+struct HeaderSeed<'p> {
+    path: &'p Path,
+    failure: Failure,
+}
+
+impl<'de> DeserializeSeed<'de> for &HeaderSeed<'_> {
+    type Value = Parsed;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Parsed, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for &HeaderSeed<'_> {
+    type Value = Parsed;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Parsed, A::Error> {
+        let HeaderSeed { path, failure } = self;
+        let mut tensors: Vec<HeaderTensor> = Vec::new();
+        let mut metadata = None;
+        while let Some(name) = map.next_key::<String>()? {
+            let raw: &'de RawValue = map.next_value()?;
+            if name == "__metadata__" {
+                if metadata.is_some() {
+                    return Err(failure.fail(FormatError::DuplicateTensor {
+                        path: path.to_path_buf(),
+                        tensor: name,
+                    }));
                 }
-                Ok(Entries(out))
+                metadata = Some(parse_metadata(path, raw).map_err(|e| failure.fail(e))?);
+                continue;
             }
+            if tensors.len() >= MAX_TENSORS {
+                return Err(failure.fail(FormatError::TooManyTensors {
+                    path: path.to_path_buf(),
+                    max: MAX_TENSORS,
+                }));
+            }
+            let tensor = parse_tensor(path, name, raw).map_err(|e| failure.fail(e))?;
+            tensors.try_reserve(1).map_err(|_| {
+                failure.fail(FormatError::OutOfMemory {
+                    path: path.to_path_buf(),
+                    bytes: std::mem::size_of::<HeaderTensor>() as u64,
+                })
+            })?;
+            tensors.push(tensor);
         }
-        d.deserialize_map(V)
+        Ok((tensors, metadata))
+    }
+}
+
+/// Refuses a name that appears twice, without a second copy of the names:
+/// sorts indices by name and compares neighbours.
+fn refuse_duplicates(path: &Path, tensors: &[HeaderTensor]) -> Result<(), FormatError> {
+    let mut order: Vec<u32> = (0..tensors.len() as u32).collect();
+    order.sort_unstable_by(|&a, &b| tensors[a as usize].name.cmp(&tensors[b as usize].name));
+    match order
+        .windows(2)
+        .find(|w| tensors[w[0] as usize].name == tensors[w[1] as usize].name)
+    {
+        Some(w) => Err(FormatError::DuplicateTensor {
+            path: path.to_path_buf(),
+            tensor: tensors[w[0] as usize].name.clone(),
+        }),
+        None => Ok(()),
     }
 }
 
@@ -155,25 +220,33 @@ fn parse_metadata(path: &Path, raw: &RawValue) -> Result<BTreeMap<String, String
         key: key.to_string(),
         reason: reason.to_string(),
     };
-    let value: serde_json::Value =
-        serde_json::from_str(raw.get()).map_err(|e| bad("__metadata__", &e.to_string()))?;
-    let serde_json::Value::Object(map) = value else {
-        return Err(bad("__metadata__", "is not an object of strings"));
-    };
+    let map: BTreeMap<String, &RawValue> = serde_json::from_str(raw.get()).map_err(|e| {
+        if e.is_data() {
+            bad("__metadata__", "is not an object of strings")
+        } else {
+            bad("__metadata__", &e.to_string())
+        }
+    })?;
     map.into_iter()
-        .map(|(k, v)| match v {
-            serde_json::Value::String(s) => Ok((k, s)),
-            other => Err(bad(&k, &format!("value {other} is not a string"))),
+        .map(|(k, v)| match serde_json::from_str::<String>(v.get()) {
+            Ok(s) => Ok((k, s)),
+            Err(_) => Err(bad(
+                &k,
+                &format!("value {} is not a string", excerpt(v.get())),
+            )),
         })
         .collect()
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawTensor {
-    dtype: String,
-    shape: serde_json::Value,
-    data_offsets: (serde_json::Value, serde_json::Value),
+struct RawTensor<'a> {
+    #[serde(borrow)]
+    dtype: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    shape: &'a RawValue,
+    #[serde(borrow)]
+    data_offsets: (&'a RawValue, &'a RawValue),
 }
 
 fn parse_tensor(path: &Path, name: String, raw: &RawValue) -> Result<HeaderTensor, FormatError> {
@@ -192,32 +265,38 @@ fn parse_tensor(path: &Path, name: String, raw: &RawValue) -> Result<HeaderTenso
         return Err(FormatError::UnknownDtype {
             path: path.to_path_buf(),
             tensor: name,
-            dtype: entry.dtype,
+            dtype: excerpt(&entry.dtype),
         });
     };
-    let shape = entry.shape.as_array().and_then(|dims| {
-        dims.iter()
-            .map(serde_json::Value::as_u64)
-            .collect::<Option<Vec<u64>>>()
-    });
-    let Some(shape) = shape else {
-        return Err(FormatError::BadShape {
-            path: path.to_path_buf(),
-            tensor: name,
-            shape: entry.shape.to_string(),
-        });
+    let shape = match Ints::parse(entry.shape.get(), MAX_DIMS) {
+        Ints::Values(dims) => dims,
+        Ints::TooMany(dims) => {
+            return Err(FormatError::TooManyDims {
+                path: path.to_path_buf(),
+                tensor: name,
+                dims,
+                max: MAX_DIMS,
+            })
+        }
+        Ints::Bad => {
+            return Err(FormatError::BadShape {
+                path: path.to_path_buf(),
+                tensor: name,
+                shape: excerpt(entry.shape.get()),
+            })
+        }
     };
-    let offset = |v: &serde_json::Value| {
-        v.as_u64().ok_or_else(|| FormatError::BadTensorEntry {
+    let offset = |v: &RawValue| {
+        serde_json::from_str::<u64>(v.get()).map_err(|_| FormatError::BadTensorEntry {
             path: path.to_path_buf(),
             tensor: name.clone(),
-            reason: format!("data offset {v} is not a non-negative integer"),
+            reason: format!(
+                "data offset {} is not a non-negative integer",
+                excerpt(v.get())
+            ),
         })
     };
-    let (begin, end) = (
-        offset(&entry.data_offsets.0)?,
-        offset(&entry.data_offsets.1)?,
-    );
+    let (begin, end) = (offset(entry.data_offsets.0)?, offset(entry.data_offsets.1)?);
     if end < begin {
         return Err(FormatError::OffsetsOutOfOrder {
             path: path.to_path_buf(),
@@ -309,12 +388,14 @@ fn check_file_length(path: &Path, header: &Header, file_len: u64) -> Result<(), 
     Ok(())
 }
 
-/// Reads one safetensors file into tensors with absolute offsets, plus the
-/// findings about it (missing `format: pt`, misaligned tensors).
-pub fn read_file(
-    file: &SourceFile,
-    file_index: usize,
-) -> Result<(Vec<Tensor>, Header, Vec<Finding>), FormatError> {
+/// One file's tensors with absolute offsets, its `__metadata__`, and the
+/// findings about it.
+pub type FileContents = (Vec<Tensor>, Option<BTreeMap<String, String>>, Vec<Finding>);
+
+/// Reads one safetensors file into tensors with absolute offsets, plus its
+/// metadata and the findings about it (missing `format: pt`, misaligned
+/// tensors). The header's entries are moved, not copied.
+pub fn read_file(file: &SourceFile, file_index: usize) -> Result<FileContents, FormatError> {
     let header = read_header(&file.path)?;
     let mut findings = Vec::new();
     let name = file.name();
@@ -327,11 +408,12 @@ pub fn read_file(
     {
         findings.push(Finding::MissingFormatPt { file: name.clone() });
     }
+    let data_start = header.data_start;
     let tensors = header
         .tensors
-        .iter()
+        .into_iter()
         .map(|t| {
-            let offset = header.data_start + t.begin;
+            let offset = data_start + t.begin;
             let alignment = t.dtype.alignment();
             if offset % alignment != 0 {
                 findings.push(Finding::Misaligned {
@@ -342,16 +424,16 @@ pub fn read_file(
                 });
             }
             Tensor {
-                name: t.name.clone(),
-                dtype: t.dtype,
-                shape: t.shape.clone(),
                 len: t.end - t.begin,
+                name: t.name,
+                dtype: t.dtype,
+                shape: t.shape,
                 file: file_index,
                 data: DataRef::Contiguous { offset },
             }
         })
         .collect();
-    Ok((tensors, header, findings))
+    Ok((tensors, header.metadata, findings))
 }
 
 #[cfg(test)]
@@ -425,6 +507,26 @@ mod tests {
             parse_header(Path::new("x"), &[0xff, 0xfe]),
             Err(FormatError::HeaderNotUtf8 { .. })
         ));
+    }
+
+    #[test]
+    fn more_than_eight_dimensions_are_refused_naming_the_tensor() {
+        let nine = r#"{"w":{"dtype":"U8","shape":[1,1,1,1,1,1,1,1,1],"data_offsets":[0,1]}}"#;
+        let err = parse(nine).unwrap_err();
+        assert!(
+            matches!(err, FormatError::TooManyDims { ref tensor, dims: 9, .. } if tensor == "w"),
+            "{err}"
+        );
+        let eight = r#"{"w":{"dtype":"U8","shape":[1,1,1,1,1,1,1,1],"data_offsets":[0,1]}}"#;
+        assert_eq!(parse(eight).unwrap().tensors[0].shape, vec![1; 8]);
+    }
+
+    #[test]
+    fn long_bad_values_are_quoted_short() {
+        let shape = format!("[{}-1]", "1,".repeat(10_000));
+        let json = format!(r#"{{"w":{{"dtype":"U8","shape":{shape},"data_offsets":[0,1]}}}}"#);
+        let err = parse(&json).unwrap_err().to_string();
+        assert!(err.contains("\"w\"") && err.len() < 300, "{err}");
     }
 
     #[test]

@@ -63,6 +63,46 @@ pub enum PlanError {
     Cast(#[from] CastError),
     #[error("tensor {tensor:?}: its {bytes}-byte header entry makes the shard header larger than safetensors allows")]
     HeaderTooLarge { tensor: String, bytes: u64 },
+    #[error("{file}: tensor {tensor:?} is an expanded view: {bytes} bytes of output from {stored} bytes stored, more than {MAX_EXPANSION} times; pass --allow-expanded to write it anyway")]
+    ExpandedView {
+        file: String,
+        tensor: String,
+        bytes: u64,
+        stored: u64,
+    },
+}
+
+/// Most output bytes a tensor may have per byte of storage it reads
+/// (`convert` without `--allow-expanded`). A transpose or slice reads each
+/// element once (1x); only a view whose elements repeat (`expand`, stride
+/// 0) goes past it, and torch writes such views only when a user saves
+/// one.
+pub const MAX_EXPANSION: u64 = 16;
+/// Expanded views of at most 16 MiB of output pass whatever their ratio:
+/// they cost nothing worth refusing.
+pub const EXPANSION_FLOOR: u64 = 16 << 20;
+
+/// Refuses, unless `allow`, every planned tensor whose output is more than
+/// [`MAX_EXPANSION`] times the bytes it reads and more than
+/// [`EXPANSION_FLOOR`]: a 1.6 KB `.bin` of `torch.zeros(1).expand(2**50)`
+/// would otherwise write 4 PiB.
+pub fn check_expanded(ck: &Checkpoint, plan: &Plan, allow: bool) -> Result<(), PlanError> {
+    if allow {
+        return Ok(());
+    }
+    for t in plan.tensors() {
+        let source = &ck.tensors[t.source];
+        let stored = source.stored_bytes();
+        if t.len > EXPANSION_FLOOR && t.len / MAX_EXPANSION > stored {
+            return Err(PlanError::ExpandedView {
+                file: ck.file_of(source).name(),
+                tensor: t.name.clone(),
+                bytes: t.len,
+                stored,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// One tensor as it will be written.
@@ -191,13 +231,19 @@ impl Plan {
             })
             .collect();
         let ranges = pack(&items, options.max_shard_size);
+        drop(items);
         let prefix = output_prefix(ck);
         let count = ranges.len();
+        let layer_order: Vec<String> = planned.iter().map(|t| t.name.clone()).collect();
+        let total_size = planned.iter().map(|t| t.len).sum();
         let mut shards = Vec::with_capacity(count);
         let mut oversized = Vec::new();
+        // The ranges tile `planned` in order: move each shard's tensors out
+        // rather than copy them (a checkpoint may hold 262,144 tensors).
+        let mut rest = planned.into_iter();
         for (n, range) in ranges.into_iter().enumerate() {
             let file = shard_name(&prefix, n, count);
-            let tensors = planned[range].to_vec();
+            let tensors: Vec<PlannedTensor> = rest.by_ref().take(range.len()).collect();
             if tensors.len() == 1 && tensors[0].len > options.max_shard_size {
                 oversized.push(Oversized {
                     tensor: tensors[0].name.clone(),
@@ -213,8 +259,8 @@ impl Plan {
             options: options.clone(),
             index_file: (count > 1).then(|| format!("{prefix}.safetensors.index.json")),
             prefix,
-            layer_order: planned.iter().map(|t| t.name.clone()).collect(),
-            total_size: planned.iter().map(|t| t.len).sum(),
+            layer_order,
+            total_size,
             shards,
             oversized,
             casts: casts.into_values().collect(),

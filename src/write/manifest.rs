@@ -7,16 +7,16 @@
 //! manifest also lists every name the run is going to write (`planned`), so
 //! a later run can clean up after it without touching anything else.
 //!
-//! Both are read with [`read_regular`]: a regular file (never a FIFO or a
+//! Both are read with [`crate::format::read::read_regular`]: a regular file (never a FIFO or a
 //! device) of at most [`MAX_MANIFEST_LEN`] bytes.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::cast::CastStats;
-use crate::format::{Checkpoint, Dtype, Format, SourceFile};
+use crate::format::read::read_regular;
+use crate::format::{Checkpoint, Dtype, Format, FormatError, SourceFile};
 use crate::plan::{Dropped, Oversized, PlanOptions};
 
 /// File name of the manifest, written last.
@@ -113,13 +113,8 @@ impl Manifest {
     pub fn read(path: &Path) -> Result<Option<Manifest>, ManifestError> {
         let bytes = match read_regular(path, MAX_MANIFEST_LEN) {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => {
-                return Err(ManifestError::Io {
-                    path: path.to_path_buf(),
-                    source,
-                })
-            }
+            Err(FormatError::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(ManifestError::Read(e)),
         };
         serde_json::from_slice(&bytes)
             .map(Some)
@@ -156,37 +151,10 @@ impl Manifest {
 /// so 128 MiB leaves five times that.
 pub const MAX_MANIFEST_LEN: u64 = 128 << 20;
 
-/// Reads a small file reshard wrote itself: refused by type before it is
-/// opened unless it is (or a symlink leads to) a regular file (a FIFO would
-/// block the open, a device never ends), and refused if longer than `max`
-/// (checked on the size and again while reading: `/proc` files claim 0
-/// bytes). `NotFound` when it does not exist.
-pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
-    let meta = std::fs::metadata(path)?;
-    if !meta.is_file() {
-        return Err(std::io::Error::other(
-            "not a regular file (a folder, FIFO, socket or device)",
-        ));
-    }
-    let too_long = |len: u64| {
-        std::io::Error::other(format!(
-            "{len} bytes, more than the {max} a reshard file may hold"
-        ))
-    };
-    if meta.len() > max {
-        return Err(too_long(meta.len()));
-    }
-    let file = std::fs::File::open(path)?;
-    let mut bytes = Vec::new();
-    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > max {
-        return Err(too_long(bytes.len() as u64));
-    }
-    Ok(bytes)
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
+    #[error(transparent)]
+    Read(FormatError),
     #[error("cannot read {}", .path.display())]
     Io {
         path: PathBuf,

@@ -317,7 +317,7 @@ pub fn check_report(report: &Path, sources: &SourceSet) -> Result<(), ScopeError
 const MAX_REPORT_LEN: u64 = 256 << 20;
 
 fn is_reshard_report(path: &Path) -> bool {
-    let Ok(bytes) = super::manifest::read_regular(path, MAX_REPORT_LEN) else {
+    let Ok(bytes) = crate::format::read::read_regular(path, MAX_REPORT_LEN) else {
         return false;
     };
     serde_json::from_slice::<serde_json::Value>(&bytes).is_ok_and(|v| {

@@ -167,3 +167,69 @@ pub fn write_safetensors(path: &Path, header: &serde_json::Value, data: &[u8]) {
     bytes.extend_from_slice(data);
     std::fs::write(path, bytes).unwrap();
 }
+
+/// Runs the reshard binary with `args` under GNU time and a timeout guard
+/// (a hang fails the test instead of stalling it): its output and its peak
+/// RSS in KiB. `None` when /usr/bin/time is not installed.
+pub fn run_measured(
+    args: &[&std::ffi::OsStr],
+    timeout: std::time::Duration,
+) -> Option<(std::process::Output, u64)> {
+    if !Path::new("/usr/bin/time").exists() {
+        eprintln!("skipped a peak RSS check: /usr/bin/time is not installed");
+        return None;
+    }
+    let report = tempfile::NamedTempFile::new().unwrap();
+    let mut child = std::process::Command::new("/usr/bin/time")
+        .args(["-f", "%M", "-o"])
+        .arg(report.path())
+        .arg(assert_cmd::cargo::cargo_bin("reshard"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + timeout;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("reshard {args:?} did not finish within {timeout:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = std::fs::read_to_string(report.path()).unwrap();
+    let peak = text
+        .lines()
+        .filter_map(|l| l.trim().parse::<u64>().ok())
+        .next_back()
+        .unwrap_or_else(|| panic!("no peak RSS in {text:?}"));
+    Some((out, peak))
+}
+
+/// sha256 of every regular file under `dir` (links by their target, other
+/// file types by their kind, never opened: a FIFO must not block this).
+pub fn tree_hashes(dir: &Path) -> BTreeMap<PathBuf, String> {
+    let mut out = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let meta = std::fs::symlink_metadata(&p).unwrap();
+        let kind = meta.file_type();
+        if kind.is_dir() {
+            out.extend(tree_hashes(&p));
+        } else if kind.is_symlink() {
+            out.insert(
+                p.clone(),
+                format!("link {:?}", std::fs::read_link(&p).unwrap()),
+            );
+        } else if kind.is_file() {
+            out.insert(p.clone(), hex(&Sha256::digest(std::fs::read(&p).unwrap())));
+        } else {
+            out.insert(p.clone(), "special".into());
+        }
+    }
+    out
+}

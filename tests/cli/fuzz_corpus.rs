@@ -16,6 +16,7 @@ fn targets() -> Vec<(&'static str, Entry)> {
         ("index_json", reshard::fuzz::index_json),
         ("planner", reshard::fuzz::planner),
         ("pytorch", reshard::fuzz::pytorch),
+        ("pickle", reshard::fuzz::pickle),
     ]
 }
 

@@ -354,24 +354,19 @@ fn memory_stays_under_the_window_on_hostile_input() {
     for case in cases() {
         let tmp = tempfile::tempdir().unwrap();
         let path = (case.build)(tmp.path());
-        let out = std::process::Command::new("/usr/bin/time")
-            .args(["-f", "%M"])
-            .arg(assert_cmd::cargo::cargo_bin("reshard"))
-            .args(["convert", "--no-progress", "--window", "1MiB"])
-            .arg(&path)
-            .arg(tmp.path().join("out"))
-            .output();
-        let Ok(out) = out else {
-            eprintln!("skipped: /usr/bin/time is not installed");
+        let out = tmp.path().join("out");
+        let args = [
+            "convert".as_ref(),
+            "--no-progress".as_ref(),
+            "--window".as_ref(),
+            "1MiB".as_ref(),
+            path.as_os_str(),
+            out.as_os_str(),
+        ];
+        let Some((_, peak_kib)) = run_measured(&args, std::time::Duration::from_secs(120)) else {
             return;
         };
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let peak_kib: u64 = stderr
-            .lines()
-            .last()
-            .and_then(|l| l.trim().parse().ok())
-            .unwrap_or(0);
-        assert!(peak_kib > 0, "{}: no peak in {stderr}", case.name);
+        assert!(peak_kib > 0, "{}: no peak RSS", case.name);
         assert!(
             peak_kib < 64 * 1024,
             "{}: peak RSS {peak_kib} KiB",

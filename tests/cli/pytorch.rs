@@ -82,33 +82,33 @@ fn pytorch_inspect_reads_every_bin_fixture() {
 /// A protocol-2 pickle writer for the shapes torch.save emits, and for
 /// the ones it never would.
 #[derive(Default)]
-struct Pickle(Vec<u8>);
+pub struct Pickle(pub Vec<u8>);
 
 impl Pickle {
-    fn new() -> Pickle {
+    pub fn new() -> Pickle {
         Pickle(vec![0x80, 2])
     }
-    fn op(&mut self, b: &[u8]) -> &mut Pickle {
+    pub fn op(&mut self, b: &[u8]) -> &mut Pickle {
         self.0.extend_from_slice(b);
         self
     }
-    fn str(&mut self, s: &str) -> &mut Pickle {
+    pub fn str(&mut self, s: &str) -> &mut Pickle {
         self.op(b"X")
             .op(&(s.len() as u32).to_le_bytes())
             .op(s.as_bytes())
     }
-    fn int(&mut self, n: i64) -> &mut Pickle {
+    pub fn int(&mut self, n: i64) -> &mut Pickle {
         // LONG1 with 8 bytes: any i64.
         self.op(&[0x8a, 8]).op(&n.to_le_bytes())
     }
-    fn ints(&mut self, ns: &[i64]) -> &mut Pickle {
+    pub fn ints(&mut self, ns: &[i64]) -> &mut Pickle {
         self.op(b"(");
         for &n in ns {
             self.int(n);
         }
         self.op(b"t")
     }
-    fn tensor(
+    pub fn tensor(
         &mut self,
         name: &str,
         key: &str,
@@ -123,7 +123,7 @@ impl Pickle {
         self.ints(shape).ints(strides);
         self.op(b"\x89ccollections\nOrderedDict\n)RtR")
     }
-    fn state_dict(f: impl FnOnce(&mut Pickle)) -> Vec<u8> {
+    pub fn state_dict(f: impl FnOnce(&mut Pickle)) -> Vec<u8> {
         let mut p = Pickle::new();
         p.op(b"}(");
         f(&mut p);
@@ -134,7 +134,7 @@ impl Pickle {
 
 /// A torch.save-shaped zip: `archive/data.pkl`, `archive/byteorder` and one
 /// stored entry per storage.
-fn archive(pkl: &[u8], storages: &[(&str, &[u8])]) -> Vec<u8> {
+pub fn archive(pkl: &[u8], storages: &[(&str, &[u8])]) -> Vec<u8> {
     let mut w = zip::ZipWriter::new(Cursor::new(Vec::new()));
     let opts =
         zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
@@ -149,7 +149,7 @@ fn archive(pkl: &[u8], storages: &[(&str, &[u8])]) -> Vec<u8> {
     w.finish().unwrap().into_inner()
 }
 
-fn write_bin(dir: &Path, bytes: &[u8]) -> PathBuf {
+pub fn write_bin(dir: &Path, bytes: &[u8]) -> PathBuf {
     let path = dir.join("pytorch_model.bin");
     std::fs::write(&path, bytes).unwrap();
     path

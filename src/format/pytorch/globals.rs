@@ -123,6 +123,24 @@ pub fn storage(pid: &Value) -> Result<Storage, String> {
     })
 }
 
+/// Bytes the result of [`call`] holds beyond its own [`Value`]: a tensor's
+/// spec with its shape and strides, a byte string, a new dict. The pickle
+/// machine charges this to its budget.
+pub fn cost(v: &Value) -> u64 {
+    match v {
+        Value::Tensor(t) => {
+            let dims = t
+                .as_ref()
+                .as_ref()
+                .map_or(0, |s| s.shape.len() + s.strides.len());
+            (std::mem::size_of::<TensorSpec>() + 32 + 8 * dims) as u64
+        }
+        Value::Bytes(b) => b.len() as u64 + 16,
+        Value::Dict(_) | Value::List(_) | Value::Tuple(_) => 64,
+        _ => 0,
+    }
+}
+
 /// The meaning of `callable(*args)` for a whitelisted callable.
 pub fn call(g: Global, args: &[Value]) -> Result<Value, String> {
     match (g, args) {

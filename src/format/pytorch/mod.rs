@@ -13,6 +13,7 @@
 //! Entry points: [`read_file`] for a checkpoint on disk, [`read_bytes`] and
 //! [`parse_pickle`] for the same work on bytes in memory (the fuzz targets).
 
+pub mod budget;
 pub mod globals;
 pub mod pickle;
 pub mod state;
@@ -25,10 +26,12 @@ use std::io;
 
 pub use self::value::{Storage, TensorSpec};
 use self::zip::{ReadAt, ZipIndex};
-use super::{DataRef, Dtype, Finding, SourceFile, Tensor};
+use super::{DataRef, Dtype, Finding, Tensor};
 
-/// Largest `data.pkl` read into memory.
-pub const MAX_PICKLE: u64 = 1 << 30;
+/// Largest `data.pkl` read into memory: 64 MiB. A state dict pickle takes
+/// about 130 bytes a tensor, so the largest real checkpoint (about 100,000
+/// tensors) in one file would need ~13 MB.
+pub const MAX_PICKLE: u64 = 64 << 20;
 /// Largest `byteorder` / `version` entry read.
 const MAX_SMALL_ENTRY: u64 = 64;
 
@@ -64,6 +67,13 @@ pub enum PytorchError {
     },
     #[error("zip entry {name:?} is {len} bytes, more than the limit of {max}")]
     EntryTooLarge { name: String, len: u64, max: u64 },
+    #[error("zip entry {name:?} would inflate from {compressed} to {size} bytes, more than {max} times; refusing a deflate bomb")]
+    InflateRatio {
+        name: String,
+        size: u64,
+        compressed: u64,
+        max: u64,
+    },
     #[error(
         "zip entry {name:?} fails its CRC-32 check (stored {expected:08x}, computed {actual:08x})"
     )]
@@ -88,6 +98,8 @@ pub enum PytorchError {
     NotStateDict { found: String },
     #[error("not a state dict: entry {name:?} is a {found}, not a tensor")]
     NotATensor { name: String, found: String },
+    #[error("tensor {tensor:?} is set twice in the state dict")]
+    DuplicateName { tensor: String },
     #[error("tensor {tensor:?}: {reason}")]
     BadTensor { tensor: String, reason: String },
     #[error("tensor {tensor:?}: its storage {key:?} has no entry {entry:?} in the archive")]
@@ -126,18 +138,18 @@ pub struct TensorMeta {
     pub storage: String,
 }
 
-/// Reads the tensors of one torch.save file. `file_index` is stored in each
-/// tensor's `file` field.
+/// Reads the tensors of one torch.save file, opened by the caller (as a
+/// regular file: see [`crate::format::read::open_regular`]). `file_index`
+/// is stored in each tensor's `file` field.
 pub fn read_file(
-    file: &SourceFile,
+    handle: &File,
     file_index: usize,
 ) -> Result<(Vec<Tensor>, Vec<Finding>), PytorchError> {
-    let handle = File::open(&file.path).map_err(|source| PytorchError::Io { source })?;
     let len = handle
         .metadata()
         .map_err(|source| PytorchError::Io { source })?
         .len();
-    let (metas, findings) = read_source(&handle, len)?;
+    let (metas, findings) = read_source(handle, len)?;
     let tensors = metas
         .into_iter()
         .map(|m| Tensor {

@@ -5,50 +5,65 @@
 //! other opcode is an error. `GLOBAL` / `STACK_GLOBAL` resolve names against
 //! the whitelist in [`super::globals`], which maps each allowed name to a
 //! data constructor; any other name is refused before anything else happens.
-//! Limits on the stack, the memo and the number of objects bound memory by
-//! the pickle's length, whatever it holds. This module knows nothing of zip
-//! archives or of what a state dict is ([`super::state`] does).
+//!
+//! Memory is budgeted ([`super::budget`]): every value the machine holds
+//! (on the stack, in the memo, in a list, dict or tuple) and every byte of
+//! every string is charged to a [`Limits::bytes`] budget proportional to the
+//! pickle's length before it is allocated, and the allocation itself is a
+//! `try_reserve`, so a hostile pickle ends in an error (exit 2), never in an
+//! abort. This module knows nothing of zip archives or of what a state dict
+//! is ([`super::state`] does).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use super::budget::{Budget, Exhausted, CONTAINER, MEMO_ENTRY};
 use super::globals;
 use super::value::{Shared, Value};
 use super::PytorchError;
 
-/// Most values on the stack (and marks) at once.
-pub const MAX_STACK: usize = 4_000_000;
+/// Most values on the stack (and marks) at once. Pickle protocol 2 and up
+/// batches APPENDS and SETITEMS by 1,000, so a torch pickle's stack holds a
+/// few thousand values at most; 100,000 is far past any of them.
+pub const MAX_STACK: usize = 100_000;
 /// Most memo entries.
 pub const MAX_MEMO: usize = 8_000_000;
-/// Most objects (strings, containers, tensors) one pickle may create.
-pub const MAX_OBJECTS: usize = 16_000_000;
 
 /// The bounds one run of the machine works within.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub stack: usize,
     pub memo: usize,
-    pub objects: usize,
+    /// Bytes of values and strings the machine may hold (charged, never
+    /// refunded).
+    pub bytes: u64,
 }
 
-impl Default for Limits {
-    fn default() -> Limits {
+impl Limits {
+    /// The limits for a pickle of `len` bytes (see [`Budget::for_len`]).
+    pub fn for_len(len: usize) -> Limits {
         Limits {
             stack: MAX_STACK,
             memo: MAX_MEMO,
-            objects: MAX_OBJECTS,
+            bytes: Budget::for_len(len),
         }
     }
 }
 
 /// Runs the pickle in `data` and returns the object `STOP` leaves.
 pub fn run(data: &[u8]) -> Result<Value, PytorchError> {
-    run_with(data, Limits::default())
+    run_with(data, Limits::for_len(data.len()))
 }
 
 /// [`run`] with other limits.
 pub fn run_with(data: &[u8], limits: Limits) -> Result<Value, PytorchError> {
+    run_counted(data, limits).0
+}
+
+/// [`run_with`], also returning the bytes charged (for fuzzing and tests:
+/// never more than `limits.bytes`).
+pub fn run_counted(data: &[u8], limits: Limits) -> (Result<Value, PytorchError>, u64) {
     let mut m = Machine {
         limits,
         data,
@@ -57,9 +72,10 @@ pub fn run_with(data: &[u8], limits: Limits) -> Result<Value, PytorchError> {
         stack: Vec::new(),
         marks: Vec::new(),
         memo: HashMap::new(),
-        objects: 0,
+        budget: Budget::new(limits.bytes),
     };
-    m.run()
+    let result = m.run();
+    (result, m.budget.held)
 }
 
 struct Machine<'a> {
@@ -71,7 +87,7 @@ struct Machine<'a> {
     stack: Vec<Value>,
     marks: Vec<usize>,
     memo: HashMap<u32, Value>,
-    objects: usize,
+    budget: Budget,
 }
 
 /// Opcodes that torch.save never writes, named for the error message.
@@ -146,24 +162,47 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn alloc(&mut self) -> Result<(), PytorchError> {
-        self.objects += 1;
-        if self.objects > self.limits.objects {
-            return Err(self.err(format!("creates more than {} objects", self.limits.objects)));
-        }
-        Ok(())
+    /// The error for a failed charge.
+    fn exhausted(&self, why: Exhausted) -> PytorchError {
+        self.err(match why {
+            Exhausted::Budget => format!(
+                "would hold more than {} bytes of values, its budget for a {}-byte pickle \
+                 (a real state dict needs a fraction of that)",
+                self.budget.limit,
+                self.data.len()
+            ),
+            Exhausted::Memory => format!(
+                "out of memory after {} bytes of values; refusing to go on",
+                self.budget.held
+            ),
+        })
+    }
+
+    /// Charges `bytes` to the budget before they are allocated.
+    fn charge(&mut self, bytes: u64) -> Result<(), PytorchError> {
+        self.budget.charge(bytes).map_err(|e| self.exhausted(e))
+    }
+
+    /// Makes room for `extra` more items in `v`, charged by capacity.
+    fn grow<T>(&mut self, v: &mut Vec<T>, extra: usize) -> Result<(), PytorchError> {
+        self.budget.grow(v, extra).map_err(|e| self.exhausted(e))
     }
 
     fn push(&mut self, v: Value) -> Result<(), PytorchError> {
         if self.stack.len() >= self.limits.stack {
             return Err(self.err(format!("stack grows past {} values", self.limits.stack)));
         }
+        let mut stack = std::mem::take(&mut self.stack);
+        let grown = self.grow(&mut stack, 1);
+        self.stack = stack;
+        grown?;
         self.stack.push(v);
         Ok(())
     }
 
+    /// Pushes a new container (list, dict, tuple): its own allocation too.
     fn push_new(&mut self, v: Value) -> Result<(), PytorchError> {
-        self.alloc()?;
+        self.charge(CONTAINER)?;
         self.push(v)
     }
 
@@ -195,21 +234,28 @@ impl<'a> Machine<'a> {
         if mark > self.stack.len() {
             return Err(self.err("MARK above the stack"));
         }
-        Ok(self.stack.split_off(mark))
+        self.split_stack(mark)
+    }
+
+    /// The values above `at`, moved into a new vector (which is charged).
+    fn split_stack(&mut self, at: usize) -> Result<Vec<Value>, PytorchError> {
+        let n = self.stack.len() - at;
+        let mut items = self.budget.exact(n).map_err(|e| self.exhausted(e))?;
+        items.extend(self.stack.drain(at..));
+        Ok(items)
     }
 
     fn str_of(&mut self, n: usize) -> Result<Value, PytorchError> {
         let bytes = self.take(n)?;
         let s = std::str::from_utf8(bytes).map_err(|_| self.err("string is not valid UTF-8"))?;
-        let s = Rc::<str>::from(s);
-        self.alloc()?;
-        Ok(Value::Str(s))
+        self.charge(n as u64 + 16)?;
+        Ok(Value::Str(Rc::<str>::from(s)))
     }
 
     fn bytes_of(&mut self, n: usize) -> Result<Value, PytorchError> {
-        let bytes = Rc::<[u8]>::from(self.take(n)?);
-        self.alloc()?;
-        Ok(Value::Bytes(bytes))
+        let bytes = self.take(n)?;
+        self.charge(n as u64 + 16)?;
+        Ok(Value::Bytes(Rc::<[u8]>::from(bytes)))
     }
 
     fn line(&mut self) -> Result<String, PytorchError> {
@@ -229,6 +275,12 @@ impl<'a> Machine<'a> {
         let v = self.top()?.clone();
         if self.memo.len() >= self.limits.memo && !self.memo.contains_key(&key) {
             return Err(self.err(format!("memo grows past {} entries", self.limits.memo)));
+        }
+        if !self.memo.contains_key(&key) {
+            self.charge(MEMO_ENTRY)?;
+            if self.memo.try_reserve(1).is_err() {
+                return Err(self.exhausted(Exhausted::Memory));
+            }
         }
         self.memo.insert(key, v);
         Ok(())
@@ -283,6 +335,10 @@ impl<'a> Machine<'a> {
                     if self.marks.len() >= self.limits.stack {
                         return Err(self.err(format!("more than {} open MARKs", self.limits.stack)));
                     }
+                    let mut marks = std::mem::take(&mut self.marks);
+                    let grown = self.grow(&mut marks, 1);
+                    self.marks = marks;
+                    grown?;
                     self.marks.push(self.stack.len());
                 }
                 b'0' => drop(self.pop()?),
@@ -347,7 +403,7 @@ impl<'a> Machine<'a> {
                         .checked_sub(n)
                         .filter(|&at| at >= floor)
                         .ok_or_else(|| self.err("TUPLE pops from an empty stack"))?;
-                    let items = self.stack.split_off(at);
+                    let items = self.split_stack(at)?;
                     self.tuple(items)?;
                 }
                 b't' => {
@@ -410,12 +466,14 @@ impl<'a> Machine<'a> {
                         )));
                     };
                     let v = globals::call(*g, args).map_err(|reason| self.err(reason))?;
-                    self.push_new(v)?;
+                    self.charge(globals::cost(&v))?;
+                    self.push(v)?;
                 }
                 b'Q' => {
                     let pid = self.pop()?;
                     let storage = globals::storage(&pid).map_err(|reason| self.err(reason))?;
-                    self.push_new(Value::Storage(Rc::new(storage)))?;
+                    self.charge(CONTAINER + storage.key.len() as u64)?;
+                    self.push(Value::Storage(Rc::new(storage)))?;
                 }
                 b'b' => {
                     let _state = self.pop()?;
@@ -429,20 +487,32 @@ impl<'a> Machine<'a> {
                 b's' => {
                     let v = self.pop()?;
                     let k = self.pop()?;
-                    self.dict_top()?.borrow_mut().push((k, v));
+                    let dict = self.dict_top()?;
+                    let mut dict = dict.borrow_mut();
+                    self.grow(&mut dict, 1)?;
+                    dict.push((k, v));
                 }
                 b'u' => {
                     let items = self.pop_mark()?;
                     let pairs = self.pairs(items)?;
-                    self.dict_top()?.borrow_mut().extend(pairs);
+                    let dict = self.dict_top()?;
+                    let mut dict = dict.borrow_mut();
+                    self.grow(&mut dict, pairs.len())?;
+                    dict.extend(pairs);
                 }
                 b'a' => {
                     let v = self.pop()?;
-                    self.list_top()?.borrow_mut().push(v);
+                    let list = self.list_top()?;
+                    let mut list = list.borrow_mut();
+                    self.grow(&mut list, 1)?;
+                    list.push(v);
                 }
                 b'e' => {
                     let items = self.pop_mark()?;
-                    self.list_top()?.borrow_mut().extend(items);
+                    let list = self.list_top()?;
+                    let mut list = list.borrow_mut();
+                    self.grow(&mut list, items.len())?;
+                    list.extend(items);
                 }
                 other => {
                     let name = refused_name(other).unwrap_or("unknown");
@@ -454,11 +524,14 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn pairs(&self, items: Vec<Value>) -> Result<Vec<(Value, Value)>, PytorchError> {
+    fn pairs(&mut self, items: Vec<Value>) -> Result<Vec<(Value, Value)>, PytorchError> {
         if !items.len().is_multiple_of(2) {
             return Err(self.err("odd number of items for a dict"));
         }
-        let mut pairs = Vec::with_capacity(items.len() / 2);
+        let mut pairs = self
+            .budget
+            .exact(items.len() / 2)
+            .map_err(|e| self.exhausted(e))?;
         let mut it = items.into_iter();
         while let (Some(k), Some(v)) = (it.next(), it.next()) {
             pairs.push((k, v));

@@ -107,20 +107,31 @@ fn memo_misses_and_stack_underflows_are_errors() {
     assert!(err(b"\x80\x09.").contains("protocol"));
 }
 
+/// Limits with a budget large enough for any test pickle.
+fn roomy() -> Limits {
+    Limits {
+        stack: usize::MAX,
+        memo: usize::MAX,
+        bytes: 1 << 30,
+    }
+}
+
 #[test]
 fn deep_nesting_drops_without_overflowing_the_stack() {
-    // 200,000 nested 1-tuples (far past what recursive drop survives), then STOP.
+    // 200,000 nested 1-tuples (far past what recursive drop survives), then
+    // STOP. The default budget refuses this; a roomy one tests the drop.
     let mut data = b"\x80\x02N".to_vec();
     data.extend(std::iter::repeat_n(0x85u8, 200_000));
     data.push(b'.');
-    assert!(matches!(run(&data).unwrap(), Value::Tuple(_)));
+    assert!(run(&data).unwrap_err().to_string().contains("budget"));
+    assert!(matches!(run_with(&data, roomy()).unwrap(), Value::Tuple(_)));
     // Lists nested through the memo: [[[...]]] 200,000 deep.
     let mut data = b"\x80\x02]q\x00".to_vec();
     for _ in 0..200_000 {
         data.extend_from_slice(b"]h\x00aq\x00");
     }
     data.extend_from_slice(b"0h\x00.");
-    assert!(matches!(run(&data).unwrap(), Value::List(_)));
+    assert!(matches!(run_with(&data, roomy()).unwrap(), Value::List(_)));
 }
 
 #[test]
@@ -133,18 +144,18 @@ fn self_referencing_containers_do_not_hang() {
 }
 
 #[test]
-fn objects_stack_and_memo_are_limited() {
+fn budget_stack_and_memo_are_limited() {
     let small = Limits {
         stack: 100,
         memo: 100,
-        objects: 100,
+        bytes: 1 << 20,
     };
     let limited = |data: &[u8]| run_with(data, small).unwrap_err().to_string();
-    // EMPTY_LIST / POP repeated is cheap per op but bounded in objects.
+    // EMPTY_LIST / POP repeated is cheap per op but every list is charged.
     let mut data = b"\x80\x02".to_vec();
-    data.extend(std::iter::repeat_n(*b"]0", 101).flatten());
+    data.extend(std::iter::repeat_n(*b"]0", 20_000).flatten());
     data.extend_from_slice(b"N.");
-    assert!(limited(&data).contains("objects"));
+    assert!(limited(&data).contains("budget"));
     let mut data = b"\x80\x02".to_vec();
     data.extend(std::iter::repeat_n(b'N', 101));
     data.push(b'.');
@@ -159,4 +170,22 @@ fn objects_stack_and_memo_are_limited() {
     }
     data.push(b'.');
     assert!(limited(&data).contains("memo"));
+}
+
+#[test]
+fn a_list_of_millions_of_none_is_refused_within_its_budget() {
+    // ] then 20 times ( N*50,000 e, then . : 1 MB of pickle that appends
+    // 1,000,000 values to one list, in batches the stack limit allows.
+    let mut data = b"\x80\x02]".to_vec();
+    for _ in 0..20 {
+        data.push(b'(');
+        data.extend(std::iter::repeat_n(b'N', 50_000));
+        data.push(b'e');
+    }
+    data.push(b'.');
+    let limits = Limits::for_len(data.len());
+    let (result, held) = run_counted(&data, limits);
+    let err = result.unwrap_err().to_string();
+    assert!(err.contains("budget"), "{err}");
+    assert!(held <= limits.bytes, "charged {held} of {}", limits.bytes);
 }

@@ -6,7 +6,7 @@
 //! can reach lies inside that storage, and choosing the [`DataRef`] kind
 //! (contiguous, strided view, or inside a deflated entry).
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 
 use super::value::{TensorSpec, Value};
 use super::zip::{Entry, Method};
@@ -18,8 +18,9 @@ const NESTED_KEYS: &[&str] = &["state_dict", "model"];
 
 /// Reads the top-level object as a state dict: a dict (or OrderedDict) of
 /// name -> tensor, or a dict whose `state_dict` / `model` entry is one.
-/// Returns the tensors in insertion order; a name set twice keeps its first
-/// position and its last value, as a Python dict does.
+/// Returns the tensors in insertion order. A name set twice (which no dict
+/// torch saved can hold; a Python reader would keep the last value) is
+/// refused: which of the two tensors the user meant is not ours to guess.
 pub fn state_dict(root: &Value) -> Result<Vec<(String, TensorSpec)>, PytorchError> {
     let Value::Dict(pairs) = root else {
         return Err(PytorchError::NotStateDict {
@@ -56,7 +57,7 @@ fn tensors_of(dict: &Value) -> Result<Vec<(String, TensorSpec)>, PytorchError> {
         found: "dict that is still being built".into(),
     })?;
     let mut out: Vec<(String, TensorSpec)> = Vec::with_capacity(pairs.len());
-    let mut seen: HashMap<String, usize> = HashMap::with_capacity(pairs.len());
+    let mut seen: HashSet<&str> = HashSet::with_capacity(pairs.len());
     for (k, v) in pairs.iter() {
         let Value::Str(name) = k else {
             return Err(PytorchError::NotStateDict {
@@ -80,17 +81,12 @@ fn tensors_of(dict: &Value) -> Result<Vec<(String, TensorSpec)>, PytorchError> {
                 })
             }
         };
-        match seen.get(&**name) {
-            Some(&i) => {
-                if let Some(slot) = out.get_mut(i) {
-                    slot.1 = spec;
-                }
-            }
-            None => {
-                seen.insert(name.to_string(), out.len());
-                out.push((name.to_string(), spec));
-            }
+        if !seen.insert(name) {
+            return Err(PytorchError::DuplicateName {
+                tensor: name.to_string(),
+            });
         }
+        out.push((name.to_string(), spec));
     }
     Ok(out)
 }

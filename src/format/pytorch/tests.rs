@@ -313,3 +313,45 @@ fn mutations_of_a_real_torch_pickle_never_panic() {
         }
     }
 }
+
+/// Every data.pkl of the torch-written fixtures.
+fn fixture_pickles() -> Vec<(String, Vec<u8>)> {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let mut out = Vec::new();
+    for dir in ["tiny-llama-bin", "tiny-gpt2-bin", "tiny-moe-bin-sharded"] {
+        for entry in std::fs::read_dir(format!("{root}/{dir}")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "bin") {
+                let file = std::fs::read(&path).unwrap();
+                let index = ZipIndex::read(&file[..], file.len() as u64).unwrap();
+                let e = index
+                    .entries()
+                    .iter()
+                    .find(|e| e.name.ends_with("/data.pkl"))
+                    .unwrap();
+                let pkl = ZipIndex::read_entry(&file[..], e, MAX_PICKLE).unwrap();
+                out.push((path.display().to_string(), pkl));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn real_torch_pickles_charge_at_most_half_their_budget_per_byte() {
+    use super::budget::HELD_PER_BYTE;
+    use super::pickle::{run_counted, Limits};
+    for (name, pkl) in fixture_pickles() {
+        let (result, held) = run_counted(&pkl, Limits::for_len(pkl.len()));
+        assert!(result.is_ok(), "{name}");
+        let per_byte = held as f64 / pkl.len() as f64;
+        eprintln!(
+            "{name}: {} bytes, {held} charged, {per_byte:.2} a byte",
+            pkl.len()
+        );
+        assert!(
+            per_byte * 2.0 <= HELD_PER_BYTE as f64,
+            "{name}: {per_byte:.2} bytes charged a byte"
+        );
+    }
+}

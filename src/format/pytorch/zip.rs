@@ -21,6 +21,13 @@ use super::PytorchError;
 pub const MAX_ENTRIES: u64 = 1_000_000;
 /// Largest central directory read into memory.
 pub const MAX_CENTRAL_DIRECTORY: u64 = 256 << 20;
+/// Most an entry read into memory may inflate, per compressed byte. torch
+/// stores its entries uncompressed; a re-zipped pickle compresses about 5 to
+/// 10 times. Deflate can reach 1032 to 1, which only a bomb needs.
+pub const MAX_INFLATE_RATIO: u64 = 64;
+/// Entries up to this size may inflate at any ratio: 1 MiB is too small to
+/// matter.
+pub const INFLATE_RATIO_FLOOR: u64 = 1 << 20;
 
 const EOCD_SIG: u32 = 0x0605_4b50;
 const EOCD64_SIG: u32 = 0x0606_4b50;
@@ -197,7 +204,10 @@ impl ZipIndex {
     }
 
     /// Reads and decompresses a whole entry of at most `max` bytes and checks
-    /// its CRC-32.
+    /// its CRC-32. A deflated entry is checked against [`MAX_INFLATE_RATIO`]
+    /// before anything is inflated, inflated into a buffer of exactly its
+    /// declared size (reserved with `try_reserve`), and must inflate to
+    /// exactly that size.
     pub fn read_entry<R: ReadAt + ?Sized>(
         src: &R,
         entry: &Entry,
@@ -221,9 +231,20 @@ impl ZipIndex {
         let bytes = match entry.method {
             Method::Stored => raw,
             Method::Deflated => {
-                // Grown as it inflates: a declared size is no reason to
-                // allocate before the bytes exist.
+                let ratio_max = entry.compressed_size.saturating_mul(MAX_INFLATE_RATIO);
+                if entry.size > INFLATE_RATIO_FLOOR && entry.size > ratio_max {
+                    return Err(PytorchError::InflateRatio {
+                        name: entry.name.clone(),
+                        size: entry.size,
+                        compressed: entry.compressed_size,
+                        max: MAX_INFLATE_RATIO,
+                    });
+                }
+                // The declared size is bounded by `max` and by the ratio to
+                // bytes that exist in the file.
                 let mut out = Vec::new();
+                out.try_reserve_exact(entry.size as usize)
+                    .map_err(|_| zip_err(format!("entry {:?}: out of memory", entry.name)))?;
                 let mut decoder =
                     flate2::read::DeflateDecoder::new(&raw[..]).take(entry.size.saturating_add(1));
                 decoder.read_to_end(&mut out).map_err(|e| {
