@@ -34,7 +34,7 @@ fn deflated_bin(dir: &Path, pkl_chunks: impl Iterator<Item = Vec<u8>>) -> PathBu
 
 /// A safetensors file from raw header JSON (padded) and no data.
 fn raw_safetensors(path: &Path, mut json: Vec<u8>) {
-    while json.len() % 8 != 0 {
+    while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let mut f = std::fs::File::create(path).unwrap();
