@@ -103,7 +103,7 @@ struct Pending {
 
 /// Lists the models under `root` whose outputs go under `out`.
 pub fn discover(root: &Path, out: &Path) -> Result<Discovery, DiscoverError> {
-    let root_canon = root.canonicalize().map_err(|source| DiscoverError::Root {
+    let root_canon = crate::platform::canonicalize(&root).map_err(|source| DiscoverError::Root {
         root: root.to_path_buf(),
         source,
     })?;
@@ -112,7 +112,7 @@ pub fn discover(root: &Path, out: &Path) -> Result<Discovery, DiscoverError> {
             root: root.to_path_buf(),
         });
     }
-    let out_canon = out.canonicalize().ok();
+    let out_canon = crate::platform::canonicalize(&out).ok();
     if out_canon.as_ref() == Some(&root_canon) {
         return Err(DiscoverError::OutIsRoot {
             out: out.to_path_buf(),
@@ -127,7 +127,7 @@ pub fn discover(root: &Path, out: &Path) -> Result<Discovery, DiscoverError> {
     }];
     while let Some(dir) = stack.pop() {
         let name = rel_name(&dir.rel);
-        let canon = match dir.path.canonicalize() {
+        let canon = match crate::platform::canonicalize(&dir.path) {
             Ok(c) => c,
             Err(e) => {
                 found.skipped.push(skip(&name, &dir.path, io_reason(&e)));
@@ -289,12 +289,12 @@ fn refuse_out_inside_a_model(out: &Path, found: &Discovery) -> Result<(), Discov
         source,
     })?;
     for m in &found.models {
-        let Ok(real) = m.source.canonicalize() else {
+        let Ok(real) = crate::platform::canonicalize(&m.source) else {
             continue;
         };
         let snapshot = resolve_hf_cache(&m.source)
             .ok()
-            .and_then(|d| d.canonicalize().ok());
+            .and_then(|d| crate::platform::canonicalize(&d).ok());
         let roots = [Some(real), snapshot.map(|s| model_root(&s))];
         if roots.iter().flatten().any(|r| out_real.starts_with(r)) {
             return Err(DiscoverError::OutInsideModel {

@@ -362,12 +362,12 @@ pub fn converted_from(dst: &Path, source: &Path) -> bool {
     let Ok(Some(manifest)) = Manifest::read(&dst.join(MANIFEST)) else {
         return false;
     };
-    let Ok(real) = source.canonicalize() else {
+    let Ok(real) = crate::platform::canonicalize(&source) else {
         return false;
     };
     let root = crate::format::discover::resolve_hf_cache(source)
         .ok()
-        .and_then(|d| d.canonicalize().ok())
+        .and_then(|d| crate::platform::canonicalize(&d).ok())
         .map_or(real, |d| crate::write::scope::model_root(&d));
     manifest.source.root.as_deref() == Some(root.display().to_string().as_str())
 }
@@ -493,7 +493,11 @@ mod tests {
             .unwrap()
             .contains("--fail-fast"));
         assert!(
-            results[0].reason.as_deref().unwrap().contains("src/a"),
+            results[0]
+                .reason
+                .as_deref()
+                .unwrap()
+                .contains(&Path::new("src").join("a").display().to_string()),
             "{:?}",
             results[0].reason
         );

@@ -104,8 +104,7 @@ pub fn select(ck: &Checkpoint, scope: &OutputScope) -> Result<OtherFiles, Conver
             continue;
         }
         if !scope.inside_root(&path) {
-            let real = path
-                .canonicalize()
+            let real = crate::platform::canonicalize(&path)
                 .map_or_else(|_| "?".to_string(), |p| p.display().to_string());
             out.skipped.push(skip(format!(
                 "a symlink to {real:?}, outside the model's folder {:?}",

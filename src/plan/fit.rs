@@ -434,7 +434,7 @@ fn recommend(
             }
             let mut command = format!(
                 "reshard convert {} OUT --max-shard-size {arg}",
-                shell_quote(path)
+                crate::platform::shell_quote(path)
             );
             if let Some(d) = dtype {
                 command.push_str(&format!(" --dtype {}", d.name().to_ascii_lowercase()));
@@ -466,18 +466,6 @@ fn recommend(
         .filter(|(n, _)| *n > today.fitting_host().len())
         .map(|b| b.1);
     Ok((best, unhelped))
-}
-
-/// Quotes a path for a POSIX shell when it needs it.
-fn shell_quote(s: &str) -> String {
-    let plain = !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./:=@+,".contains(&b));
-    if plain {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
 }
 
 #[cfg(test)]

@@ -5,13 +5,16 @@
 //! std's `sys`: the rest of the crate calls the plain functions below and
 //! never branches on the OS. This module owns
 //!
-//! * positioned reads ([`read_at`], [`read_exact_at`]),
+//! * positioned reads ([`read_at`], [`read_exact_at`]) and canonical paths
+//!   ([`canonicalize`]),
 //! * durability of a folder's entries ([`sync_dir`]) and early writeback of
 //!   written pages ([`start_writeback`]),
 //! * the machine's memory and commit figures ([`memory_status`]),
+//! * private memory charged to this process ([`PrivateMemory`]),
 //! * this process's commit charge ([`commit_usage`], [`COMMIT_SOURCE`]) and
 //!   a commit limit a process puts on itself ([`CommitLimit`]: `RLIMIT_DATA`
 //!   on Unix, a Job Object on Windows),
+//! * quoting a path for the shell in suggested commands ([`shell_quote`]),
 //! * reading OS errors and exit statuses portably ([`is_out_of_memory`],
 //!   [`is_symlink_loop`], [`abnormal_exit`]).
 //!
@@ -90,6 +93,12 @@ pub fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Re
     Ok(())
 }
 
+/// The absolute form of `path` with every link resolved, as
+/// `std::fs::canonicalize` gives it (`\\?\C:\...` on Windows).
+pub fn canonicalize(path: &Path) -> io::Result<std::path::PathBuf> {
+    imp::canonicalize(path)
+}
+
 /// Makes the entries of folder `dir` (creations, renames) durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     imp::sync_dir(dir)
@@ -151,6 +160,43 @@ impl CommitLimit {
     pub fn set(bytes: u64) -> io::Result<CommitLimit> {
         imp::CommitLimit::set(bytes).map(|l| CommitLimit { _limit: l })
     }
+}
+
+/// A zeroed block of private memory, committed (charged to this process)
+/// when made and returned to the system exactly when dropped, so a measured
+/// peak does not depend on an allocator's heuristics, and refused with an
+/// error, not an abort, past a [`CommitLimit`]. A private anonymous mapping
+/// on Unix; `VirtualAlloc` on Windows, where an anonymous file mapping
+/// (what memmap2's `map_anon` makes) is a pagefile-backed section, charged
+/// to the system but neither to the process's `PagefileUsage` nor to its
+/// Job Object limit.
+pub struct PrivateMemory(imp::PrivateMemory);
+
+impl PrivateMemory {
+    /// Commits `len` (> 0) bytes, zeroed.
+    pub fn new(len: usize) -> io::Result<PrivateMemory> {
+        imp::PrivateMemory::new(len).map(PrivateMemory)
+    }
+}
+
+impl std::ops::Deref for PrivateMemory {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+}
+
+impl std::ops::DerefMut for PrivateMemory {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.0.as_mut_slice()
+    }
+}
+
+/// Quotes a path for this platform's shell when it needs it, for commands
+/// reshard suggests: POSIX single quotes on Unix; on Windows double quotes,
+/// which cmd.exe and PowerShell both read, and no quoting of `\` or `:`.
+pub fn shell_quote(s: &str) -> String {
+    imp::shell_quote(s)
 }
 
 /// Whether `e` means the system refused memory (ENOMEM, or Windows'

@@ -15,6 +15,10 @@ pub fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     std::os::unix::fs::FileExt::read_at(file, buf, offset)
 }
 
+pub fn canonicalize(path: &Path) -> io::Result<std::path::PathBuf> {
+    std::fs::canonicalize(path)
+}
+
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
@@ -160,6 +164,35 @@ impl Drop for CommitLimit {
     }
 }
 
+/// A private anonymous mapping (memmap2 `map_anon`): charged to `VmData`
+/// and `RLIMIT_DATA` when made.
+pub struct PrivateMemory(memmap2::MmapMut);
+
+impl PrivateMemory {
+    pub fn new(len: usize) -> io::Result<PrivateMemory> {
+        memmap2::MmapMut::map_anon(len).map(PrivateMemory)
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+pub fn shell_quote(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./:=@+,".contains(&b));
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
 pub fn is_out_of_memory(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::ENOMEM)
 }
@@ -176,6 +209,12 @@ pub fn abnormal_exit(status: &ExitStatus) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quotes_paths_for_the_shell() {
+        assert_eq!(shell_quote("models/llama-3"), "models/llama-3");
+        assert_eq!(shell_quote("my model's"), r"'my model'\''s'");
+    }
 
     const GIB: u64 = 1 << 30;
 

@@ -7,7 +7,7 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::windows::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 
 use windows_sys::Win32::Foundation::{CloseHandle, HANDLE};
@@ -15,6 +15,9 @@ use windows_sys::Win32::Storage::FileSystem::FILE_FLAG_BACKUP_SEMANTICS;
 use windows_sys::Win32::System::JobObjects::{
     AssignProcessToJobObject, CreateJobObjectW, JobObjectExtendedLimitInformation,
     SetInformationJobObject, JOBOBJECT_EXTENDED_LIMIT_INFORMATION, JOB_OBJECT_LIMIT_PROCESS_MEMORY,
+};
+use windows_sys::Win32::System::Memory::{
+    VirtualAlloc, VirtualFree, MEM_COMMIT, MEM_RELEASE, MEM_RESERVE, PAGE_READWRITE,
 };
 use windows_sys::Win32::System::ProcessStatus::{
     GetPerformanceInfo, GetProcessMemoryInfo, PERFORMANCE_INFORMATION, PROCESS_MEMORY_COUNTERS,
@@ -30,9 +33,39 @@ const ERROR_COMMITMENT_LIMIT: i32 = 1455;
 const ERROR_CANT_RESOLVE_FILENAME: i32 = 1921;
 const ERROR_ACCESS_DENIED: i32 = 5;
 const ERROR_INVALID_FUNCTION: i32 = 1;
+const ERROR_MORE_DATA: i32 = 234;
 
 pub fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     std::os::windows::fs::FileExt::seek_read(file, buf, offset)
+}
+
+/// `std::fs::canonicalize` asks `GetFinalPathNameByHandleW`, which Wine 8
+/// answers with ERROR_MORE_DATA for any path past MAX_PATH (its buffer is
+/// fixed). There, and only on that error, the path is made absolute
+/// lexically (`GetFullPathNameW`) in the same verbatim form: what
+/// canonicalize returns for a path without links, and Wine makes none.
+pub fn canonicalize(path: &Path) -> io::Result<PathBuf> {
+    match std::fs::canonicalize(path) {
+        Err(e) if e.raw_os_error() == Some(ERROR_MORE_DATA) => {
+            std::fs::metadata(path)?;
+            Ok(verbatim(&std::path::absolute(path)?))
+        }
+        other => other,
+    }
+}
+
+/// `C:\x` as `\\?\C:\x` and `\\server\share\x` as `\\?\UNC\server\share\x`.
+fn verbatim(abs: &Path) -> PathBuf {
+    use std::path::{Component, Prefix};
+    let text = abs.as_os_str().to_string_lossy();
+    match abs.components().next() {
+        Some(Component::Prefix(p)) => match p.kind() {
+            Prefix::Disk(_) => PathBuf::from(format!(r"\\?\{text}")),
+            Prefix::UNC(..) => PathBuf::from(format!(r"\\?\UNC\{}", &text[2..])),
+            _ => abs.to_path_buf(),
+        },
+        _ => abs.to_path_buf(),
+    }
 }
 
 /// A folder can only be opened with `FILE_FLAG_BACKUP_SEMANTICS`;
@@ -172,6 +205,71 @@ impl Drop for CommitLimit {
     }
 }
 
+/// `VirtualAlloc`ed pages: private commit, in `PagefileUsage` and under a
+/// Job Object's process memory limit (on Windows at once; under Wine 8 as
+/// pages are touched, since Wine's `PagefileUsage` is resident anonymous
+/// memory).
+pub struct PrivateMemory {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the pages belong to this value alone (no other pointer to them
+// escapes except through borrows of it), so it may move between threads.
+unsafe impl Send for PrivateMemory {}
+// SAFETY: shared access only hands out `&[u8]`.
+unsafe impl Sync for PrivateMemory {}
+
+impl PrivateMemory {
+    pub fn new(len: usize) -> io::Result<PrivateMemory> {
+        // SAFETY: a fresh allocation at an address of the system's choosing;
+        // no memory of ours is touched. Committed pages read as zero.
+        let ptr = unsafe {
+            VirtualAlloc(
+                std::ptr::null(),
+                len.max(1),
+                MEM_COMMIT | MEM_RESERVE,
+                PAGE_READWRITE,
+            )
+        };
+        match std::ptr::NonNull::new(ptr.cast::<u8>()) {
+            Some(ptr) => Ok(PrivateMemory { ptr, len }),
+            None => Err(io::Error::last_os_error()),
+        }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` points to `len` committed, initialised (zeroed or
+        // written) bytes that live until drop; `&self` forbids writes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for PrivateMemory {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` is the base VirtualAlloc returned, released once;
+        // MEM_RELEASE requires a size of 0.
+        unsafe { VirtualFree(self.ptr.as_ptr().cast(), 0, MEM_RELEASE) };
+    }
+}
+
+/// A Windows path cannot hold `"`, so double quotes need no escaping.
+pub fn shell_quote(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./\\:=@+,".contains(&b));
+    if plain {
+        s.to_string()
+    } else {
+        format!("\"{s}\"")
+    }
+}
+
 pub fn is_out_of_memory(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
@@ -195,6 +293,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn quotes_paths_for_cmd_and_powershell() {
+        // Regression: fit's suggested command quoted C:\... POSIX-style
+        // ('C:\x'), which cmd.exe does not understand.
+        assert_eq!(shell_quote(r"C:\Users\me\llama-3"), r"C:\Users\me\llama-3");
+        assert_eq!(
+            shell_quote(r"C:\Users\Jürgen\my model's"),
+            r#""C:\Users\Jürgen\my model's""#
+        );
+        assert_eq!(shell_quote(r"\\server\share\m"), r"\\server\share\m");
+    }
+
+    #[test]
     fn reads_this_process_commit_and_the_machine() {
         assert!(commit_usage().is_some_and(|v| v > 0));
         let m = memory_status();
@@ -209,6 +319,40 @@ mod tests {
         let after = commit_usage().unwrap();
         assert!(after >= before + (60 << 20), "{before} -> {after}");
         drop(v);
+    }
+
+    #[test]
+    fn verbatim_forms_match_canonicalize() {
+        assert_eq!(verbatim(Path::new(r"C:\a\b")), Path::new(r"\\?\C:\a\b"));
+        assert_eq!(
+            verbatim(Path::new(r"\\srv\share\m")),
+            Path::new(r"\\?\UNC\srv\share\m")
+        );
+        let tmp = std::env::temp_dir();
+        assert_eq!(
+            canonicalize(&tmp).unwrap(),
+            std::fs::canonicalize(&tmp).unwrap()
+        );
+    }
+
+    #[test]
+    fn canonicalizes_paths_past_max_path() {
+        // Regression: under Wine 8 this failed with "More data available
+        // (os error 234)", so convert refused any DST past 260 characters.
+        let base = std::env::temp_dir().join(format!("reshard-long-{}", std::process::id()));
+        let mut deep = base.clone();
+        while deep.as_os_str().len() < 300 {
+            deep.push("nested-folder-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        let canon = canonicalize(&deep);
+        let _ = std::fs::remove_dir_all(&base);
+        let canon = canon.unwrap();
+        assert!(
+            canon.starts_with(canonicalize(&std::env::temp_dir()).unwrap()),
+            "{canon:?}"
+        );
+        assert!(canon.ends_with("nested-folder-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"));
     }
 
     #[test]

@@ -141,8 +141,10 @@ mod tests {
         drop(v);
         ledger.sample();
         let f = ledger.figures();
-        assert!(above >= 64 << 20, "{above}");
-        assert!(f.peak_above_baseline >= 64 << 20);
+        // Other tests in this process allocate and free meanwhile: allow a
+        // few MiB of their noise (seen under Wine: 63.05 MiB of 64).
+        assert!(above >= 56 << 20, "{above}");
+        assert!(f.peak_above_baseline >= 56 << 20);
         assert_eq!(f.source, crate::platform::COMMIT_SOURCE);
     }
 }

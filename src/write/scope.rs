@@ -193,7 +193,7 @@ pub fn model_root(dir: &Path) -> PathBuf {
 
 /// `path` with every symlink followed; it must exist.
 pub fn canonical(path: &Path) -> Result<PathBuf, ScopeError> {
-    path.canonicalize().map_err(|source| ScopeError::Resolve {
+    crate::platform::canonicalize(&path).map_err(|source| ScopeError::Resolve {
         path: path.to_path_buf(),
         source,
     })
@@ -208,7 +208,7 @@ pub fn resolve(path: &Path) -> Result<PathBuf, ScopeError> {
         source,
     })?;
     for existing in absolute.ancestors() {
-        let Ok(real) = existing.canonicalize() else {
+        let Ok(real) = crate::platform::canonicalize(&existing) else {
             continue;
         };
         let tail = absolute.strip_prefix(existing).unwrap_or(Path::new(""));
@@ -262,18 +262,18 @@ impl SourceSet {
     /// and the real targets of the files in it. Unreadable parts are left
     /// out: the model's own job reports them.
     pub fn add_model(&mut self, source: &Path) {
-        let Ok(real) = source.canonicalize() else {
+        let Ok(real) = crate::platform::canonicalize(&source) else {
             return;
         };
         let dir = crate::format::discover::resolve_hf_cache(source)
             .ok()
-            .and_then(|d| d.canonicalize().ok())
+            .and_then(|d| crate::platform::canonicalize(&d).ok())
             .unwrap_or_else(|| real.clone());
         if let Ok(entries) = std::fs::read_dir(&dir) {
             self.files.extend(
                 entries
                     .filter_map(Result::ok)
-                    .filter_map(|e| e.path().canonicalize().ok()),
+                    .filter_map(|e| crate::platform::canonicalize(&e.path()).ok()),
             );
         }
         self.roots.push(model_root(&dir));

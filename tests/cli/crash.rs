@@ -4,7 +4,7 @@
 //! rerun produces exactly what an uninterrupted run does.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use sha2::{Digest, Sha256};
@@ -52,7 +52,15 @@ fn start_paused(
     step: u64,
     release: Option<&Path>,
 ) -> Option<std::process::Child> {
-    let mut cmd = convert_cmd(src, dst);
+    spawn_paused(convert_cmd(src, dst), step, release)
+}
+
+/// [`start_paused`] for a prepared command.
+fn spawn_paused(
+    mut cmd: Command,
+    step: u64,
+    release: Option<&Path>,
+) -> Option<std::process::Child> {
     cmd.env("RESHARD_PAUSE_AT", step.to_string())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
@@ -144,7 +152,8 @@ fn sigkill_at_every_write_step_then_rerun_matches_a_clean_run() {
 
 /// Mounts a tmpfs of `size` at a new folder; None (with a printed reason)
 /// when not root or mounting is not allowed here.
-pub fn tmpfs(size: &str, read_only: bool) -> Option<(tempfile::TempDir, PathBuf)> {
+#[cfg(unix)]
+pub fn tmpfs(size: &str, read_only: bool) -> Option<(tempfile::TempDir, std::path::PathBuf)> {
     let holder = tempfile::tempdir().unwrap();
     let mnt = holder.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
@@ -161,27 +170,98 @@ pub fn tmpfs(size: &str, read_only: bool) -> Option<(tempfile::TempDir, PathBuf)
     Some((holder, mnt))
 }
 
-pub struct Unmount(pub PathBuf);
+#[cfg(unix)]
+pub struct Unmount(pub std::path::PathBuf);
+#[cfg(unix)]
 impl Drop for Unmount {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.0).status();
     }
 }
 
+/// A small volume (2 MB, or 1 MB read-only) to write into, and what holds
+/// it. Unix mounts a tmpfs (needs root). Windows cannot make one without
+/// admin tools (a VHD): it takes a folder on one from the environment
+/// (`RESHARD_TEST_FULL_DIR`, `RESHARD_TEST_READONLY_DIR`; under Wine,
+/// scripts/windows-test.sh maps drives to tmpfs mounts), held by one test
+/// at a time. None, with a printed reason, where there is none.
+pub fn small_volume(read_only: bool) -> Option<(Box<dyn std::any::Any>, std::path::PathBuf)> {
+    #[cfg(unix)]
+    {
+        let (holder, mnt) = tmpfs(if read_only { "1m" } else { "2m" }, read_only)?;
+        let guard = Unmount(mnt.clone());
+        Some((Box::new((guard, holder)), mnt))
+    }
+    #[cfg(windows)]
+    {
+        let var = if read_only {
+            "RESHARD_TEST_READONLY_DIR"
+        } else {
+            "RESHARD_TEST_FULL_DIR"
+        };
+        let Some(dir) = std::env::var_os(var) else {
+            eprintln!("skipped: {var} names no small volume (see scripts/windows-test.sh)");
+            return None;
+        };
+        static SHARED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let held = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        Some((Box::new(held), std::path::PathBuf::from(dir)))
+    }
+}
+
+/// A writable volume with at most `free` bytes available: a tmpfs of that
+/// size on Unix; on Windows the small volume, filled up to `free` by a file
+/// removed when the holder drops.
+pub fn volume_with_free(free: u64) -> Option<(Box<dyn std::any::Any>, std::path::PathBuf)> {
+    #[cfg(unix)]
+    {
+        let (holder, mnt) = tmpfs(&format!("{}k", free / 1024), false)?;
+        let guard = Unmount(mnt.clone());
+        Some((Box::new((guard, holder)), mnt))
+    }
+    #[cfg(windows)]
+    {
+        struct Remove(std::path::PathBuf);
+        impl Drop for Remove {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+        let (held, dir) = small_volume(false)?;
+        let filler = Remove(dir.join(format!("filler-{}", std::process::id())));
+        let mut f = std::fs::File::create(&filler.0).unwrap();
+        let block = vec![0u8; 4096];
+        while fs4::available_space(&dir).unwrap() > free {
+            std::io::Write::write_all(&mut f, &block).unwrap();
+            f.sync_all().unwrap();
+        }
+        // Dropped in order: the filler goes before the volume is let go.
+        Some((Box::new((filler, held)), dir))
+    }
+}
+
+/// How the OS words a full disk: ENOSPC; ERROR_DISK_FULL (112).
+const DISK_FULL: &str = if cfg!(windows) {
+    "(os error 112)"
+} else {
+    "No space left on device"
+};
+
 /// The disk fills during the run (after convert's free-space check passed:
 /// another writer took the space): exit 2 naming the file, nothing partial.
 /// (Too little space from the start is refused earlier: tests/cli/touch.rs.)
 #[test]
 fn full_disk_exits_2_naming_the_file_and_leaves_nothing_partial() {
-    let Some((_holder, mnt)) = tmpfs("2m", false) else {
+    let Some((_volume, mnt)) = small_volume(false) else {
         return;
     };
-    let _guard = Unmount(mnt.clone());
     let tmp = tempfile::tempdir().unwrap();
     let src = copy_fixture("tiny-llama-f32-sharded", tmp.path());
     let clean_dir = tmp.path().join("clean");
     assert!(convert_cmd(&src, &clean_dir).status().unwrap().success());
-    let dst = mnt.join("out");
+    // Unique names: on Windows the volume is shared by the run.
+    let dst = mnt.join(format!("out-{}", std::process::id()));
+    let filler_path = mnt.join(format!("filler-{}", std::process::id()));
     let release = tmp.path().join("go");
     let mut child = convert_cmd(&src, &dst)
         .env("RESHARD_PAUSE_AT", "2")
@@ -200,7 +280,7 @@ fn full_disk_exits_2_naming_the_file_and_leaves_nothing_partial() {
         );
     }
     // Another writer fills the file system while the run is paused.
-    let mut filler = std::fs::File::create(mnt.join("filler")).unwrap();
+    let mut filler = std::fs::File::create(&filler_path).unwrap();
     let block = vec![0u8; 4096];
     while std::io::Write::write_all(&mut filler, &block).is_ok() {}
     drop(filler);
@@ -209,7 +289,8 @@ fn full_disk_exits_2_naming_the_file_and_leaves_nothing_partial() {
     std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(2), "{rest}");
-    assert!(rest.contains("No space left on device"), "{rest}");
+    let _ = std::fs::remove_file(&filler_path);
+    assert!(rest.contains(DISK_FULL), "{rest}");
     assert!(
         rest.contains(&dst.display().to_string()),
         "names the file: {rest}"
@@ -219,19 +300,30 @@ fn full_disk_exits_2_naming_the_file_and_leaves_nothing_partial() {
         .into_keys()
         .filter(|n| n.ends_with(".reshard-tmp"))
         .collect();
+    let _ = std::fs::remove_dir_all(&dst); // a shared volume on Windows
     assert!(temps.is_empty(), "temp files left: {temps:?}");
 }
 
 #[test]
 fn read_only_dst_is_a_clear_error() {
-    let Some((_holder, mnt)) = tmpfs("1m", true) else {
+    let Some((_volume, mnt)) = small_volume(true) else {
         return;
     };
-    let _guard = Unmount(mnt.clone());
     let out = convert_cmd(&fixture("tiny-llama"), &mnt).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("Read-only file system"), "{stderr}");
+    // EROFS; on Windows write-protected media (19), or access denied (5),
+    // which is what Wine reports for a read-only mount.
+    let said = if cfg!(windows) {
+        stderr.contains("(os error 19)") || stderr.contains("(os error 5)")
+    } else {
+        stderr.contains("Read-only file system")
+    };
+    assert!(said, "{stderr}");
+    assert!(
+        stderr.contains(&mnt.display().to_string()),
+        "names the path: {stderr}"
+    );
 }
 
 #[test]
@@ -273,14 +365,15 @@ fn ctrl_c_stops_between_chunks_and_leaves_no_temp_files() {
     let src = copy_fixture("tiny-llama-f32-sharded", tmp.path());
     let dst = tmp.path().join("out");
     let release = tmp.path().join("go");
-    let mut child = start_paused(&src, &dst, 20, Some(&release)).expect("pauses");
-    // SIGINT, as Ctrl-C sends it, then let the paused write go on.
-    let pid = child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-INT", &pid])
-        .status()
-        .unwrap()
-        .success());
+    #[cfg_attr(unix, allow(unused_mut))]
+    let mut cmd = convert_cmd(&src, &dst);
+    // Ctrl-C reaches the processes of a console: give the child its own.
+    #[cfg(windows)]
+    std::os::windows::process::CommandExt::creation_flags(&mut cmd, CREATE_NEW_CONSOLE);
+    let mut child = spawn_paused(cmd, 20, Some(&release)).expect("pauses");
+    // Ctrl-C (SIGINT on Unix, CTRL_C_EVENT on Windows), then let the
+    // paused write go on.
+    send_ctrl_c(child.id());
     std::fs::write(&release, "").unwrap();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(2));
@@ -303,4 +396,65 @@ fn ctrl_c_stops_between_chunks_and_leaves_no_temp_files() {
         String::from_utf8_lossy(&rerun.stderr)
     );
     assert_matches_expected(&dst, "tiny-llama-f32-sharded");
+}
+
+#[cfg(windows)]
+const CREATE_NEW_CONSOLE: u32 = 0x10;
+
+#[cfg(unix)]
+fn send_ctrl_c(pid: u32) {
+    assert!(Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+/// A process cannot raise Ctrl-C in another console without attaching to
+/// it, which would take this test process off its own: a helper process
+/// (this test binary, running [`ctrl_c_helper`]) does it.
+#[cfg(windows)]
+fn send_ctrl_c(pid: u32) {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["crash::ctrl_c_helper", "--exact", "--nocapture"])
+        .env(CTRL_C_PID, pid.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the Ctrl-C helper failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[cfg(windows)]
+const CTRL_C_PID: &str = "RESHARD_TEST_CTRL_C_PID";
+
+/// Not a test by itself: with `RESHARD_TEST_CTRL_C_PID` set, attaches to
+/// that process's console and raises CTRL_C_EVENT in it, as pressing Ctrl-C
+/// there does (the console control handler path of `ctrlc`).
+#[cfg(windows)]
+#[test]
+fn ctrl_c_helper() {
+    use windows_sys::Win32::System::Console::{
+        AttachConsole, FreeConsole, GenerateConsoleCtrlEvent, SetConsoleCtrlHandler, CTRL_C_EVENT,
+    };
+    let Some(pid) = std::env::var(CTRL_C_PID).ok().and_then(|p| p.parse().ok()) else {
+        return;
+    };
+    // SAFETY: plain Win32 calls without pointers; this helper process
+    // leaves its own console, joins the child's, ignores the event itself
+    // (a null handler with TRUE) and raises it for the whole console.
+    unsafe {
+        FreeConsole();
+        assert_ne!(AttachConsole(pid), 0, "{}", std::io::Error::last_os_error());
+        assert_ne!(SetConsoleCtrlHandler(None, 1), 0);
+        assert_ne!(
+            GenerateConsoleCtrlEvent(CTRL_C_EVENT, 0),
+            0,
+            "{}",
+            std::io::Error::last_os_error()
+        );
+    }
 }

@@ -16,6 +16,7 @@ mod fuzz_corpus;
 mod hostile;
 mod inspect;
 mod parts;
+mod platform;
 mod proof;
 mod pytorch;
 mod readers;

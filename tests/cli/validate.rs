@@ -95,16 +95,20 @@ fn a_budget_below_one_shard_fails_and_a_generous_one_passes() {
     // The largest shard holds a 250 KiB tensor: 192 KiB cannot hold it.
     let (code, text) = validate_text(&dst, &["--commit-budget", "192KiB", "--staging", "16KiB"]);
     assert_eq!(code, 1, "{text}");
-    assert!(
-        text.contains("over budget at shard model-00001-of-00004.safetensors"),
-        "{text}"
-    );
-    assert!(text.contains("model.embed_tokens.weight"), "{text}");
+    if commit_limit_enforced() {
+        assert!(
+            text.contains("over budget at shard model-00001-of-00004.safetensors"),
+            "{text}"
+        );
+        assert!(text.contains("model.embed_tokens.weight"), "{text}");
+    } else {
+        assert!(text.contains("over the 192.00 KiB budget"), "{text}");
+    }
 
     let (code, report) = validate_json(&dst, &["--commit-budget", "64MiB"]);
     assert_eq!(code, 0, "{report:#}");
     let commit = &report["commit"];
-    assert_eq!(commit["source"], "VmData");
+    assert_eq!(commit["source"], COMMIT_SOURCE);
     let peak = commit["peak_above_baseline"].as_u64().unwrap();
     assert!(peak > 0 && peak <= 64 << 20, "{commit}");
     // The CPU device holds one shard at a time plus the staging buffer.
@@ -331,6 +335,20 @@ fn v5_mmap_of_the_original_fails_a_budget_that_per_shard_mmap_of_the_reshard_pas
     let resharded = tmp.path().join("resharded");
     convert(&original, &resharded, &["--max-shard-size", "32MiB"]);
     let budget = "96MiB"; // one and a half original shards
+    if under_wine() {
+        eprintln!("skipped the mapping assertions: Wine charges a copy-on-write file view to no counter (Windows charges the whole view when mapped)");
+        let (code, report) = validate_json(
+            &resharded,
+            &["--emulate", "full-read", "--commit-budget", "300MiB"],
+        );
+        assert_eq!(code, 0, "{report:#}");
+        assert_near(
+            report["commit"]["peak_above_baseline"].as_u64().unwrap(),
+            report["emulation"]["sum_shards"].as_u64().unwrap(),
+            "full-read peak",
+        );
+        return;
+    }
 
     let (code, text) = validate_text(
         &original,
@@ -402,7 +420,11 @@ fn a_budget_too_small_for_anything_fails_cleanly() {
     // aborts the child (reported by the parent), it is exit 1, never 2.
     let (code, text) = validate_text(&fixture("tiny-llama"), &["--commit-budget", "1"]);
     assert_eq!(code, 1, "{text}");
-    assert!(text.contains("over budget"), "{text}");
+    if commit_limit_enforced() {
+        assert!(text.contains("over budget"), "{text}");
+    } else {
+        assert!(text.contains("over the 1 B budget"), "{text}");
+    }
 }
 
 /// Whether the cast kernels are in (the cast stage was a stub for a while).

@@ -313,9 +313,3 @@ fn vram_walk_counts_whole_blocks_in_forward_order() {
     assert_eq!(vram_fit(&tensors, 40).leading_blocks_fit, 2);
     assert_eq!(vram_fit(&tensors, 9).leading_blocks_fit, 0);
 }
-
-#[test]
-fn quotes_paths_for_the_shell() {
-    assert_eq!(shell_quote("models/llama-3"), "models/llama-3");
-    assert_eq!(shell_quote("my model's"), r"'my model'\''s'");
-}

@@ -6,22 +6,23 @@
 //! the staging buffer plus the largest shard. `--vram-budget` still counts
 //! device bytes cumulatively, as a GPU would hold them.
 //!
-//! Staging and "device" allocations are private anonymous mappings
-//! (memmap2 `map_anon`), not `malloc`: they are committed when made and
-//! returned to the system exactly when dropped, so the measured peak does not
-//! depend on the allocator's heuristics (glibc keeps freed blocks below its
-//! adaptive mmap threshold in its heap). Every allocation is fallible, so
-//! under `RLIMIT_DATA` one past the budget is an error value, not an abort.
+//! Staging and "device" allocations are [`PrivateMemory`] (private
+//! anonymous mappings, `VirtualAlloc` on Windows), not `malloc`: they are
+//! committed when made and returned to the system exactly when dropped, so
+//! the measured peak does not depend on the allocator's heuristics (glibc
+//! keeps freed blocks below its adaptive mmap threshold in its heap). Every
+//! allocation is fallible, so under a commit limit one past the budget is an
+//! error value, not an abort.
 
-use memmap2::MmapMut;
+use crate::platform::PrivateMemory;
 
 use super::{Device, DeviceError};
 use crate::validate::report::DeviceInfo;
 
 pub struct CpuDevice {
     staging_len: usize,
-    staging: Option<MmapMut>,
-    allocs: Vec<MmapMut>,
+    staging: Option<PrivateMemory>,
+    allocs: Vec<PrivateMemory>,
     held: u64,
 }
 
@@ -36,10 +37,10 @@ impl CpuDevice {
     }
 }
 
-/// A zeroed private anonymous mapping of `len` (> 0) bytes, or
-/// `OutOfMemory` if the system (or `RLIMIT_DATA`) refuses it.
-pub fn anon(len: usize) -> Result<MmapMut, DeviceError> {
-    MmapMut::map_anon(len).map_err(|_| DeviceError::OutOfMemory {
+/// `len` (> 0) zeroed bytes of private memory, or `OutOfMemory` if the
+/// system (or the commit limit) refuses them.
+pub fn anon(len: usize) -> Result<PrivateMemory, DeviceError> {
+    PrivateMemory::new(len).map_err(|_| DeviceError::OutOfMemory {
         needed: len as u64,
         host: true,
     })
