@@ -52,9 +52,9 @@ if [ ! -f "$dll" ] || [ "$src.c" -nt "$dll" ] || [ "$src.def" -nt "$dll" ]; then
   x86_64-w64-mingw32-gcc -O2 -shared -o "$dll" "$src.c" "$src.def" -ladvapi32
 fi
 
-# 5. Small volumes for the full-disk and read-only tests, as drives M: and
-#    N: mapped to tmpfs mounts (needs root, as the Linux tests' tmpfs does;
-#    without it those tests print why they skip).
+# 5. Small volumes for the full-disk, free-space and read-only tests: drives
+#    M: (2 MB) and N: (read-only) mapped to tmpfs mounts. Needs root, as the
+#    Linux tests' tmpfs does; without it those tests print why they skip.
 mounts=()
 cleanup() {
   for m in "${mounts[@]}"; do umount "$m" 2>/dev/null && rmdir "$m"; done
@@ -71,7 +71,7 @@ volume() { # DRIVE OPTIONS VAR
   fi
 }
 if [ "$(id -u)" -eq 0 ]; then
-  volume m size=300k RESHARD_TEST_FULL_DIR
+  volume m size=2m RESHARD_TEST_FULL_DIR
   volume n size=1m,ro RESHARD_TEST_READONLY_DIR
 fi
 
@@ -82,4 +82,5 @@ fi
 runner=(--config "target.$target.runner = 'wine'")
 # The Python interop tests use a Linux venv; a Windows exe cannot run it.
 unset RESHARD_TEST_PYTHON
-"$CARGO" test "${runner[@]}" -Zbuild-std=std,panic_abort --target "$target" --lib --test cli "$@"
+"$CARGO" test "${runner[@]}" -Zbuild-std=std,panic_abort --target "$target" \
+  --no-fail-fast --lib --test cli "$@"

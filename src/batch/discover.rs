@@ -103,7 +103,7 @@ struct Pending {
 
 /// Lists the models under `root` whose outputs go under `out`.
 pub fn discover(root: &Path, out: &Path) -> Result<Discovery, DiscoverError> {
-    let root_canon = crate::platform::canonicalize(&root).map_err(|source| DiscoverError::Root {
+    let root_canon = crate::platform::canonicalize(root).map_err(|source| DiscoverError::Root {
         root: root.to_path_buf(),
         source,
     })?;
@@ -112,7 +112,7 @@ pub fn discover(root: &Path, out: &Path) -> Result<Discovery, DiscoverError> {
             root: root.to_path_buf(),
         });
     }
-    let out_canon = crate::platform::canonicalize(&out).ok();
+    let out_canon = crate::platform::canonicalize(out).ok();
     if out_canon.as_ref() == Some(&root_canon) {
         return Err(DiscoverError::OutIsRoot {
             out: out.to_path_buf(),
@@ -462,7 +462,14 @@ mod tests {
     fn names_that_are_not_one_folder_name_are_skipped_and_out_inside_a_model_refused() {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("root");
-        for name in ["models--..", "models--.", "models--"] {
+        // Win32 strips trailing dots from a folder name: `models--..` and
+        // `models--.` cannot exist on Windows, only the empty name can.
+        let bad: &[&str] = if cfg!(windows) {
+            &["models--"]
+        } else {
+            &["models--..", "models--.", "models--"]
+        };
+        for name in bad {
             let repo = root.join(name);
             weights(&repo.join("snapshots/abc"), "model.safetensors");
             std::fs::create_dir_all(repo.join("blobs")).unwrap();
@@ -470,7 +477,7 @@ mod tests {
         weights(&root.join("ok"), "model.safetensors");
         let d = discover(&root, &tmp.path().join("out")).unwrap();
         assert_eq!(names(&d), ["ok"]);
-        assert_eq!(d.skipped.len(), 3, "{:?}", d.skipped);
+        assert_eq!(d.skipped.len(), bad.len(), "{:?}", d.skipped);
         assert!(d
             .skipped
             .iter()

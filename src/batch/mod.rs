@@ -362,7 +362,7 @@ pub fn converted_from(dst: &Path, source: &Path) -> bool {
     let Ok(Some(manifest)) = Manifest::read(&dst.join(MANIFEST)) else {
         return false;
     };
-    let Ok(real) = crate::platform::canonicalize(&source) else {
+    let Ok(real) = crate::platform::canonicalize(source) else {
         return false;
     };
     let root = crate::format::discover::resolve_hf_cache(source)

@@ -133,18 +133,18 @@ mod tests {
         }
         let mut ledger = CommitLedger::start();
         let mut v: Vec<u8> = Vec::new();
-        v.try_reserve_exact(64 << 20).unwrap();
+        v.try_reserve_exact(128 << 20).unwrap();
         // Touch it: Windows charges commit at reservation, Wine only when
         // pages are touched.
-        v.resize(64 << 20, 1);
+        v.resize(128 << 20, 1);
         let above = ledger.sample();
         drop(v);
         ledger.sample();
         let f = ledger.figures();
-        // Other tests in this process allocate and free meanwhile: allow a
-        // few MiB of their noise (seen under Wine: 63.05 MiB of 64).
-        assert!(above >= 56 << 20, "{above}");
-        assert!(f.peak_above_baseline >= 56 << 20);
+        // Other tests in this process allocate and free meanwhile: allow
+        // their noise (seen under Wine: up to 9 MiB less than allocated).
+        assert!(above >= 96 << 20, "{above}");
+        assert!(f.peak_above_baseline >= 96 << 20);
         assert_eq!(f.source, crate::platform::COMMIT_SOURCE);
     }
 }

@@ -174,43 +174,122 @@ pub fn write_safetensors(path: &Path, header: &serde_json::Value, data: &[u8]) {
     std::fs::write(path, bytes).unwrap();
 }
 
-/// Runs the reshard binary with `args` under GNU time and a timeout guard
-/// (a hang fails the test instead of stalling it): its output and its peak
-/// RSS in KiB. `None` when /usr/bin/time is not installed.
+/// Runs the reshard binary with `args` under a timeout guard (a hang fails
+/// the test instead of stalling it): its output and its peak RSS in KiB.
+/// Unix measures with GNU time (`None` when /usr/bin/time is not
+/// installed). Windows reads the child's PeakWorkingSetSize while it runs
+/// and once it has exited, less that of `reshard --version` (a Wine process
+/// starts at about 120 MiB of its own; Windows reads it after exit, Wine
+/// only while the process lives, so there it is a lower bound).
 pub fn run_measured(
     args: &[&std::ffi::OsStr],
     timeout: std::time::Duration,
 ) -> Option<(std::process::Output, u64)> {
-    if !Path::new("/usr/bin/time").exists() {
-        eprintln!("skipped a peak RSS check: /usr/bin/time is not installed");
-        return None;
+    #[cfg(unix)]
+    {
+        if !Path::new("/usr/bin/time").exists() {
+            eprintln!("skipped a peak RSS check: /usr/bin/time is not installed");
+            return None;
+        }
+        let report = tempfile::NamedTempFile::new().unwrap();
+        let mut cmd = std::process::Command::new("/usr/bin/time");
+        cmd.args(["-f", "%M", "-o"])
+            .arg(report.path())
+            .arg(assert_cmd::cargo::cargo_bin("reshard"))
+            .args(args);
+        let out = run_guarded(cmd, args, timeout, |_| {});
+        let text = std::fs::read_to_string(report.path()).unwrap();
+        let peak = text
+            .lines()
+            .filter_map(|l| l.trim().parse::<u64>().ok())
+            .next_back()
+            .unwrap_or_else(|| panic!("no peak RSS in {text:?}"));
+        Some((out, peak))
     }
-    let report = tempfile::NamedTempFile::new().unwrap();
-    let mut child = std::process::Command::new("/usr/bin/time")
-        .args(["-f", "%M", "-o"])
-        .arg(report.path())
-        .arg(assert_cmd::cargo::cargo_bin("reshard"))
-        .args(args)
+    #[cfg(windows)]
+    {
+        let measure = |args: &[&std::ffi::OsStr]| {
+            let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("reshard"));
+            cmd.args(args);
+            let mut peak = 0;
+            let out = run_guarded(cmd, args, timeout, |child| {
+                peak = peak.max(peak_working_set(child));
+            });
+            (out, peak)
+        };
+        static IDLE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        let idle = *IDLE.get_or_init(|| measure(&["--version".as_ref()]).1);
+        let (out, peak) = measure(args);
+        if peak == 0 {
+            eprintln!("skipped a peak RSS check: the child's working set could not be read");
+            return None;
+        }
+        Some((out, peak.saturating_sub(idle) / 1024))
+    }
+}
+
+/// Spawns `cmd` with piped output, calls `sample` every 20 ms while it runs
+/// and once after it exits, and kills it past `timeout`.
+fn run_guarded(
+    mut cmd: std::process::Command,
+    args: &[&std::ffi::OsStr],
+    timeout: std::time::Duration,
+    mut sample: impl FnMut(&std::process::Child),
+) -> std::process::Output {
+    let mut child = cmd
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    // Drain the pipes meanwhile, so a chatty child never blocks on them.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out_thread = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut stdout, &mut v).map(|_| v)
+    });
+    let err_thread = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut stderr, &mut v).map(|_| v)
+    });
     let deadline = std::time::Instant::now() + timeout;
-    while child.try_wait().unwrap().is_none() {
+    let status = loop {
+        sample(&child);
+        if let Some(status) = child.try_wait().unwrap() {
+            sample(&child);
+            break status;
+        }
         if std::time::Instant::now() > deadline {
             let _ = child.kill();
             panic!("reshard {args:?} did not finish within {timeout:?}");
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: out_thread.join().unwrap().unwrap(),
+        stderr: err_thread.join().unwrap().unwrap(),
     }
-    let out = child.wait_with_output().unwrap();
-    let text = std::fs::read_to_string(report.path()).unwrap();
-    let peak = text
-        .lines()
-        .filter_map(|l| l.trim().parse::<u64>().ok())
-        .next_back()
-        .unwrap_or_else(|| panic!("no peak RSS in {text:?}"));
-    Some((out, peak))
+}
+
+/// The child's peak working set in bytes (0 where it cannot be read).
+#[cfg(windows)]
+fn peak_working_set(child: &std::process::Child) -> u64 {
+    use std::os::windows::io::AsRawHandle;
+    use windows_sys::Win32::System::ProcessStatus::{
+        GetProcessMemoryInfo, PROCESS_MEMORY_COUNTERS,
+    };
+    // SAFETY: an all-zero PROCESS_MEMORY_COUNTERS is valid; the handle is
+    // the child's, open (with full access) for as long as `child` lives.
+    unsafe {
+        let mut c: PROCESS_MEMORY_COUNTERS = std::mem::zeroed();
+        let size = std::mem::size_of::<PROCESS_MEMORY_COUNTERS>() as u32;
+        c.cb = size;
+        if GetProcessMemoryInfo(child.as_raw_handle(), &mut c, size) == 0 {
+            return 0;
+        }
+        c.PeakWorkingSetSize as u64
+    }
 }
 
 /// sha256 of every regular file under `dir` (links by their target, other

@@ -271,12 +271,11 @@ fn full_disk_exits_2_naming_the_file_and_leaves_nothing_partial() {
         .spawn()
         .unwrap();
     let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("paused at write step") {
-        line.clear();
+    let mut seen = String::new();
+    while !seen.contains("paused at write step") {
         assert!(
-            std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0,
-            "ended before its pause"
+            std::io::BufRead::read_line(&mut stderr, &mut seen).unwrap() > 0,
+            "ended before its pause: {seen}"
         );
     }
     // Another writer fills the file system while the run is paused.

@@ -6,8 +6,11 @@
 //! matches its task count; and each, rendered for every index and run with
 //! the real binary, must convert every model of a folder exactly once.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+#[cfg(unix)]
+use std::path::PathBuf;
 
+#[cfg(unix)]
 use crate::common::*;
 
 fn repo_file(rel: &str) -> String {
@@ -73,6 +76,7 @@ fn part_flag(command: &str) -> (String, String) {
 }
 
 /// ROOT with three tiny models; returns (ROOT, their names).
+#[cfg(unix)] // the scripts these run need a POSIX shell
 fn models(dir: &Path) -> (PathBuf, Vec<String>) {
     let root = dir.join("models");
     for f in ["tiny-gpt2", "tiny-t5", "tiny-llama"] {
@@ -85,6 +89,7 @@ fn models(dir: &Path) -> (PathBuf, Vec<String>) {
 }
 
 /// The models each part's report lists as converted, all parts together.
+#[cfg(unix)] // the scripts these run need a POSIX shell
 fn converted(out: &Path, parts: u64) -> Vec<String> {
     let mut names = Vec::new();
     for i in 0..parts {
@@ -102,6 +107,7 @@ fn converted(out: &Path, parts: u64) -> Vec<String> {
 }
 
 /// A PATH with the tested binary first.
+#[cfg(unix)] // the scripts these run need a POSIX shell
 fn path_with_reshard() -> std::ffi::OsString {
     let bin = assert_cmd::cargo::cargo_bin("reshard");
     let mut dirs = vec![bin.parent().unwrap().to_path_buf()];

@@ -355,7 +355,6 @@ fn validate_refuses_every_malformed_input() {
     }
 }
 
-#[cfg(unix)]
 #[test]
 fn memory_stays_under_the_window_on_hostile_input() {
     // A header claiming a 100 MB header and a tensor of 2^60 elements must
@@ -375,7 +374,9 @@ fn memory_stays_under_the_window_on_hostile_input() {
         let Some((_, peak_kib)) = run_measured(&args, std::time::Duration::from_secs(120)) else {
             return;
         };
-        assert!(peak_kib > 0, "{}: no peak RSS", case.name);
+        // Windows reports the peak above an idle run (which an empty file
+        // need not exceed); run_measured checked the raw figure is there.
+        assert!(peak_kib > 0 || cfg!(windows), "{}: no peak RSS", case.name);
         assert!(
             peak_kib < 64 * 1024,
             "{}: peak RSS {peak_kib} KiB",
