@@ -20,7 +20,9 @@ source scripts/windows/env.sh
 size="${1:-64MB}"
 exe="${2:-$CARGO_TARGET_DIR/x86_64-pc-windows-gnu/debug/reshard.exe}"
 [ -f "$exe" ] || win_cargo build --quiet --bin reshard
-cargo build --quiet --release --bin reshard --example synth
+# The Linux build, with the toolchain env.sh chose for Windows unset.
+(unset CARGO RUSTC RUSTDOC RUSTC_BOOTSTRAP CARGO_TARGET_DIR
+  cargo build --quiet --release --bin reshard --example synth)
 linux=target/release/reshard
 
 work=$(mktemp -d)

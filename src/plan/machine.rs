@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::platform::Os;
+pub use crate::platform::{MemoryStatus, Os};
 
 /// Where a figure came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,17 +53,8 @@ impl Figure {
 /// What the running machine reports; `None` where it cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Detected {
-    pub ram: Option<u64>,
-    /// Linux MemAvailable; Windows available physical memory.
-    pub available: Option<u64>,
-    /// Linux SwapTotal; Windows pagefile (commit limit minus RAM).
-    pub swap: Option<u64>,
-    /// Linux CommitLimit; Windows commit limit (ullTotalPageFile).
-    pub commit_limit: Option<u64>,
-    /// Linux Committed_AS; Windows commit charge now.
-    pub committed: Option<u64>,
-    /// Linux `vm.overcommit_memory` (2 is strict).
-    pub overcommit_memory: Option<u8>,
+    /// RAM, swap or pagefile, commit limit and charge, as the OS reports them.
+    pub memory: MemoryStatus,
     /// Dedicated memory of GPU 0.
     pub vram: Option<u64>,
 }
@@ -119,11 +110,11 @@ impl Machine {
         let ram = given
             .ram
             .map(Figure::given)
-            .or(detected.ram.map(Figure::detected));
+            .or(detected.memory.ram.map(Figure::detected));
         let pagefile = given
             .pagefile
             .map(Figure::given)
-            .or(detected.swap.map(Figure::detected));
+            .or(detected.memory.swap.map(Figure::detected));
         let here = |v: Option<u64>| {
             if this_machine {
                 v.map(Figure::detected)
@@ -133,23 +124,23 @@ impl Machine {
         };
         let available = match given.ram {
             Some(r) => Some(Figure::given(r)),
-            None => here(detected.available).or(ram),
+            None => here(detected.memory.available).or(ram),
         };
         let commit_limit = given.commit_limit.map(Figure::given).or_else(|| match os {
-            Os::Windows => here(detected.commit_limit).or_else(|| {
+            Os::Windows => here(detected.memory.commit_limit).or_else(|| {
                 let (r, p) = (ram?, pagefile.map_or(0, |p| p.bytes));
                 Some(Figure::derived(r.bytes.saturating_add(p)))
             }),
-            Os::Linux => here(detected.commit_limit),
+            Os::Linux => here(detected.memory.commit_limit),
             Os::Macos => None,
         });
-        let committed = here(detected.committed);
+        let committed = here(detected.memory.committed);
         let free_commit = match (commit_limit, committed) {
             (Some(l), Some(c)) => Some(Figure::derived(l.bytes.saturating_sub(c.bytes))),
             _ => None,
         };
         let overcommit_strict = match os {
-            Os::Linux if os == running => detected.overcommit_memory.map(|m| m == 2),
+            Os::Linux if os == running => detected.memory.overcommit_memory.map(|m| m == 2),
             _ => None,
         };
         let vram = given
@@ -176,14 +167,8 @@ impl Machine {
 /// context, which only `validate::device::cuda::dedicated_memory` may do
 /// (it is the crate's one CUDA module), and only when `--vram` was not given.
 pub fn detect() -> Detected {
-    let m = crate::platform::memory_status();
     Detected {
-        ram: m.ram,
-        available: m.available,
-        swap: m.swap,
-        commit_limit: m.commit_limit,
-        committed: m.committed,
-        overcommit_memory: m.overcommit_memory,
+        memory: crate::platform::memory_status(),
         vram: None,
     }
 }
@@ -196,12 +181,14 @@ mod tests {
 
     fn detected() -> Detected {
         Detected {
-            ram: Some(64 * GIB),
-            available: Some(40 * GIB),
-            swap: Some(8 * GIB),
-            commit_limit: Some(70 * GIB),
-            committed: Some(20 * GIB),
-            overcommit_memory: Some(2),
+            memory: MemoryStatus {
+                ram: Some(64 * GIB),
+                available: Some(40 * GIB),
+                swap: Some(8 * GIB),
+                commit_limit: Some(70 * GIB),
+                committed: Some(20 * GIB),
+                overcommit_memory: Some(2),
+            },
             vram: None,
         }
     }

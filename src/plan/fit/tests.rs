@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::*;
 use crate::format::{DataRef, Format, Layout, SourceFile, Tensor};
-use crate::plan::machine::{Detected, Given};
+use crate::plan::machine::{Detected, Given, MemoryStatus};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -205,12 +205,15 @@ fn linux_checks_private_rss_against_available_ram() {
 #[test]
 fn strict_overcommit_also_checks_commit() {
     let detected = Detected {
-        ram: Some(64 * GIB),
-        available: Some(60 * GIB),
-        commit_limit: Some(12 * GIB),
-        committed: Some(2 * GIB),
-        overcommit_memory: Some(2),
-        ..Detected::default()
+        memory: MemoryStatus {
+            ram: Some(64 * GIB),
+            available: Some(60 * GIB),
+            commit_limit: Some(12 * GIB),
+            committed: Some(2 * GIB),
+            overcommit_memory: Some(2),
+            ..MemoryStatus::default()
+        },
+        vram: None,
     };
     let m = Machine::resolve(
         &Given {
