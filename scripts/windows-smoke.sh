@@ -20,9 +20,10 @@ source scripts/windows/env.sh
 size="${1:-64MB}"
 exe="${2:-$CARGO_TARGET_DIR/x86_64-pc-windows-gnu/debug/reshard.exe}"
 [ -f "$exe" ] || win_cargo build --quiet --bin reshard
-# The Linux build, with the toolchain env.sh chose for Windows unset.
-(unset CARGO RUSTC RUSTDOC RUSTC_BOOTSTRAP CARGO_TARGET_DIR
-  cargo build --quiet --release --bin reshard --example synth)
+# The Linux build with the Linux toolchain and target folder: env.sh points
+# CARGO_TARGET_DIR, RUSTC and friends at the Windows cross-build.
+env -u CARGO -u CARGO_TARGET_DIR -u RUSTC -u RUSTDOC -u RUSTC_BOOTSTRAP \
+  cargo build --quiet --release --bin reshard --example synth
 linux=target/release/reshard
 
 work=$(mktemp -d)
@@ -65,7 +66,9 @@ EOF
 
 step "batch over a Hugging Face cache without symlinks"
 repo="$work/hub/models--org--smoke"
-mkdir -p "$repo/refs" "$repo/snapshots/0123abcd"
+# huggingface_hub without symlinks downloads into blobs/ and moves each
+# finished file into the snapshot: blobs/ is there, empty of these files.
+mkdir -p "$repo/refs" "$repo/blobs" "$repo/snapshots/0123abcd"
 printf 0123abcd >"$repo/refs/main"
 cp "$work/src"/* "$repo/snapshots/0123abcd/"
 win batch "$work/hub" --out "$work/batch" --max-shard-size 16MB
