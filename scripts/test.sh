@@ -17,12 +17,16 @@ source scripts/lib/cache.sh
 
 requirements=tests/requirements.txt
 venv="$RESHARD_CACHE/venv-$(hash_of "$requirements")"
-if ! "$venv/bin/python" -c "import safetensors, numpy" 2>/dev/null; then
+# READY is written last, so a venv whose install was cut short is rebuilt.
+if [ ! -f "$venv/READY" ]; then
   rm -rf "$venv"
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
+  touch "$venv/READY"
 fi
 export RESHARD_TEST_PYTHON="$venv/bin/python"
+# Nothing may download a model at test time.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
 if [ "${1:-}" = "--" ]; then
   shift
