@@ -9,7 +9,7 @@
 //!   as skipped entries, never followed (canonical paths are tracked, and the
 //!   walk uses an explicit stack, so no layout can hang it or overflow it).
 //! - A Hugging Face cache repo (`models--ORG--NAME` holding `snapshots/` and
-//!   `blobs/`) is one model, the snapshot `refs/main` names, written to
+//!   `refs/` or `blobs/`) is one model, the snapshot `refs/main` names, written to
 //!   `OUT/ORG--NAME`; its snapshots are not listed separately. `datasets--`
 //!   and `spaces--` repos are skipped.
 //! - A folder with weights ([`looks_like_checkpoint`]) is a model, written to
@@ -231,8 +231,12 @@ fn subfolders(dir: &Path) -> std::io::Result<Vec<Child>> {
     Ok(out)
 }
 
+/// `snapshots/` beside `refs/` or `blobs/`: a cache repo as huggingface_hub
+/// writes it with symlinks or without (Windows without Developer Mode, where
+/// the snapshot holds real copies and `blobs/` may be gone), or as a copy of
+/// the cache that left the empty `blobs/` behind.
 fn is_hf_repo(dir: &Path) -> bool {
-    dir.join("snapshots").is_dir() && dir.join("blobs").is_dir()
+    dir.join("snapshots").is_dir() && (dir.join("refs").is_dir() || dir.join("blobs").is_dir())
 }
 
 /// An HF cache repo: one model named ORG--NAME, or a skipped entry.
@@ -418,6 +422,20 @@ mod tests {
         assert!(d.models[0].output.ends_with("out/org--tiny"));
         assert_eq!(d.skipped.len(), 1);
         assert!(d.skipped[0].reason.contains("not a model"));
+    }
+
+    #[test]
+    fn hf_cache_repo_without_blobs_is_still_one_model() {
+        // Windows without symlinks: the snapshot holds real copies, and a
+        // copied or cleaned cache may have no blobs/ at all.
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = tmp.path().join("hub/models--org--copied");
+        weights(&repo.join("snapshots/abc"), "model.safetensors");
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::write(repo.join("refs/main"), "abc").unwrap();
+        let d = discover(tmp.path(), &tmp.path().join("../out")).unwrap();
+        assert_eq!(names(&d), ["org--copied"]);
+        assert!(d.models[0].hf_cache);
     }
 
     #[cfg(unix)]

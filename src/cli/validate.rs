@@ -179,7 +179,15 @@ pub fn render(r: &ValidateReport) -> String {
     if let Some(c) = &r.commit {
         let budget = r
             .commit_budget
-            .map(|b| format!(", budget {} (enforced)", human(b)))
+            .map(|b| match r.commit_budget_enforced {
+                Some(true) => format!(", budget {} (enforced)", human(b)),
+                Some(false) => format!(
+                    ", budget {} (not enforced: this system let the load commit past the limit, \
+                     as Wine does; the budget is judged from the measured peak)",
+                    human(b)
+                ),
+                None => format!(", budget {}", human(b)),
+            })
             .unwrap_or_default();
         let _ = writeln!(
             o,

@@ -14,6 +14,8 @@
 //! * this process's commit charge ([`commit_usage`], [`COMMIT_SOURCE`]) and
 //!   a commit limit a process puts on itself ([`CommitLimit`]: `RLIMIT_DATA`
 //!   on Unix, a Job Object on Windows),
+//! * an exclusive lock on a file that leaves its content readable
+//!   ([`try_lock_exclusive`]),
 //! * quoting a path for the shell in suggested commands ([`shell_quote`]),
 //! * reading OS errors and exit statuses portably ([`is_out_of_memory`],
 //!   [`is_symlink_loop`], [`abnormal_exit`]).
@@ -160,6 +162,16 @@ impl CommitLimit {
     pub fn set(bytes: u64) -> io::Result<CommitLimit> {
         imp::CommitLimit::set(bytes).map(|l| CommitLimit { _limit: l })
     }
+
+    /// True if the system refuses to commit `probe` more bytes in this
+    /// process now. Asked right after [`CommitLimit::set`] with a probe that
+    /// would pass the limit, it says whether the limit is really enforced:
+    /// Wine accepts a Job Object limit and then ignores it. The probe is
+    /// committed (or refused) and released at once; no page is touched, so
+    /// it costs neither memory nor time.
+    pub fn refuses(&self, probe: usize) -> bool {
+        PrivateMemory::new(probe.max(1)).is_err()
+    }
 }
 
 /// A zeroed block of private memory, committed (charged to this process)
@@ -190,6 +202,22 @@ impl std::ops::DerefMut for PrivateMemory {
     fn deref_mut(&mut self) -> &mut [u8] {
         self.0.as_mut_slice()
     }
+}
+
+/// Takes an exclusive lock on `file` without waiting: `Ok(true)` if taken,
+/// `Ok(false)` if another handle holds it. The OS drops the lock when the
+/// file is closed or the process dies. On Unix a `flock` of the whole file
+/// (std's `File::try_lock`). On Windows a byte-range lock on one byte at
+/// offset 2^32, past anything the file holds: Windows locks are mandatory,
+/// and a whole-file lock would stop other processes reading what the holder
+/// wrote into the file (its pid).
+pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
+    imp::try_lock_exclusive(file)
+}
+
+/// Releases a lock [`try_lock_exclusive`] took on `file`.
+pub fn unlock(file: &File) -> io::Result<()> {
+    imp::unlock(file)
 }
 
 /// Quotes a path for this platform's shell when it needs it, for commands

@@ -182,6 +182,18 @@ impl PrivateMemory {
     }
 }
 
+pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
+    match file.try_lock() {
+        Ok(()) => Ok(true),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(false),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
+    }
+}
+
+pub fn unlock(file: &File) -> io::Result<()> {
+    file.unlock()
+}
+
 pub fn shell_quote(s: &str) -> String {
     let plain = !s.is_empty()
         && s.bytes()

@@ -10,8 +10,12 @@ use std::os::windows::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 
-use windows_sys::Win32::Foundation::{CloseHandle, HANDLE};
-use windows_sys::Win32::Storage::FileSystem::FILE_FLAG_BACKUP_SEMANTICS;
+use std::os::windows::io::AsRawHandle;
+use windows_sys::Win32::Foundation::{CloseHandle, ERROR_IO_PENDING, ERROR_LOCK_VIOLATION, HANDLE};
+use windows_sys::Win32::Storage::FileSystem::{
+    LockFileEx, UnlockFileEx, FILE_FLAG_BACKUP_SEMANTICS, LOCKFILE_EXCLUSIVE_LOCK,
+    LOCKFILE_FAIL_IMMEDIATELY,
+};
 use windows_sys::Win32::System::JobObjects::{
     AssignProcessToJobObject, CreateJobObjectW, JobObjectExtendedLimitInformation,
     SetInformationJobObject, JOBOBJECT_EXTENDED_LIMIT_INFORMATION, JOB_OBJECT_LIMIT_PROCESS_MEMORY,
@@ -24,6 +28,7 @@ use windows_sys::Win32::System::ProcessStatus::{
 };
 use windows_sys::Win32::System::SystemInformation::{GlobalMemoryStatusEx, MEMORYSTATUSEX};
 use windows_sys::Win32::System::Threading::GetCurrentProcess;
+use windows_sys::Win32::System::IO::OVERLAPPED;
 
 use super::MemoryStatus;
 
@@ -259,6 +264,43 @@ impl Drop for PrivateMemory {
 }
 
 /// A Windows path cannot hold `"`, so double quotes need no escaping.
+/// The lock is one byte at offset 2^32 (`OffsetHigh` 1): a range past the
+/// end of a file may be locked, and the file's own bytes stay readable.
+const LOCK_OFFSET_HIGH: u32 = 1;
+
+fn lock_overlapped() -> OVERLAPPED {
+    // SAFETY: an all-zero OVERLAPPED is a valid value (offset 0, no event).
+    let mut overlapped: OVERLAPPED = unsafe { std::mem::zeroed() };
+    overlapped.Anonymous.Anonymous.OffsetHigh = LOCK_OFFSET_HIGH;
+    overlapped
+}
+
+pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
+    let mut overlapped = lock_overlapped();
+    let flags = LOCKFILE_EXCLUSIVE_LOCK | LOCKFILE_FAIL_IMMEDIATELY;
+    // SAFETY: the handle is the open file's; `overlapped` outlives the call,
+    // which completes at once (a synchronous handle, FAIL_IMMEDIATELY).
+    let ok = unsafe { LockFileEx(file.as_raw_handle(), flags, 0, 1, 0, &mut overlapped) };
+    if ok != 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error().map(|c| c as u32) {
+        Some(ERROR_LOCK_VIOLATION) | Some(ERROR_IO_PENDING) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+pub fn unlock(file: &File) -> io::Result<()> {
+    let mut overlapped = lock_overlapped();
+    // SAFETY: as in try_lock_exclusive.
+    let ok = unsafe { UnlockFileEx(file.as_raw_handle(), 0, 1, 0, &mut overlapped) };
+    if ok == 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 pub fn shell_quote(s: &str) -> String {
     let plain = !s.is_empty()
         && s.bytes()

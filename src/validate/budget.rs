@@ -15,9 +15,12 @@
 //! `CHILD_SUBCOMMAND` to [`child_main`]; the `reshard` binary does.
 //!
 //! The limit is [`crate::platform::CommitLimit`]: `RLIMIT_DATA` on Unix, a
-//! Job Object with a process memory limit on Windows (which Wine accepts
-//! but does not enforce: there a peak over the budget is still reported as
-//! a failure, from the measured figure).
+//! Job Object with a process memory limit on Windows. Right after setting
+//! it the child asks the system to commit more than the limit allows
+//! ([`crate::platform::CommitLimit::refuses`]) and reports whether it was
+//! refused: Wine accepts the Job Object limit but does not enforce it, and
+//! there validate says so; a peak over the budget is still a failure, judged
+//! from the measured figure.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -150,21 +153,32 @@ fn child_run() -> Result<ValidateReport, ValidateError> {
     let budget = args.options.commit_budget.unwrap_or(u64::MAX);
     let mut ledger = CommitLedger::start();
     let mut limit = None;
+    let mut enforced = None;
     let result = super::run(&args.path, &args.options, &mut ledger, |ledger| {
         ledger.rebase();
         let total = ledger.baseline().saturating_add(budget);
-        limit = Some(
-            crate::platform::CommitLimit::set(total).map_err(|e| ValidateError::Io {
-                what: format!("limit this process's commit to {total} bytes"),
-                source: e,
-            })?,
-        );
+        let set = crate::platform::CommitLimit::set(total).map_err(|e| ValidateError::Io {
+            what: format!("limit this process's commit to {total} bytes"),
+            source: e,
+        })?;
+        // The process already holds its baseline, so committing the whole
+        // budget again must pass the limit.
+        let probe = usize::try_from(budget.saturating_add(ENFORCEMENT_PROBE_SLACK));
+        enforced = Some(set.refuses(probe.unwrap_or(usize::MAX)));
+        limit = Some(set);
         Ok(())
     });
     // Lift the limit before the report is built and printed.
     drop(limit);
-    result
+    result.map(|mut report| {
+        report.commit_budget_enforced = enforced;
+        report
+    })
 }
+
+/// How far past the limit the enforcement probe reaches, so the answer does
+/// not hang on a page or two of rounding.
+const ENFORCEMENT_PROBE_SLACK: u64 = 16 << 20;
 
 #[cfg(all(test, unix))]
 mod tests {

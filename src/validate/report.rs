@@ -220,6 +220,11 @@ pub struct ValidateReport {
     /// The most device bytes held at once (the CPU stand-in frees each shard).
     pub device_peak_held: u64,
     pub commit_budget: Option<u64>,
+    /// Whether the system refused an allocation past the budget's limit
+    /// (probed in the budget child; `None` without a budget). `false` means
+    /// the budget was only measured against, as under Wine.
+    #[serde(default)]
+    pub commit_budget_enforced: Option<bool>,
     pub commit: Option<CommitFigures>,
     pub vram: Option<VramFit>,
     pub emulation: Option<EmulationReport>,
@@ -244,6 +249,7 @@ impl ValidateReport {
             device_bytes: 0,
             device_peak_held: 0,
             commit_budget: options.commit_budget,
+            commit_budget_enforced: None,
             commit: None,
             vram: None,
             emulation: None,

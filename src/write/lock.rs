@@ -1,6 +1,7 @@
 //! One run at a time per output folder: `DST/.reshard.lock`, held with an
-//! exclusive OS lock (std's `File::try_lock`: `flock` on Unix, `LockFileEx`
-//! on Windows) for the whole run. The holder writes its pid into the file and
+//! exclusive OS lock ([`crate::platform::try_lock_exclusive`]: `flock` on
+//! Unix, a `LockFileEx` byte range past the content on Windows, so the pid
+//! stays readable there too) for the whole run. The holder writes its pid into the file and
 //! empties it again when it lets go; a second run fails at once naming that
 //! pid. The OS drops the lock when the process dies, however it dies, so a
 //! killed run never leaves DST locked.
@@ -11,7 +12,7 @@
 //! anything but a small regular file (a symlink, a folder, a weight file
 //! linked there) is refused rather than opened for writing.
 
-use std::fs::{File, TryLockError};
+use std::fs::File;
 use std::io::{self, Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
@@ -52,15 +53,11 @@ impl DstLock {
             source,
         };
         let mut file = open_lock_file(&path)?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                return Err(LockError::Busy {
-                    dst: dir.to_path_buf(),
-                    pid: read_pid(&mut file),
-                })
-            }
-            Err(TryLockError::Error(e)) => return Err(io_err(e)),
+        if !crate::platform::try_lock_exclusive(&file).map_err(io_err)? {
+            return Err(LockError::Busy {
+                dst: dir.to_path_buf(),
+                pid: read_pid(&mut file),
+            });
         }
         // Ours now: anything already in it was left by a run that died.
         file.set_len(0).map_err(io_err)?;
@@ -84,7 +81,7 @@ impl Drop for DstLock {
         // An empty lock file means nobody holds it; the OS releases the lock
         // when the file is closed.
         let _ = self.file.set_len(0);
-        let _ = self.file.unlock();
+        let _ = crate::platform::unlock(&self.file);
     }
 }
 
@@ -127,16 +124,16 @@ fn open_lock_file(path: &Path) -> Result<File, LockError> {
         .take(MAX_LOCK_LEN)
         .read_to_string(&mut text)
         .is_ok();
-    // Empty, a pid, or unreadable because another run holds it (Windows
-    // locks are mandatory): anything else is someone's file.
+    // Empty, a pid, or unreadable for a moment: anything else is someone's
+    // file.
     if readable && !text.is_empty() && text.trim().parse::<u32>().is_err() {
         return Err(not_ours());
     }
     Ok(file)
 }
 
-/// The holder's pid, if it can be read (not on Windows, where the holder's
-/// lock forbids reading, nor in the moment before the holder writes it).
+/// The holder's pid, if it can be read (not in the moment before the holder
+/// writes it).
 fn read_pid(file: &mut File) -> Option<u32> {
     let mut text = String::new();
     file.rewind().ok()?;

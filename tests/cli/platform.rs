@@ -202,3 +202,40 @@ fn read_only_output_files_are_a_clear_error_or_replaced() {
     perms.set_readonly(false);
     std::fs::set_permissions(&index, perms).unwrap();
 }
+
+#[test]
+fn validate_says_whether_the_system_enforced_the_commit_budget() {
+    // The budget child probes its own limit: Linux's RLIMIT_DATA and a real
+    // Windows Job Object refuse the probe; Wine accepts the limit and then
+    // ignores it, and validate must not call that budget "enforced".
+    let run = |json: bool| {
+        let mut cmd = reshard();
+        cmd.arg("validate")
+            .arg(fixture("tiny-llama"))
+            .args(["--commit-budget", "64MiB"]);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let report: serde_json::Value = serde_json::from_str(&run(true)).unwrap();
+    let expected = commit_limit_enforced();
+    assert_eq!(report["commit_budget_enforced"], expected, "{report:#}");
+    let text = run(false);
+    if expected {
+        assert!(text.contains("budget 64.00 MiB (enforced)"), "{text}");
+    } else {
+        assert!(text.contains("(not enforced: "), "{text}");
+    }
+    // Without a budget there is nothing to enforce, and nothing is claimed.
+    let out = reshard()
+        .arg("validate")
+        .arg(fixture("tiny-llama"))
+        .arg("--json")
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["commit_budget_enforced"].is_null(), "{report:#}");
+}
