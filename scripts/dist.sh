@@ -126,6 +126,12 @@ if [ -f "$exe" ]; then
     exit 1
   fi
   mkdir -p "$out/windows"
+  # Shipped stripped, as the Linux binary is: the release profile keeps line
+  # tables for backtraces, which take three quarters of the file.
+  built=$exe
+  cp "$built" "$stage/reshard.exe"
+  x86_64-w64-mingw32-strip "$stage/reshard.exe"
+  exe=$stage/reshard.exe
   python3 scripts/wheel-from-exe.py --exe "$exe" --as reshard.exe --tag py3-none-win_amd64 --like "$wheel" --out "$out/windows" >/dev/null
   wname=reshard-$version-x86_64-windows
   python3 - "$exe" "$out/windows/$wname.zip" "$wname" README.md LICENSE-MIT LICENSE-APACHE <<'EOF'
@@ -136,7 +142,7 @@ with zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as z:
     for d in docs:
         z.write(d, f"{top}/{d}")
 EOF
-  say "windows: windows/reshard-$version-py3-none-win_amd64.whl ($(du -h "$out/windows/reshard-$version-py3-none-win_amd64.whl" | cut -f1)) and windows/$wname.zip from $exe"
+  say "windows: windows/reshard-$version-py3-none-win_amd64.whl ($(du -h "$out/windows/reshard-$version-py3-none-win_amd64.whl" | cut -f1)) and windows/$wname.zip from $built, stripped"
 else
   say "windows: skipped: no Windows build at $exe (set RESHARD_WINDOWS_EXE, or build it with the Windows cross-build, scripts/windows-test.sh)"
 fi
