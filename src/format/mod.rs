@@ -242,6 +242,10 @@ pub enum Finding {
         shape: Vec<u64>,
         expected: String,
     },
+    /// The quantization could not be told apart (two schemes, a config
+    /// that disagrees with the names) or its config is unreadable; convert
+    /// refuses it.
+    QuantUnclear { reason: String },
 }
 
 /// Most tensors one checkpoint may hold. The largest real index (~10 MB, at
@@ -316,6 +320,7 @@ impl fmt::Display for Finding {
                 "scale {tensor:?} in {} has shape {shape:?}; its weight needs {expected}",
                 names::escape(file)
             ),
+            Finding::QuantUnclear { reason } => write!(f, "{reason}"),
         }
     }
 }
