@@ -214,6 +214,26 @@ mod tests {
         }
 
         #[test]
+        fn glued_items_never_start_a_shard(
+            items in arb_items(),
+            glue in prop::collection::vec(any::<bool>(), 60),
+            limit in 1u64..120,
+        ) {
+            let mut items = items;
+            for (i, g) in items.iter_mut().zip(glue).skip(1) {
+                i.glued = g;
+            }
+            let shards = pack(&items, limit);
+            let mut next = 0;
+            for s in &shards {
+                prop_assert_eq!(s.start, next);
+                prop_assert!(!items[s.start].glued, "{:?} starts at a glued item", s);
+                next = s.end;
+            }
+            prop_assert_eq!(next, items.len());
+        }
+
+        #[test]
         fn packing_is_deterministic(items in arb_items(), limit in 1u64..120) {
             prop_assert_eq!(pack(&items, limit), pack(&items, limit));
         }

@@ -51,8 +51,9 @@ fn all_256_e5m2_codes() {
 #[test]
 fn all_16_e2m1_codes() {
     for c in 0..16u8 {
-        // E2M1: bias 1, subnormal 0.5 * m.
-        let want = reference_minifloat(c << 4, 2, 1, 1);
+        // E2M1 is S.EE.M, bias 1: the same formula on the code moved to the
+        // top of a byte (sign at bit 7, exponent and mantissa under it).
+        let want = reference_minifloat(((c & 8) << 4) | (c & 7), 2, 1, 1);
         assert_eq!(f64::from(E2M1_VALUES[usize::from(c)]), want, "code {c}");
         assert_eq!(E2M1_VALUES[usize::from(c)].is_sign_negative(), c >= 8);
     }
