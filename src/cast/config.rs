@@ -244,19 +244,27 @@ mod tests {
     #[test]
     fn drops_the_quantization_config_of_schemes_it_dequantizes() {
         let fp8 = r#"{"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}, "torch_dtype": "bfloat16", "a": 1}"#;
-        let v: Value = serde_json::from_str(&rewrite_config_dtype(fp8, Dtype::BF16).unwrap()).unwrap();
+        let v: Value =
+            serde_json::from_str(&rewrite_config_dtype(fp8, Dtype::BF16).unwrap()).unwrap();
         assert!(v.get("quantization_config").is_none());
         assert_eq!(v["torch_dtype"], "bfloat16");
         assert_eq!(keys(&v.to_string()), ["torch_dtype", "a"]);
         let gptq = r#"{"quantization_config": {"quant_method": "gptq", "bits": 4}}"#;
-        let v: Value = serde_json::from_str(&rewrite_config_dtype(gptq, Dtype::F16).unwrap()).unwrap();
-        assert_eq!(v["quantization_config"]["bits"], 4, "not a scheme reshard dequantizes");
+        let v: Value =
+            serde_json::from_str(&rewrite_config_dtype(gptq, Dtype::F16).unwrap()).unwrap();
+        assert_eq!(
+            v["quantization_config"]["bits"], 4,
+            "not a scheme reshard dequantizes"
+        );
         let ct = r#"{"quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized",
             "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float"}}}}}"#;
-        let v: Value = serde_json::from_str(&rewrite_config_dtype(ct, Dtype::F16).unwrap()).unwrap();
+        let v: Value =
+            serde_json::from_str(&rewrite_config_dtype(ct, Dtype::F16).unwrap()).unwrap();
         assert!(v.get("quantization_config").is_none());
         let int8 = ct.replace("float-quantized", "int-quantized");
-        assert!(!is_dequantized_scheme(&serde_json::from_str::<Value>(&int8).unwrap()["quantization_config"]));
+        assert!(!is_dequantized_scheme(
+            &serde_json::from_str::<Value>(&int8).unwrap()["quantization_config"]
+        ));
     }
 
     #[test]

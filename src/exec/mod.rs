@@ -338,7 +338,8 @@ fn fill_dequantized<'p>(
     let weight = &ck.tensors[planned.source];
     let policy = plan.options.on_overflow;
     let scale = &ck.tensors[how.scale];
-    let mut stream = DequantStream::open(reader, weight, scale, &how.scheme, planned.dtype, policy)?;
+    let mut stream =
+        DequantStream::open(reader, weight, scale, &how.scheme, planned.dtype, policy)?;
     let mut hash = Xxh3::new();
     while !stream.is_done() {
         if options.cancel.load(Ordering::Relaxed) {
@@ -362,7 +363,13 @@ fn fill_dequantized<'p>(
     if stats.overflow > 0 && policy == OverflowPolicy::Error {
         let count = stats.overflow;
         let tensor = planned.name.clone();
-        return Err(CastError::Overflow { tensor, from, to, count }.into());
+        return Err(CastError::Overflow {
+            tensor,
+            from,
+            to,
+            count,
+        }
+        .into());
     }
     Ok(Some(TensorRecord {
         name: planned.name.clone(),

@@ -167,7 +167,10 @@ pub fn detect(ck: &Checkpoint) -> Result<Option<Quantization>, QuantError> {
             (QuantFormat::CompressedTensorsFp8, qc.clone(), "config.json")
         }
         (Some("modelopt"), None) => {
-            let algo = qc.as_ref().and_then(|q| q.get("quant_algo")).and_then(Value::as_str);
+            let algo = qc
+                .as_ref()
+                .and_then(|q| q.get("quant_algo"))
+                .and_then(Value::as_str);
             if !algo.is_some_and(|a| a.eq_ignore_ascii_case("fp8")) {
                 return Ok(None);
             }
@@ -293,7 +296,12 @@ fn ignore_list(qc: Option<&Value>, format: QuantFormat) -> Vec<String> {
     };
     let list = qc.and_then(|q| q.get(key).or_else(|| q.get("quantization")?.get(key)));
     list.and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(String::from).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -303,6 +311,34 @@ fn is_f8(t: &Tensor) -> bool {
 
 fn file_of(ck: &Checkpoint, i: usize) -> String {
     ck.file_of(&ck.tensors[i]).name()
+}
+
+/// Weight `i`, to be written as `name`, with the scale called
+/// `scale_name` if there is one; a finding when there is not.
+fn with_scale(
+    ck: &Checkpoint,
+    names: &HashMap<&str, usize>,
+    i: usize,
+    name: &str,
+    scale_name: &str,
+    q: &mut Quantization,
+) -> QuantWeight {
+    let t = &ck.tensors[i];
+    let scale = names.get(scale_name).copied();
+    if scale.is_none() {
+        q.findings.push(Finding::QuantWeightWithoutScale {
+            tensor: t.name.clone(),
+            file: file_of(ck, i),
+            scale: scale_name.to_string(),
+        });
+    }
+    QuantWeight {
+        weight: i,
+        scale,
+        name: name.to_string(),
+        shape: t.shape.clone(),
+        scheme: None,
+    }
 }
 
 fn fp8_weights(
@@ -319,46 +355,29 @@ fn fp8_weights(
             continue;
         }
         let module = &t.name[..t.name.len() - ".weight".len()];
-        let scale_name = if suffix == "scale_weight" {
-            format!("{module}.scale_weight")
-        } else {
-            format!("{module}.{suffix}")
-        };
-        let scale = names.get(scale_name.as_str()).copied();
-        if scale.is_none() && ignore.iter().any(|m| m == module) {
+        let scale_name = format!("{module}.{suffix}");
+        if !names.contains_key(scale_name.as_str()) && ignore.iter().any(|m| m == module) {
             continue;
         }
-        let mut w = QuantWeight {
-            weight: i,
-            scale,
-            name: t.name.clone(),
-            shape: t.shape.clone(),
-            scheme: None,
-        };
-        match scale {
-            None => q.findings.push(Finding::QuantWeightWithoutScale {
-                tensor: t.name.clone(),
-                file: file_of(ck, i),
-                scale: scale_name,
-            }),
-            Some(s) => {
-                claimed[s] = true;
-                let st = &ck.tensors[s];
-                match fp8_scheme(&t.shape, &st.shape, block) {
-                    Ok(scheme) => w.scheme = Some(scheme),
-                    Err(expected) => q.findings.push(Finding::QuantScaleShape {
-                        tensor: st.name.clone(),
-                        file: file_of(ck, s),
-                        shape: st.shape.clone(),
-                        expected,
-                    }),
-                }
+        let mut w = with_scale(ck, names, i, &t.name, &scale_name, q);
+        if let Some(s) = w.scale {
+            claimed[s] = true;
+            let st = &ck.tensors[s];
+            match fp8_scheme(&t.shape, &st.shape, block) {
+                Ok(scheme) => w.scheme = Some(scheme),
+                Err(expected) => q.findings.push(Finding::QuantScaleShape {
+                    tensor: st.name.clone(),
+                    file: file_of(ck, s),
+                    shape: st.shape.clone(),
+                    expected,
+                }),
             }
         }
         q.weights.push(w);
     }
+    let dotted = format!(".{suffix}");
     for (i, t) in ck.tensors.iter().enumerate() {
-        let is_scale = t.name.ends_with(&format!(".{suffix}"));
+        let is_scale = t.name.ends_with(&dotted);
         if is_scale && !claimed[i] {
             q.orphan_scales.push(i);
             q.findings.push(Finding::QuantScaleWithoutWeight {
@@ -413,44 +432,32 @@ fn mxfp4_weights(ck: &Checkpoint, names: &HashMap<&str, usize>, q: &mut Quantiza
             continue;
         };
         let scale_name = format!("{stem}_scales");
-        let scale = names.get(scale_name.as_str()).copied();
-        let mut w = QuantWeight {
-            weight: i,
-            scale,
-            name: stem.to_string(),
-            shape: t.shape.clone(),
-            scheme: None,
-        };
-        match scale {
-            None => q.findings.push(Finding::QuantWeightWithoutScale {
-                tensor: t.name.clone(),
-                file: file_of(ck, i),
-                scale: scale_name,
-            }),
-            Some(s) => {
-                claimed[s] = true;
-                let st = &ck.tensors[s];
-                match (t.dtype, t.shape.as_slice()) {
-                    (Dtype::U8, &[e, r, g, 16]) if st.shape == [e, r, g] => {
-                        w.shape = vec![e, g.saturating_mul(32), r];
-                        w.scheme = Some(Scheme::Mxfp4 {
-                            experts: e,
-                            rows: r,
-                            groups: g,
-                        });
-                    }
-                    _ => {
-                        let want = match t.shape.as_slice() {
-                            [a, b, c, _] => format!("[{a}, {b}, {c}] for U8 blocks [{a}, {b}, {c}, 16]"),
-                            _ => "U8 blocks of shape [experts, rows, groups, 16]".into(),
-                        };
-                        q.findings.push(Finding::QuantScaleShape {
-                            tensor: st.name.clone(),
-                            file: file_of(ck, s),
-                            shape: st.shape.clone(),
-                            expected: want,
-                        });
-                    }
+        let mut w = with_scale(ck, names, i, stem, &scale_name, q);
+        if let Some(s) = w.scale {
+            claimed[s] = true;
+            let st = &ck.tensors[s];
+            match (t.dtype, t.shape.as_slice()) {
+                (Dtype::U8, &[e, r, g, 16]) if st.shape == [e, r, g] => {
+                    w.shape = vec![e, g.saturating_mul(32), r];
+                    w.scheme = Some(Scheme::Mxfp4 {
+                        experts: e,
+                        rows: r,
+                        groups: g,
+                    });
+                }
+                _ => {
+                    let want = match t.shape.as_slice() {
+                        [a, b, c, _] => {
+                            format!("[{a}, {b}, {c}] for U8 blocks [{a}, {b}, {c}, 16]")
+                        }
+                        _ => "U8 blocks of shape [experts, rows, groups, 16]".into(),
+                    };
+                    q.findings.push(Finding::QuantScaleShape {
+                        tensor: st.name.clone(),
+                        file: file_of(ck, s),
+                        shape: st.shape.clone(),
+                        expected: want,
+                    });
                 }
             }
         }
@@ -491,7 +498,10 @@ mod tests {
     fn per_tensor_and_per_channel_scales() {
         assert_eq!(fp8_scheme(&[4, 6], &[1], None), Ok(blocks(4, 6, 4, 6)));
         assert_eq!(fp8_scheme(&[4, 6], &[], None), Ok(blocks(4, 6, 4, 6)));
-        assert_eq!(fp8_scheme(&[4, 6], &[1, 1], Some((2, 2))), Ok(blocks(4, 6, 4, 6)));
+        assert_eq!(
+            fp8_scheme(&[4, 6], &[1, 1], Some((2, 2))),
+            Ok(blocks(4, 6, 4, 6))
+        );
         assert_eq!(fp8_scheme(&[4, 6], &[4, 1], None), Ok(blocks(4, 6, 1, 6)));
         assert_eq!(fp8_scheme(&[2, 3, 4], &[1], None), Ok(blocks(6, 4, 6, 4)));
         let err = fp8_scheme(&[4, 6], &[6, 1], None).unwrap_err();

@@ -83,7 +83,9 @@ pub enum PlanError {
     },
     #[error("--keep-dtype matches quantized weight {tensor:?}; a dequantized output cannot keep some weights quantized")]
     KeepQuantized { tensor: String },
-    #[error("quantized weight {tensor:?} would be written as {name:?}, which another tensor already is")]
+    #[error(
+        "quantized weight {tensor:?} would be written as {name:?}, which another tensor already is"
+    )]
     DenseNameTaken { tensor: String, name: String },
     #[error("tensor {tensor:?}: its {bytes}-byte header entry makes the shard header larger than safetensors allows")]
     HeaderTooLarge { tensor: String, bytes: u64 },
@@ -240,9 +242,7 @@ impl Plan {
             // Element counts were checked when the header was read, a cast
             // never goes past 64-bit elements, and a dense MXFP4 shape holds
             // twice the codes' bytes.
-            let len = numel
-                .and_then(|n| dtype.byte_len(n))
-                .unwrap_or(u64::MAX);
+            let len = numel.and_then(|n| dtype.byte_len(n)).unwrap_or(u64::MAX);
             if target.is_some() {
                 let pair = casts.entry((t.dtype, dtype)).or_insert(CastPair {
                     from: t.dtype,

@@ -70,9 +70,8 @@ fn units<B: PartialEq>(items: &[Item<B>]) -> Vec<Range<usize>> {
     while i < items.len() {
         let mut j = i + 1;
         loop {
-            let same_block = items[i].block.is_some()
-                && j < items.len()
-                && items[j].block == items[i].block;
+            let same_block =
+                items[i].block.is_some() && j < items.len() && items[j].block == items[i].block;
             if same_block || (j < items.len() && items[j].glued) {
                 j += 1;
             } else {

@@ -107,8 +107,14 @@ pub fn compare(
                 let Ok(bufs) = bufs.as_mut() else {
                     continue;
                 };
-                let dq = Dequantized { codes, scale, scheme };
-                if let Some(reason) = dq.first_difference(&src_reader, &out_reader, out, bufs, policy)? {
+                let dq = Dequantized {
+                    codes,
+                    scale,
+                    scheme,
+                };
+                if let Some(reason) =
+                    dq.first_difference(&src_reader, &out_reader, out, bufs, policy)?
+                {
                     report.fail(Failure::AgainstMismatch {
                         tensor: out.name.clone(),
                         file: file.clone(),
@@ -228,12 +234,7 @@ fn first_difference(
         };
         let got = &mut bufs.output[..n * out_elem];
         out_reader.read_chunk(out, &mut out_stream, got)?;
-        if expected != &got[..] {
-            let at = expected
-                .chunks(out_elem)
-                .zip(got.chunks(out_elem))
-                .position(|(a, b)| a != b)
-                .unwrap_or(0);
+        if let Some(at) = first_unequal(expected, got, out_elem) {
             return Ok(Some(done + at as u64));
         }
         done += n as u64;
@@ -259,8 +260,14 @@ impl Dequantized<'_> {
         bufs: &mut Buffers,
         policy: OverflowPolicy,
     ) -> Result<Option<String>, ValidateError> {
-        let mut stream =
-            DequantStream::open(src_reader, self.codes, self.scale, self.scheme, out.dtype, policy)?;
+        let mut stream = DequantStream::open(
+            src_reader,
+            self.codes,
+            self.scale,
+            self.scheme,
+            out.dtype,
+            policy,
+        )?;
         let expected_len = self.scheme.min_buffer(out.dtype);
         if expected_len > bufs.source.len() as u64 {
             // An MXFP4 expert larger than the compare chunk: its own buffers.
@@ -279,17 +286,14 @@ impl Dequantized<'_> {
         while !stream.is_done() {
             let chunk = stream.fill(&mut bufs.source)?;
             if done + chunk.len as u64 > want_len {
-                return Ok(Some(format!("holds {want_len} bytes, fewer than the dequantized source")));
+                return Ok(Some(format!(
+                    "holds {want_len} bytes, fewer than the dequantized source"
+                )));
             }
             let got = &mut bufs.output[..chunk.len];
             out_reader.read_chunk(out, &mut out_stream, got)?;
             let expected = &bufs.source[chunk.start..chunk.start + chunk.len];
-            if expected != &got[..] {
-                let at = expected
-                    .chunks(out_elem)
-                    .zip(got.chunks(out_elem))
-                    .position(|(a, b)| a != b)
-                    .unwrap_or(0);
+            if let Some(at) = first_unequal(expected, got, out_elem) {
                 let element = done / out_elem as u64 + at as u64;
                 return Ok(Some(format!(
                     "differs from the dequantized {} times {} at element {element}",
@@ -298,8 +302,20 @@ impl Dequantized<'_> {
             }
             done += chunk.len as u64;
         }
-        Ok((done != want_len).then(|| format!("holds {want_len} bytes; the dequantized source {done}")))
+        Ok((done != want_len)
+            .then(|| format!("holds {want_len} bytes; the dequantized source {done}")))
     }
+}
+
+/// The first element (of `elem` bytes) where the two slices differ.
+fn first_unequal(expected: &[u8], got: &[u8], elem: usize) -> Option<usize> {
+    (expected != got).then(|| {
+        expected
+            .chunks(elem)
+            .zip(got.chunks(elem))
+            .position(|(a, b)| a != b)
+            .unwrap_or(0)
+    })
 }
 
 fn too_big(out: &Tensor) -> ValidateError {

@@ -70,8 +70,16 @@ fn every_format_dequantizes_like_torch_and_loads_in_transformers() {
             "mxfp4-all-out",
             &["--dtype", "bf16", "--on-overflow", "inf"],
         ),
-        ("scaled/model.safetensors", "scaled-out", &["--dtype", "bf16"]),
-        ("scaled/model.safetensors", "scaled-f32-out", &["--dtype", "f32"]),
+        (
+            "scaled/model.safetensors",
+            "scaled-out",
+            &["--dtype", "bf16"],
+        ),
+        (
+            "scaled/model.safetensors",
+            "scaled-f32-out",
+            &["--dtype", "f32"],
+        ),
     ];
     for (src, dst, extra) in cases {
         convert(&root.join(src), &root.join(dst), extra).success();
@@ -103,16 +111,18 @@ fn every_format_dequantizes_like_torch_and_loads_in_transformers() {
     convert(&root.join("fp8-block"), &kept, &["--max-shard-size", "6KB"]).success();
     assert_scales_with_weights(&kept, "_scale_inv");
     let config = std::fs::read_to_string(kept.join("config.json")).unwrap();
-    assert!(config.contains("quantization_config"), "kept as is: {config}");
+    assert!(
+        config.contains("quantization_config"),
+        "kept as is: {config}"
+    );
     quant_py(&python, "check", root);
 }
 
 /// Every `X<suffix>` of the output's index is in the same file as `X`.
 fn assert_scales_with_weights(dir: &Path, suffix: &str) {
-    let index: Value = serde_json::from_slice(
-        &std::fs::read(dir.join("model.safetensors.index.json")).unwrap(),
-    )
-    .unwrap();
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("model.safetensors.index.json")).unwrap())
+            .unwrap();
     let map = index["weight_map"].as_object().unwrap();
     let files: std::collections::BTreeSet<&str> =
         map.values().map(|v| v.as_str().unwrap()).collect();
@@ -224,7 +234,9 @@ fn partial_edge_blocks_use_their_own_scale_from_another_shard() {
     assert_eq!(f32s(&bytes), want);
     let names: Vec<String> = read_all(&dst).into_keys().collect();
     assert!(
-        !names.iter().any(|n| n.ends_with("down_proj.weight_scale_inv")),
+        !names
+            .iter()
+            .any(|n| n.ends_with("down_proj.weight_scale_inv")),
         "{names:?}"
     );
     let config: Value =
@@ -232,7 +244,11 @@ fn partial_edge_blocks_use_their_own_scale_from_another_shard() {
     assert!(config.get("quantization_config").is_none(), "{config}");
     assert_eq!(config["torch_dtype"], "float32");
     let mut validate = reshard();
-    validate.arg("validate").arg(&dst).arg("--against").arg(&src);
+    validate
+        .arg("validate")
+        .arg(&dst)
+        .arg("--against")
+        .arg(&src);
     validate
         .assert()
         .success()
@@ -254,7 +270,11 @@ fn a_dequantized_tensor_that_differs_fails_validate_against() {
     bytes[at..at + 4].copy_from_slice(&0.5f32.to_le_bytes());
     std::fs::write(&shard, bytes).unwrap();
     let mut validate = reshard();
-    validate.arg("validate").arg(&dst).arg("--against").arg(&other);
+    validate
+        .arg("validate")
+        .arg(&dst)
+        .arg("--against")
+        .arg(&other);
     validate.assert().code(1).stdout(predicates::str::contains(
         "differs from the dequantized model.layers.0.mlp.down_proj.weight times model.layers.0.mlp.down_proj.weight_scale_inv at element 4",
     ));
@@ -359,7 +379,8 @@ fn dequantizing_stays_within_the_window() {
     data.extend((0..scales).flat_map(|_| 0.5f32.to_le_bytes()));
     write_safetensors(&src.join("model.safetensors"), &header, &data);
     drop(data);
-    let config = json!({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}});
+    let config =
+        json!({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}});
     std::fs::write(src.join("config.json"), config.to_string()).unwrap();
     let dst = tmp.path().join("dst");
     let args: Vec<&OsStr> = [
@@ -377,13 +398,19 @@ fn dequantizing_stays_within_the_window() {
     let Some((out, peak_kib)) = run_measured(&full, Duration::from_secs(300)) else {
         return;
     };
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let bound = (16 + 64) * 1024;
     assert!(
         peak_kib < bound,
         "peak RSS {peak_kib} KiB, over --window + 64 MiB ({bound} KiB)"
     );
     eprintln!("fp8 -> bf16 of 64 MiB in a 16 MiB window: peak RSS {peak_kib} KiB");
-    let size = std::fs::metadata(dst.join("model.safetensors")).unwrap().len();
+    let size = std::fs::metadata(dst.join("model.safetensors"))
+        .unwrap()
+        .len();
     assert!(size > 2 * codes, "{size}");
 }

@@ -47,7 +47,11 @@ pub enum Scheme {
     /// 16]` (two E2M1 codes a byte, low nibble first) and `*_scales` U8
     /// `[experts, rows, groups]` (E8M0, bias 127) per 32 values. The output is
     /// transformers' dense layout, `[experts, groups * 32, rows]`.
-    Mxfp4 { experts: u64, rows: u64, groups: u64 },
+    Mxfp4 {
+        experts: u64,
+        rows: u64,
+        groups: u64,
+    },
 }
 
 impl Scheme {
@@ -102,7 +106,11 @@ pub enum DequantError {
         dtype: Dtype,
     },
     #[error("tensor {tensor:?}: {from} codes cannot be dequantized to {to}")]
-    Unsupported { tensor: String, from: Dtype, to: Dtype },
+    Unsupported {
+        tensor: String,
+        from: Dtype,
+        to: Dtype,
+    },
 }
 
 /// The output chunk [`DequantStream::fill`] wrote: `buf[start..start + len]`,

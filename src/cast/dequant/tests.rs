@@ -95,7 +95,14 @@ fn a_run_multiplies_in_f32_and_rounds_to_nearest_even() {
     let codes: Vec<u8> = (0..=255u8).collect();
     for s in [1.0f32, 0.013_671_875, 3.3e-5, 1.7e37, 7.1] {
         let mut out = vec![0u8; 512];
-        let stats = run(&table, s, Dtype::BF16, OverflowPolicy::Inf, &codes, &mut out);
+        let stats = run(
+            &table,
+            s,
+            Dtype::BF16,
+            OverflowPolicy::Inf,
+            &codes,
+            &mut out,
+        );
         for (b, o) in codes.iter().zip(out.chunks_exact(2)) {
             let want = bf16_of(table[usize::from(*b)] * s);
             let got = u16::from_le_bytes([o[0], o[1]]);
@@ -112,7 +119,14 @@ fn a_run_multiplies_in_f32_and_rounds_to_nearest_even() {
 fn saturation_clamps_products_past_f32() {
     let table = code_table(Dtype::F8_E4M3);
     let mut out = [0u8; 2];
-    let stats = run(&table, 1e38, Dtype::BF16, OverflowPolicy::Saturate, &[0x7e], &mut out);
+    let stats = run(
+        &table,
+        1e38,
+        Dtype::BF16,
+        OverflowPolicy::Saturate,
+        &[0x7e],
+        &mut out,
+    );
     assert_eq!(u16::from_le_bytes(out), 0x7f7f);
     assert_eq!(stats.overflow, 1);
 }
