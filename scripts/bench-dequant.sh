@@ -13,7 +13,7 @@ work=${1:-$(mktemp -d)}
 src=$work/fp8-src
 mkdir -p "$src"
 
-python3 - "$src" <<'PY'
+[ -f "$src/config.json" ] || python3 - "$src" <<'PY'
 import json, os, struct, sys
 src = sys.argv[1]
 rows, cols, block = 8192, 16384, 128
@@ -50,8 +50,8 @@ drop() { sync; if [ -w /proc/sys/vm/drop_caches ]; then echo 3 > /proc/sys/vm/dr
 row() { # label, command...
   local label=$1; shift
   drop
-  local t; t=$( { /usr/bin/time -f "%e %M" "$@" > /dev/null 2>/dev/null; } 2>&1 | tail -1)
-  echo "$label $t"
+  /usr/bin/time -o "$work/time" -f "%e %M" "$@" > /dev/null 2>&1
+  echo "$label $(tail -1 "$work/time")"
 }
 size=$(du -sb "$src" | cut -f1)
 echo "source bytes: $size"

@@ -21,8 +21,11 @@ pub fn e8m0_to_f32(e: u8) -> f32 {
     }
 }
 
-/// Decoder of one scale element (little-endian bytes) to f32, by dtype.
-pub(super) fn scale_decoder(d: Dtype) -> Option<(usize, fn(&[u8]) -> f32)> {
+/// Bytes per scale element, and its decoder from little-endian bytes.
+pub(super) type ScaleDecoder = (usize, fn(&[u8]) -> f32);
+
+/// The [`ScaleDecoder`] of a scale dtype.
+pub(super) fn scale_decoder(d: Dtype) -> Option<ScaleDecoder> {
     fn f32le(b: &[u8]) -> f32 {
         f32::from_le_bytes([b[0], b[1], b[2], b[3]])
     }
