@@ -256,6 +256,43 @@ fn partial_edge_blocks_use_their_own_scale_from_another_shard() {
 }
 
 #[test]
+fn compressed_tensors_block_strategy_reads_its_block_structure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = block_checkpoint(tmp.path(), true);
+    // The same scales under compressed-tensors' name, the block size from
+    // config_groups.*.weights.block_structure, and an input_scale.
+    let shard = src.join("model-00002-of-00002.safetensors");
+    let bytes = std::fs::read(&shard).unwrap();
+    let mut data = bytes[bytes.len() - 28..bytes.len() - 4].to_vec();
+    data.extend(0.02f32.to_le_bytes());
+    let header = json!({
+        "__metadata__": {"format": "pt"},
+        "model.layers.0.mlp.down_proj.weight_scale": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+        "model.layers.0.mlp.down_proj.input_scale": {"dtype": "F32", "shape": [1], "data_offsets": [24, 28]},
+    });
+    write_safetensors(&shard, &header, &data);
+    let index = json!({"metadata": {"total_size": 48}, "weight_map": {
+        "model.layers.0.mlp.down_proj.weight": "model-00001-of-00002.safetensors",
+        "pad": "model-00001-of-00002.safetensors",
+        "model.norm.weight": "model-00001-of-00002.safetensors",
+        "model.layers.0.mlp.down_proj.weight_scale": "model-00002-of-00002.safetensors",
+        "model.layers.0.mlp.down_proj.input_scale": "model-00002-of-00002.safetensors",
+    }});
+    std::fs::write(src.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let weights = json!({"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [2, 2]});
+    let config = json!({"quantization_config": {"quant_method": "compressed-tensors",
+        "format": "float-quantized", "config_groups": {"group_0": {"weights": weights}}}});
+    std::fs::write(src.join("config.json"), config.to_string()).unwrap();
+    let dst = tmp.path().join("dst");
+    convert(&src, &dst, &["--dtype", "f32"]).success();
+    let (_, _, bytes) = read_tensor(&dst, "model.layers.0.mlp.down_proj.weight");
+    assert_eq!(f32s(&bytes)[..5], [0.5, 0.75, 4.0, -1.0, 0.25]);
+    assert_eq!(f32s(&bytes)[10..], [6.0, -2.0, 0.0, 1.0, 0.25]);
+    let names: Vec<String> = read_all(&dst).into_keys().collect();
+    assert_eq!(names, ["model.layers.0.mlp.down_proj.weight", "model.norm.weight", "pad"]);
+}
+
+#[test]
 fn a_dequantized_tensor_that_differs_fails_validate_against() {
     let tmp = tempfile::tempdir().unwrap();
     let src = block_checkpoint(tmp.path(), true);

@@ -93,7 +93,7 @@ pub struct Dequant {
 pub enum DequantError {
     #[error(transparent)]
     Read(#[from] FormatError),
-    #[error("tensor {tensor:?}: dequantizing needs a buffer of at least {needed} bytes and has {have}; raise --window")]
+    #[error("tensor {tensor:?}: dequantizing needs a buffer of at least {needed} bytes and has {have}; raise --window (or lower --threads)")]
     BufferTooSmall {
         tensor: String,
         needed: u64,
