@@ -279,7 +279,8 @@ fn compressed_tensors_block_strategy_reads_its_block_structure() {
         "model.layers.0.mlp.down_proj.input_scale": "model-00002-of-00002.safetensors",
     }});
     std::fs::write(src.join("model.safetensors.index.json"), index.to_string()).unwrap();
-    let weights = json!({"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [2, 2]});
+    let weights =
+        json!({"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [2, 2]});
     let config = json!({"quantization_config": {"quant_method": "compressed-tensors",
         "format": "float-quantized", "config_groups": {"group_0": {"weights": weights}}}});
     std::fs::write(src.join("config.json"), config.to_string()).unwrap();
@@ -289,7 +290,14 @@ fn compressed_tensors_block_strategy_reads_its_block_structure() {
     assert_eq!(f32s(&bytes)[..5], [0.5, 0.75, 4.0, -1.0, 0.25]);
     assert_eq!(f32s(&bytes)[10..], [6.0, -2.0, 0.0, 1.0, 0.25]);
     let names: Vec<String> = read_all(&dst).into_keys().collect();
-    assert_eq!(names, ["model.layers.0.mlp.down_proj.weight", "model.norm.weight", "pad"]);
+    assert_eq!(
+        names,
+        [
+            "model.layers.0.mlp.down_proj.weight",
+            "model.norm.weight",
+            "pad"
+        ]
+    );
 }
 
 #[test]
