@@ -232,6 +232,17 @@ fn partial_edge_blocks_use_their_own_scale_from_another_shard() {
         6.0, -2.0, 0.0, 1.0, 0.25,
     ];
     assert_eq!(f32s(&bytes), want);
+    // A 16-byte window: chunks of 1 element (F8 in, F32 out), so chunks
+    // end inside rows and blocks; the scale stream still lines up.
+    let tiny = tmp.path().join("tiny");
+    convert(
+        &src,
+        &tiny,
+        &["--dtype", "f32", "--window", "16", "--threads", "1"],
+    )
+    .success();
+    let (_, _, small) = read_tensor(&tiny, "model.layers.0.mlp.down_proj.weight");
+    assert_eq!(f32s(&small), want);
     let names: Vec<String> = read_all(&dst).into_keys().collect();
     assert!(
         !names
