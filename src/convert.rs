@@ -163,11 +163,15 @@ pub fn convert_with_pool(
     let mut source = SourceIdentity::of(ck);
     source.root = Some(scope.root().display().to_string());
     let id = plan_id(&source, &options.plan);
-    let others = if options.copy_other_files {
+    let mut others = if options.copy_other_files {
         other::select(ck, &scope)?
     } else {
         other::OtherFiles::default()
     };
+    if plan.quantization.as_ref().is_some_and(|q| q.dequantized) {
+        // ModelOpt's quantization config: the output is dense.
+        others.files.retain(|f| f.name != "hf_quant_config.json");
+    }
     // A config.json that cannot be rewritten fails now, before any shard.
     let config = other::rewritten_config(ck, &others, options.plan.dtype)?;
     std::fs::create_dir_all(dst).map_err(|e| WriteError::io(dst, e))?;
@@ -202,6 +206,7 @@ pub fn convert_with_pool(
         oversized: plan.oversized.clone(),
         dropped: plan.dropped.clone(),
         planned: Vec::new(),
+        quantization: plan.quantization.clone(),
     };
     let mut partial = manifest.clone();
     partial.planned = plan

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::format::quant::{self, QuantFormat};
 use crate::format::{Checkpoint, Dtype, Finding, Format, Layout};
 use crate::plan::order::{block_of, sort_indices, Order};
 
@@ -24,7 +25,47 @@ pub struct Summary {
     pub largest_file: Option<NamedSize>,
     pub blocks: BlockStats,
     pub metadata: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<QuantSummary>,
     pub findings: Vec<Finding>,
+}
+
+/// A quantized checkpoint's scheme and counts.
+#[derive(Debug, Clone, Serialize)]
+pub struct QuantSummary {
+    pub format: QuantFormat,
+    /// Quantized weights (F8 or MXFP4 codes).
+    pub weights: usize,
+    /// Those with a scale of a fitting shape.
+    pub scaled: usize,
+    /// Scale tensors, with or without a weight.
+    pub scales: usize,
+    /// Activation and KV scales, zero points: dropped when dequantizing.
+    pub extras: usize,
+}
+
+/// The quantization summary and its findings (an unclear one is a finding).
+fn quant_summary(ck: &Checkpoint) -> (Option<QuantSummary>, Vec<Finding>) {
+    match quant::detect(ck) {
+        Ok(None) => (None, Vec::new()),
+        Ok(Some(q)) => {
+            let summary = QuantSummary {
+                format: q.format,
+                weights: q.weights.len(),
+                scaled: q.scaled().count(),
+                scales: q.weights.iter().filter(|w| w.scale.is_some()).count()
+                    + q.orphan_scales.len(),
+                extras: q.extras.len(),
+            };
+            (Some(summary), q.findings)
+        }
+        Err(e) => (
+            None,
+            vec![Finding::QuantUnclear {
+                reason: e.to_string(),
+            }],
+        ),
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -76,6 +117,9 @@ impl Summary {
             name: f.name(),
             bytes: f.size,
         });
+        let (quantization, quant_findings) = quant_summary(ck);
+        let mut findings = ck.findings.clone();
+        findings.extend(quant_findings);
         Summary {
             path: path.to_string(),
             format: ck.format,
@@ -98,7 +142,8 @@ impl Summary {
             largest_file,
             blocks: block_stats(ck),
             metadata: ck.metadata.clone(),
-            findings: ck.findings.clone(),
+            quantization,
+            findings,
         }
     }
 }

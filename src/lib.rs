@@ -3,7 +3,7 @@
 //! The library is the pipeline; the `reshard` binary is a thin CLI over it.
 //!
 //! ```text
-//! format (read)  ->  plan (order, pack, fit)  ->  exec (windows, cast, hash)
+//! format (read)  ->  plan (order, pack, fit)  ->  exec (windows, dequant, cast, hash)
 //!                ->  write (atomic shards, index, manifest)  ->  validate
 //! ```
 //!

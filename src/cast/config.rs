@@ -74,6 +74,13 @@ pub fn rewrite_config_dtype(config_json: &str, to: Dtype) -> Result<String, Cast
     }
     let mut value: Value = serde_json::from_str(config_json).map_err(CastError::ConfigJson)?;
     let root = value.as_object_mut().ok_or(CastError::ConfigNotObject)?;
+    // The weights are dense now: a loader that saw the config would expect
+    // codes and scales.
+    for key in QUANT_KEYS {
+        if root.get(key).is_some_and(is_dequantized_scheme) {
+            root.shift_remove(key);
+        }
+    }
     if !DTYPE_KEYS.iter().any(|k| root.contains_key(*k)) {
         root.insert("dtype".to_string(), Value::String(name.to_string()));
     }
@@ -81,6 +88,58 @@ pub fn rewrite_config_dtype(config_json: &str, to: Dtype) -> Result<String, Cast
     let mut out = serde_json::to_string_pretty(&value).map_err(CastError::ConfigJson)?;
     out.push('\n');
     Ok(out)
+}
+
+/// Whether a `quantization_config` names a scheme that `convert --dtype`
+/// dequantizes (see [`crate::format::quant`]): FP8 (`fp8`, compressed-tensors
+/// float 8-bit, ModelOpt `FP8`) and `mxfp4`. Those configs are removed from a
+/// dequantized output; any other (GPTQ, AWQ, bitsandbytes, ...) is kept.
+pub fn is_dequantized_scheme(qc: &Value) -> bool {
+    let method = qc.get("quant_method").and_then(Value::as_str).unwrap_or("");
+    match method.to_ascii_lowercase().as_str() {
+        "fp8" | "mxfp4" => true,
+        "modelopt" => qc
+            .get("quant_algo")
+            .and_then(Value::as_str)
+            .is_some_and(|a| a.eq_ignore_ascii_case("fp8")),
+        "compressed-tensors" => is_compressed_fp8(qc),
+        _ => false,
+    }
+}
+
+/// A compressed-tensors config of FP8 weights (`float-quantized` or
+/// `naive-quantized`, 8-bit float weights).
+pub fn is_compressed_fp8(qc: &Value) -> bool {
+    let format = qc.get("format").and_then(Value::as_str).unwrap_or("");
+    let float_weights = qc
+        .get("config_groups")
+        .and_then(Value::as_object)
+        .is_some_and(|groups| {
+            groups.values().any(|g| {
+                let w = g.get("weights");
+                w.and_then(|w| w.get("type")).and_then(Value::as_str) == Some("float")
+                    && w.and_then(|w| w.get("num_bits")).and_then(Value::as_u64) == Some(8)
+            })
+        });
+    matches!(format, "float-quantized" | "naive-quantized") && float_weights
+}
+
+/// The keys a quantization config may sit under.
+const QUANT_KEYS: [&str; 2] = ["quantization_config", "compression_config"];
+
+/// Parses a config file's text (bounded as for [`rewrite_config_dtype`])
+/// into a JSON object.
+pub fn parse_config(config_json: &str) -> Result<Value, CastError> {
+    if value_bound(config_json) > MAX_CONFIG_VALUES {
+        return Err(CastError::ConfigTooLarge {
+            max: MAX_CONFIG_VALUES,
+        });
+    }
+    let value: Value = serde_json::from_str(config_json).map_err(CastError::ConfigJson)?;
+    if !value.is_object() {
+        return Err(CastError::ConfigNotObject);
+    }
+    Ok(value)
 }
 
 /// An upper bound of the number of values in JSON `text`, found without
@@ -180,6 +239,32 @@ mod tests {
         );
         assert_eq!(v["quantization_config"]["dtype"], "float8");
         assert!(v.get("dtype").is_none());
+    }
+
+    #[test]
+    fn drops_the_quantization_config_of_schemes_it_dequantizes() {
+        let fp8 = r#"{"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}, "torch_dtype": "bfloat16", "a": 1}"#;
+        let v: Value =
+            serde_json::from_str(&rewrite_config_dtype(fp8, Dtype::BF16).unwrap()).unwrap();
+        assert!(v.get("quantization_config").is_none());
+        assert_eq!(v["torch_dtype"], "bfloat16");
+        assert_eq!(keys(&v.to_string()), ["torch_dtype", "a"]);
+        let gptq = r#"{"quantization_config": {"quant_method": "gptq", "bits": 4}}"#;
+        let v: Value =
+            serde_json::from_str(&rewrite_config_dtype(gptq, Dtype::F16).unwrap()).unwrap();
+        assert_eq!(
+            v["quantization_config"]["bits"], 4,
+            "not a scheme reshard dequantizes"
+        );
+        let ct = r#"{"quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized",
+            "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float"}}}}}"#;
+        let v: Value =
+            serde_json::from_str(&rewrite_config_dtype(ct, Dtype::F16).unwrap()).unwrap();
+        assert!(v.get("quantization_config").is_none());
+        let int8 = ct.replace("float-quantized", "int-quantized");
+        assert!(!is_dequantized_scheme(
+            &serde_json::from_str::<Value>(&int8).unwrap()["quantization_config"]
+        ));
     }
 
     #[test]

@@ -25,6 +25,7 @@
 //! ```
 
 mod config;
+pub mod dequant;
 mod f8;
 mod kernels;
 mod simd;
@@ -37,7 +38,10 @@ use serde::{Deserialize, Serialize};
 use crate::format::Dtype;
 use kernels::{drive, then};
 
-pub use config::{rewrite_config_dtype, torch_name, MAX_CONFIG};
+pub use config::{
+    is_compressed_fp8, is_dequantized_scheme, parse_config, rewrite_config_dtype, torch_name,
+    MAX_CONFIG,
+};
 
 /// What to do with finite values too large for the target dtype.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

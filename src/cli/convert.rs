@@ -91,6 +91,10 @@ pub struct ConvertArgs {
     /// petabytes).
     #[arg(long)]
     pub allow_expanded: bool,
+    /// Write quantized (FP8, MXFP4) weights that have no scale as their
+    /// plain codes instead of refusing them.
+    #[arg(long)]
+    pub allow_unscaled: bool,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -117,6 +121,7 @@ impl ConvertArgs {
                     OverflowArg::Inf => OverflowPolicy::Inf,
                 },
                 dedupe_tied: self.dedupe_tied,
+                allow_unscaled: self.allow_unscaled,
             },
             window: self.window.bytes(),
             threads: self

@@ -137,6 +137,13 @@ fn render_summary(s: &Summary) -> String {
     } else {
         let _ = writeln!(o, "  blocks        none numbered");
     }
+    if let Some(q) = &s.quantization {
+        let _ = writeln!(
+            o,
+            "  quantized     {}: {} weights ({} with scales), {} scales, {} activation/kv scales",
+            q.format, q.weights, q.scaled, q.scales, q.extras
+        );
+    }
     if s.findings.is_empty() {
         let _ = writeln!(o, "  findings      none");
     } else {

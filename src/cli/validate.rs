@@ -201,8 +201,15 @@ pub fn render(r: &ValidateReport) -> String {
     if let Some(a) = &r.against {
         let _ = writeln!(
             o,
-            "against {}: {} tensors compared ({} through a cast)",
-            a.source, a.tensors_compared, a.cast_compared
+            "against {}: {} tensors compared ({} through a cast{})",
+            a.source,
+            a.tensors_compared,
+            a.cast_compared,
+            if a.dequantized_compared > 0 {
+                format!(", {} through dequantization", a.dequantized_compared)
+            } else {
+                String::new()
+            }
         );
     }
     if r.passed {

@@ -16,6 +16,7 @@ use std::sync::mpsc;
 use rayon::prelude::*;
 use xxhash_rust::xxh3::Xxh3;
 
+use crate::cast::dequant::{DequantError, DequantStream};
 use crate::cast::{self, CastError, OverflowPolicy};
 use crate::format::read::SourceReader;
 use crate::format::strided::GATHER_MAX;
@@ -44,6 +45,8 @@ pub enum ExecError {
     Cast(#[from] CastError),
     #[error(transparent)]
     Window(#[from] WindowTooSmall),
+    #[error(transparent)]
+    Dequant(#[from] DequantError),
     #[error("interrupted; finished shards are kept and a rerun resumes")]
     Interrupted,
 }
@@ -118,7 +121,13 @@ fn buffer_len(budget: u64, workers: u64, plan: &Plan) -> usize {
         .max()
         .unwrap_or(1)
         .max(1);
-    let per_chunk = share.min(MAX_CHUNK * (1 + max_ratio));
+    // A dequantized MXFP4 expert is one chunk: both buffers must hold one.
+    let dequant = plan
+        .tensors()
+        .filter_map(|t| Some(t.dequant.as_ref()?.scheme.min_buffer(t.dtype)))
+        .max()
+        .unwrap_or(0);
+    let per_chunk = share.min((MAX_CHUNK * (1 + max_ratio)).max(dequant.saturating_mul(2)));
     usize::try_from(per_chunk).unwrap_or(usize::MAX)
 }
 
@@ -137,10 +146,11 @@ fn shard_need(ck: &Checkpoint, shard: &ShardPlan) -> usize {
         .iter()
         .map(|t| {
             let input = ck.tensors[t.source].len;
+            let scale = t.dequant.as_ref().map_or(0, |d| ck.tensors[d.scale].len);
             if t.dtype == t.source_dtype {
                 input
             } else {
-                input + t.len
+                input + t.len + scale
             }
         })
         .max()
@@ -234,6 +244,15 @@ fn fill_shard<'p>(
 ) -> Result<Vec<TensorRecord>, ExecError> {
     let mut records = Vec::with_capacity(shard.tensors.len());
     for planned in &shard.tensors {
+        if planned.dequant.is_some() {
+            let sent = fill_dequantized(reader, ck, plan, planned, free, to_writer, options)?;
+            let Some(record) = sent else {
+                return Ok(records); // the write stage failed; it reports why
+            };
+            reporter.advance(ck.tensors[planned.source].len);
+            records.push(record);
+            continue;
+        }
         let source = &ck.tensors[planned.source];
         let (from, to) = (source.dtype, planned.dtype);
         let casting = from != to;
@@ -299,4 +318,64 @@ fn fill_shard<'p>(
         });
     }
     Ok(records)
+}
+
+/// The read stage for one quantized weight (see [`crate::cast::dequant`]):
+/// each free buffer takes a chunk of codes and their dense values, and the
+/// values go to the writer. `None` when the write stage is gone.
+fn fill_dequantized<'p>(
+    reader: &SourceReader,
+    ck: &Checkpoint,
+    plan: &Plan,
+    planned: &crate::plan::PlannedTensor,
+    free: &mpsc::Receiver<WindowBuf<'p>>,
+    to_writer: &mpsc::SyncSender<Filled<'p>>,
+    options: &ExecOptions<'_>,
+) -> Result<Option<TensorRecord>, ExecError> {
+    let Some(how) = &planned.dequant else {
+        return Ok(None);
+    };
+    let weight = &ck.tensors[planned.source];
+    let policy = plan.options.on_overflow;
+    let scale = &ck.tensors[how.scale];
+    let mut stream =
+        DequantStream::open(reader, weight, scale, &how.scheme, planned.dtype, policy)?;
+    let mut hash = Xxh3::new();
+    while !stream.is_done() {
+        if options.cancel.load(Ordering::Relaxed) {
+            return Err(ExecError::Interrupted);
+        }
+        let Ok(mut buf) = free.recv() else {
+            return Ok(None);
+        };
+        let chunk = stream.fill(&mut buf)?;
+        hash.update(&buf[chunk.start..chunk.start + chunk.len]);
+        let filled = Filled {
+            buf,
+            start: chunk.start,
+            len: chunk.len,
+        };
+        if to_writer.send(filled).is_err() {
+            return Ok(None);
+        }
+    }
+    let (from, to, stats) = (weight.dtype, planned.dtype, stream.stats());
+    if stats.overflow > 0 && policy == OverflowPolicy::Error {
+        let count = stats.overflow;
+        let tensor = planned.name.clone();
+        return Err(CastError::Overflow {
+            tensor,
+            from,
+            to,
+            count,
+        }
+        .into());
+    }
+    Ok(Some(TensorRecord {
+        name: planned.name.clone(),
+        dtype: to,
+        shape: planned.shape.clone(),
+        xxh3: format!("{:016x}", hash.digest()),
+        cast: Some(CastRecord { from, to, stats }),
+    }))
 }

@@ -14,6 +14,7 @@ pub mod index;
 mod json;
 pub mod names;
 pub mod pytorch;
+pub mod quant;
 pub mod read;
 pub mod safetensors;
 pub mod strided;
@@ -225,6 +226,26 @@ pub enum Finding {
         bytes: u64,
         stored: u64,
     },
+    /// A quantized weight (F8 or MXFP4 codes) without its scale: read as
+    /// is, its values are wrong by the missing factor.
+    QuantWeightWithoutScale {
+        tensor: String,
+        file: String,
+        scale: String,
+    },
+    /// A scale tensor whose quantized weight is not in the checkpoint.
+    QuantScaleWithoutWeight { tensor: String, file: String },
+    /// A scale whose shape does not fit its weight and the block size.
+    QuantScaleShape {
+        tensor: String,
+        file: String,
+        shape: Vec<u64>,
+        expected: String,
+    },
+    /// The quantization could not be told apart (two schemes, a config
+    /// that disagrees with the names) or its config is unreadable; convert
+    /// refuses it.
+    QuantUnclear { reason: String },
 }
 
 /// Most tensors one checkpoint may hold. The largest real index (~10 MB, at
@@ -284,6 +305,22 @@ impl fmt::Display for Finding {
                 names::escape(file),
                 crate::units::human(*bytes)
             ),
+            Finding::QuantWeightWithoutScale { tensor, file, scale } => write!(
+                f,
+                "quantized weight {tensor:?} in {} has no scale ({scale:?} is missing)",
+                names::escape(file)
+            ),
+            Finding::QuantScaleWithoutWeight { tensor, file } => write!(
+                f,
+                "scale {tensor:?} in {} has no quantized weight",
+                names::escape(file)
+            ),
+            Finding::QuantScaleShape { tensor, file, shape, expected } => write!(
+                f,
+                "scale {tensor:?} in {} has shape {shape:?}; its weight needs {expected}",
+                names::escape(file)
+            ),
+            Finding::QuantUnclear { reason } => write!(f, "{reason}"),
         }
     }
 }

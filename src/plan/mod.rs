@@ -1,8 +1,11 @@
 //! Planning: the order tensors are written in ([`order`]), how they are
 //! packed into shards ([`pack`]), and what a load of the result will cost
 //! ([`fit`]). A [`Plan`] is plain serde data: `convert --dry-run` prints it
-//! and `convert` executes it. Building a plan reads nothing but headers.
+//! and `convert` executes it. Building a plan reads nothing but headers
+//! and, for quantized sources ([`dequant`]), the small quantization config
+//! files.
 
+pub mod dequant;
 pub mod fit;
 pub mod machine;
 pub mod order;
@@ -12,8 +15,12 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cast::dequant::Dequant;
 use crate::cast::{self, CastError, OverflowPolicy};
+use crate::format::quant::QuantError;
 use crate::format::{Checkpoint, Dtype, Format};
+
+use self::dequant::{QuantPlan, QuantRecord, Role};
 
 use self::order::{block_of, sort_indices, Order};
 use self::pack::{pack, Item};
@@ -33,6 +40,10 @@ pub struct PlanOptions {
     pub on_overflow: OverflowPolicy,
     /// Drop later names of tensors that are exact views of the same bytes.
     pub dedupe_tied: bool,
+    /// Write quantized weights that have no scale as plain codes instead of
+    /// refusing them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_unscaled: bool,
 }
 
 impl Default for PlanOptions {
@@ -44,6 +55,7 @@ impl Default for PlanOptions {
             keep_dtype: Vec::new(),
             on_overflow: OverflowPolicy::Error,
             dedupe_tied: false,
+            allow_unscaled: false,
         }
     }
 }
@@ -61,6 +73,22 @@ pub enum PlanError {
     },
     #[error(transparent)]
     Cast(#[from] CastError),
+    #[error(transparent)]
+    Quant(#[from] QuantError),
+    #[error("{file}: quantized weight {tensor:?} has no scale; its values would be wrong by the missing factor (pass --allow-unscaled to write its codes unscaled)")]
+    MissingScale { file: String, tensor: String },
+    #[error("{file}: scale {tensor:?} of weight {weight:?} has a shape that does not fit the weight and the block size (see reshard inspect)")]
+    BadScale {
+        file: String,
+        tensor: String,
+        weight: String,
+    },
+    #[error("--keep-dtype matches quantized weight {tensor:?}; a dequantized output cannot keep some weights quantized")]
+    KeepQuantized { tensor: String },
+    #[error(
+        "quantized weight {tensor:?} would be written as {name:?}, which another tensor already is"
+    )]
+    DenseNameTaken { tensor: String, name: String },
     #[error("tensor {tensor:?}: its {bytes}-byte header entry makes the shard header larger than safetensors allows")]
     HeaderTooLarge { tensor: String, bytes: u64 },
     #[error("{file}: tensor {tensor:?} is an expanded view: {bytes} bytes of output from {stored} bytes stored, more than {MAX_EXPANSION} times; pass --allow-expanded to write it anyway")]
@@ -118,6 +146,9 @@ pub struct PlannedTensor {
     pub len: u64,
     /// Offset in the shard's data section.
     pub offset: u64,
+    /// Quantized codes written dense: with which scale, how.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dequant: Option<Dequant>,
 }
 
 /// One output shard: its file name and its tensors in file (offset) order.
@@ -172,6 +203,9 @@ pub struct Plan {
     pub dropped: Vec<Dropped>,
     /// `__metadata__` of every output shard (always with `format: pt`).
     pub metadata: BTreeMap<String, String>,
+    /// A quantized source: its scheme and what was dequantized.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<QuantRecord>,
 }
 
 impl Plan {
@@ -187,19 +221,30 @@ impl Plan {
             .into_iter()
             .map(|i| kept[i])
             .collect();
+        let quant = QuantPlan::new(ck, options.dtype.is_some(), options.allow_unscaled, &|n| {
+            keep.is_match(n)
+        })?;
+        let ordered = quant.regroup(ordered);
 
         let mut planned = Vec::with_capacity(ordered.len());
         let mut casts: BTreeMap<(Dtype, Dtype), CastPair> = BTreeMap::new();
         for &i in &ordered {
             let t = &ck.tensors[i];
+            let (name, shape, dequant) = match &quant.roles[i] {
+                Role::Dequant { name, shape, how } => (name, shape, Some(how.clone())),
+                _ => (&t.name, &t.shape, None),
+            };
             let target = match options.dtype {
+                Some(to) if dequant.is_some() => cast::target_for(Dtype::F32, to)?.or(Some(to)),
                 Some(to) if !keep.is_match(&t.name) => cast::target_for(t.dtype, to)?,
                 _ => None,
             };
             let dtype = target.unwrap_or(t.dtype);
-            // Element counts were checked when the header was read, and a
-            // cast never goes past 64-bit elements.
-            let len = dtype.byte_len(t.numel()).unwrap_or(u64::MAX);
+            let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+            // Element counts were checked when the header was read, a cast
+            // never goes past 64-bit elements, and a dense MXFP4 shape holds
+            // twice the codes' bytes.
+            let len = numel.and_then(|n| dtype.byte_len(n)).unwrap_or(u64::MAX);
             if target.is_some() {
                 let pair = casts.entry((t.dtype, dtype)).or_insert(CastPair {
                     from: t.dtype,
@@ -213,13 +258,14 @@ impl Plan {
                 pair.bytes_after += len;
             }
             planned.push(PlannedTensor {
-                name: t.name.clone(),
+                name: name.clone(),
                 source: i,
                 source_dtype: t.dtype,
                 dtype,
-                shape: t.shape.clone(),
+                shape: shape.clone(),
                 len,
                 offset: 0,
+                dequant,
             });
         }
 
@@ -228,6 +274,7 @@ impl Plan {
             .map(|t| Item {
                 bytes: t.len,
                 block: block_of(&t.name),
+                glued: matches!(quant.roles[t.source], Role::GluedTo(_)),
             })
             .collect();
         let ranges = pack(&items, options.max_shard_size);
@@ -266,6 +313,7 @@ impl Plan {
             casts: casts.into_values().collect(),
             dropped,
             metadata,
+            quantization: quant.record,
         })
     }
 

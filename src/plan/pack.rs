@@ -14,6 +14,9 @@ pub struct Item<B> {
     pub bytes: u64,
     /// Tensors with equal `Some(block)` next to each other form one unit.
     pub block: Option<B>,
+    /// Must land in the same shard as the item before it (a quantized
+    /// weight's scale): never split from it, whatever the limit.
+    pub glued: bool,
 }
 
 /// Cuts `items` into shards of at most `limit` bytes each (except a shard
@@ -40,17 +43,18 @@ pub fn pack<B: PartialEq>(items: &[Item<B>], limit: u64) -> Vec<Range<usize>> {
             size = unit_bytes;
             continue;
         }
-        // The unit alone is over the limit: split it at tensor boundaries.
-        for i in unit {
-            let bytes = items[i].bytes;
+        // The unit alone is over the limit: split it at tensor boundaries,
+        // never between glued items.
+        for atom in atoms(items, unit) {
+            let bytes: u64 = items[atom.clone()].iter().map(|i| i.bytes).sum();
             if size.saturating_add(bytes) <= limit {
                 size += bytes;
             } else if bytes <= limit {
-                close(&mut shards, &mut start, i, &mut size);
+                close(&mut shards, &mut start, atom.start, &mut size);
                 size = bytes;
             } else {
-                close(&mut shards, &mut start, i, &mut size);
-                close(&mut shards, &mut start, i + 1, &mut size);
+                close(&mut shards, &mut start, atom.start, &mut size);
+                close(&mut shards, &mut start, atom.end, &mut size);
             }
         }
     }
@@ -58,19 +62,36 @@ pub fn pack<B: PartialEq>(items: &[Item<B>], limit: u64) -> Vec<Range<usize>> {
     shards
 }
 
-/// Maximal runs of items sharing one `Some(block)`; other items stand alone.
+/// Maximal runs of items sharing one `Some(block)`, extended by the glued
+/// items that follow; other items stand alone (with their glued ones).
 fn units<B: PartialEq>(items: &[Item<B>]) -> Vec<Range<usize>> {
     let mut out = Vec::new();
     let mut i = 0;
     while i < items.len() {
         let mut j = i + 1;
-        if items[i].block.is_some() {
-            while j < items.len() && items[j].block == items[i].block {
+        loop {
+            let same_block =
+                items[i].block.is_some() && j < items.len() && items[j].block == items[i].block;
+            if same_block || (j < items.len() && items[j].glued) {
                 j += 1;
+            } else {
+                break;
             }
         }
         out.push(i..j);
         i = j;
+    }
+    out
+}
+
+/// `unit` cut into runs that start at an item not glued to the one before.
+fn atoms<B>(items: &[Item<B>], unit: Range<usize>) -> Vec<Range<usize>> {
+    let mut out: Vec<Range<usize>> = Vec::new();
+    for i in unit {
+        match out.last_mut() {
+            Some(last) if items[i].glued => last.end = i + 1,
+            _ => out.push(i..i + 1),
+        }
     }
     out
 }
@@ -81,7 +102,34 @@ mod tests {
     use proptest::prelude::*;
 
     fn item(bytes: u64, block: Option<u32>) -> Item<u32> {
-        Item { bytes, block }
+        Item {
+            bytes,
+            block,
+            glued: false,
+        }
+    }
+
+    #[test]
+    fn glued_items_stay_with_the_item_before_them() {
+        // A weight (5) and its scale (1) glued, in a block over the limit,
+        // and a loose weight and its scale at the end.
+        let mut items = vec![
+            item(5, Some(0)),
+            item(4, Some(0)),
+            item(1, Some(0)),
+            item(3, None),
+            item(1, None),
+        ];
+        items[2].glued = true;
+        items[4].glued = true;
+        let shards = pack(&items, 5);
+        assert_eq!(shards, vec![0..1, 1..3, 3..5]);
+        // Without the glue the scale of the block would sit with the weight
+        // before it only by chance, and the loose scale would be alone.
+        let mut loose = items.clone();
+        loose[4].glued = false;
+        assert_eq!(pack(&loose, 3), vec![0..1, 1..3, 3..4, 4..5]);
+        assert_eq!(pack(&items, 3), vec![0..1, 1..3, 3..5]);
     }
 
     #[test]
@@ -162,6 +210,26 @@ mod tests {
                     prop_assert_eq!(holders, 1, "unit {:?} split", unit);
                 }
             }
+        }
+
+        #[test]
+        fn glued_items_never_start_a_shard(
+            items in arb_items(),
+            glue in prop::collection::vec(any::<bool>(), 60),
+            limit in 1u64..120,
+        ) {
+            let mut items = items;
+            for (i, g) in items.iter_mut().zip(glue).skip(1) {
+                i.glued = g;
+            }
+            let shards = pack(&items, limit);
+            let mut next = 0;
+            for s in &shards {
+                prop_assert_eq!(s.start, next);
+                prop_assert!(!items[s.start].glued, "{:?} starts at a glued item", s);
+                next = s.end;
+            }
+            prop_assert_eq!(next, items.len());
         }
 
         #[test]

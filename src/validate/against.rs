@@ -2,6 +2,11 @@
 //! bit, or equals `cast::cast_parallel` of it when the dtypes differ (with
 //! the overflow policy the manifest records, else `inf`).
 //!
+//! A quantized source (see [`crate::format::quant`]) is compared through
+//! the same dequantization `convert --dtype` runs: each dense output tensor
+//! against its codes times its scales; the scales and activation scales a
+//! dense output does not hold are not missing.
+//!
 //! Both sides stream through three fixed buffers (source chunk, its cast,
 //! output chunk), whatever the tensor sizes. Names on one side only are
 //! failures, except tied names the manifest says were dropped on purpose.
@@ -12,6 +17,7 @@ use super::device::try_zeroed;
 use super::ledger::CommitLedger;
 use super::report::{AgainstReport, Failure, ValidateReport};
 use super::ValidateError;
+use crate::cast::dequant::{DequantStream, Scheme};
 use crate::cast::{self, OverflowPolicy};
 use crate::format::read::{SourceReader, TensorBytes};
 use crate::format::{self, Checkpoint, Tensor};
@@ -79,10 +85,47 @@ pub fn compare(
         .iter()
         .map(|t| (t.name.as_str(), t))
         .collect();
+    let quant = format::quant::detect(&source)?;
+    // Dense name -> (codes, scale, scheme), and what a dense output leaves out.
+    let mut dense: HashMap<&str, (&Tensor, &Tensor, &Scheme)> = HashMap::new();
+    let mut folded: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for (w, scale, scheme) in quant.iter().flat_map(|q| q.scaled()) {
+        let codes = &source.tensors[w.weight];
+        dense.insert(w.name.as_str(), (codes, &source.tensors[scale], scheme));
+        folded.insert(source.tensors[scale].name.as_str());
+        folded.insert(codes.name.as_str());
+    }
+    for &i in quant.iter().flat_map(|q| &q.extras) {
+        folded.insert(source.tensors[i].name.as_str());
+    }
     let names: Vec<&str> = ck.tensors.iter().map(|t| t.name.as_str()).collect();
     for i in sort_indices(&names, Order::Forward) {
         let out = &ck.tensors[i];
         let file = ck.files[out.file].name();
+        if let Some(&(codes, scale, scheme)) = dense.get(out.name.as_str()) {
+            if codes.dtype != out.dtype || codes.name != out.name {
+                let Ok(bufs) = bufs.as_mut() else {
+                    continue;
+                };
+                let dq = Dequantized {
+                    codes,
+                    scale,
+                    scheme,
+                };
+                if let Some(reason) =
+                    dq.first_difference(&src_reader, &out_reader, out, bufs, policy)?
+                {
+                    report.fail(Failure::AgainstMismatch {
+                        tensor: out.name.clone(),
+                        file: file.clone(),
+                        reason,
+                    });
+                }
+                summary.tensors_compared += 1;
+                summary.dequantized_compared += 1;
+                continue;
+            }
+        }
         let Some(&theirs) = by_name.get(out.name.as_str()) else {
             report.fail(Failure::AgainstMissing {
                 tensor: out.name.clone(),
@@ -129,7 +172,8 @@ pub fn compare(
     }
     let ours: std::collections::HashSet<&str> = names.iter().copied().collect();
     for t in &source.tensors {
-        if !ours.contains(t.name.as_str()) && !dropped.contains(&t.name) {
+        let dense_output = summary.dequantized_compared > 0 && folded.contains(t.name.as_str());
+        if !ours.contains(t.name.as_str()) && !dropped.contains(&t.name) && !dense_output {
             report.fail(Failure::AgainstMissing {
                 tensor: t.name.clone(),
                 side: "the source".into(),
@@ -190,15 +234,93 @@ fn first_difference(
         };
         let got = &mut bufs.output[..n * out_elem];
         out_reader.read_chunk(out, &mut out_stream, got)?;
-        if expected != &got[..] {
-            let at = expected
-                .chunks(out_elem)
-                .zip(got.chunks(out_elem))
-                .position(|(a, b)| a != b)
-                .unwrap_or(0);
+        if let Some(at) = first_unequal(expected, got, out_elem) {
             return Ok(Some(done + at as u64));
         }
         done += n as u64;
     }
     Ok(None)
+}
+
+/// A quantized source tensor: its codes, its scale and how they combine.
+struct Dequantized<'a> {
+    codes: &'a Tensor,
+    scale: &'a Tensor,
+    scheme: &'a Scheme,
+}
+
+impl Dequantized<'_> {
+    /// Why `out` is not the dequantization of the codes, or `None` when it
+    /// is, bit for bit.
+    fn first_difference(
+        &self,
+        src_reader: &SourceReader,
+        out_reader: &SourceReader,
+        out: &Tensor,
+        bufs: &mut Buffers,
+        policy: OverflowPolicy,
+    ) -> Result<Option<String>, ValidateError> {
+        let mut stream = DequantStream::open(
+            src_reader,
+            self.codes,
+            self.scale,
+            self.scheme,
+            out.dtype,
+            policy,
+        )?;
+        let expected_len = self.scheme.min_buffer(out.dtype);
+        if expected_len > bufs.source.len() as u64 {
+            // An MXFP4 expert larger than the compare chunk: its own buffers.
+            let len = usize::try_from(expected_len).unwrap_or(usize::MAX);
+            let bigger = Buffers {
+                source: try_zeroed(len).map_err(|_| too_big(out))?,
+                cast: Vec::new(),
+                output: try_zeroed(len).map_err(|_| too_big(out))?,
+            };
+            *bufs = bigger;
+        }
+        let mut out_stream: TensorBytes = out_reader.tensor_bytes(out);
+        let mut done = 0u64;
+        let out_elem = (out.dtype.bits() / 8).max(1) as usize;
+        let want_len = out.len;
+        while !stream.is_done() {
+            let chunk = stream.fill(&mut bufs.source)?;
+            if done + chunk.len as u64 > want_len {
+                return Ok(Some(format!(
+                    "holds {want_len} bytes, fewer than the dequantized source"
+                )));
+            }
+            let got = &mut bufs.output[..chunk.len];
+            out_reader.read_chunk(out, &mut out_stream, got)?;
+            let expected = &bufs.source[chunk.start..chunk.start + chunk.len];
+            if let Some(at) = first_unequal(expected, got, out_elem) {
+                let element = done / out_elem as u64 + at as u64;
+                return Ok(Some(format!(
+                    "differs from the dequantized {} times {} at element {element}",
+                    self.codes.name, self.scale.name
+                )));
+            }
+            done += chunk.len as u64;
+        }
+        Ok((done != want_len)
+            .then(|| format!("holds {want_len} bytes; the dequantized source {done}")))
+    }
+}
+
+/// The first element (of `elem` bytes) where the two slices differ.
+fn first_unequal(expected: &[u8], got: &[u8], elem: usize) -> Option<usize> {
+    (expected != got).then(|| {
+        expected
+            .chunks(elem)
+            .zip(got.chunks(elem))
+            .position(|(a, b)| a != b)
+            .unwrap_or(0)
+    })
+}
+
+fn too_big(out: &Tensor) -> ValidateError {
+    ValidateError::Io {
+        what: format!("reserve memory to compare {:?}", out.name),
+        source: std::io::Error::from(std::io::ErrorKind::OutOfMemory),
+    }
 }

@@ -84,6 +84,10 @@ pub enum ValidateError {
         from: format::Dtype,
         to: format::Dtype,
     },
+    #[error(transparent)]
+    Quant(#[from] crate::format::quant::QuantError),
+    #[error(transparent)]
+    Dequant(#[from] crate::cast::dequant::DequantError),
     #[error("the budget child process failed: {reason}")]
     Child { reason: String },
     #[error("cannot {what}")]

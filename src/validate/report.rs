@@ -63,6 +63,10 @@ pub struct AgainstReport {
     pub tensors_compared: usize,
     /// Of those, compared with the cast of the source.
     pub cast_compared: usize,
+    /// Of those, compared with the dequantization of a quantized source's
+    /// codes and scales.
+    #[serde(default)]
+    pub dequantized_compared: usize,
 }
 
 /// A check that ran and failed. Each names the file and, where one is

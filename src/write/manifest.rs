@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::cast::CastStats;
 use crate::format::read::read_regular;
 use crate::format::{Checkpoint, Dtype, Format, FormatError, SourceFile};
+use crate::plan::dequant::QuantRecord;
 use crate::plan::{Dropped, Oversized, PlanOptions};
 
 /// File name of the manifest, written last.
@@ -100,6 +101,10 @@ pub struct Manifest {
     /// index), recorded before the first of them is created.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub planned: Vec<String>,
+    /// A quantized source: its quantization config as it was, and what was
+    /// dequantized from what.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<QuantRecord>,
 }
 
 impl Manifest {

@@ -19,6 +19,7 @@ mod parts;
 mod platform;
 mod proof;
 mod pytorch;
+mod quant;
 mod readers;
 mod touch;
 mod validate;
