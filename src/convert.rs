@@ -9,6 +9,7 @@
 //! [`DstLock`], and the free space by [`dst::check_space`].
 
 mod dst;
+mod layout;
 mod other;
 
 use std::path::{Path, PathBuf};
@@ -30,7 +31,8 @@ use crate::write::scope::{OutputScope, ScopeError, ScopeRules};
 use crate::write::shard::sha256_file;
 use crate::write::{remove_stale_temps, sync_dir, write_atomic, WriteError};
 
-pub use self::other::SkippedFile;
+pub use self::layout::{convert_layout, ComponentSummary};
+pub use self::other::{SkippedFile, Walk};
 
 /// How to run a conversion, beyond the plan.
 #[derive(Debug, Clone)]
@@ -45,6 +47,12 @@ pub struct ConvertOptions {
     pub overwrite: bool,
     /// Copy config.json, tokenizer files, ... from the source folder.
     pub copy_other_files: bool,
+    /// Which other files: the folder's own ([`Walk::Flat`]) or the whole
+    /// tree but other weight sets' folders ([`Walk::Tree`]).
+    pub walk: Walk,
+    /// Rewrite config.json's dtype when casting (transformers configs; a
+    /// diffusers config has no dtype key and is copied as it is).
+    pub config_dtype: bool,
     /// SRC was one file, not a folder: DST may sit beside it.
     pub single_file: bool,
     /// `batch`: DST must resolve inside this folder (OUT).
@@ -62,6 +70,8 @@ impl Default for ConvertOptions {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             overwrite: false,
             copy_other_files: true,
+            walk: Walk::Flat,
+            config_dtype: true,
             single_file: false,
             within: None,
             allow_expanded: false,
@@ -101,6 +111,8 @@ pub enum ConvertError {
     },
     #[error("{}: {reason}", .path.display())]
     Config { path: PathBuf, reason: String },
+    #[error("{}: {reason}", .path.display())]
+    DstSubfolder { path: PathBuf, reason: &'static str },
 }
 
 /// What a conversion did.
@@ -122,6 +134,13 @@ pub struct ConvertSummary {
     /// Other files of the source folder that were not copied, and why (a
     /// symlink out of the model's folder, a name that is not UTF-8, ...).
     pub skipped_files: Vec<SkippedFile>,
+    /// Weight files outside any converted folder (`onnx/model.onnx`),
+    /// copied as they are.
+    pub copied_as_is: Vec<String>,
+    /// The other weight sets of the model (sentence-transformers modules,
+    /// diffusers components), each converted in its own folder.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<ComponentSummary>,
     pub manifest: Manifest,
 }
 
@@ -164,12 +183,13 @@ pub fn convert_with_pool(
     source.root = Some(scope.root().display().to_string());
     let id = plan_id(&source, &options.plan);
     let others = if options.copy_other_files {
-        other::select(ck, &scope)?
+        other::select(ck, &scope, &options.walk)?
     } else {
         other::OtherFiles::default()
     };
     // A config.json that cannot be rewritten fails now, before any shard.
-    let config = other::rewritten_config(ck, &others, options.plan.dtype)?;
+    let dtype = options.plan.dtype.filter(|_| options.config_dtype);
+    let config = other::rewritten_config(ck, &others, dtype)?;
     std::fs::create_dir_all(dst).map_err(|e| WriteError::io(dst, e))?;
     scope.confirm(ck, rules)?;
     let lock = DstLock::acquire(dst)?;
@@ -180,6 +200,7 @@ pub fn convert_with_pool(
         dst::DstState::UpToDate(manifest) => {
             let mut s = summary(dst, true, 0, &plan, 0, started, pool, options, manifest);
             s.skipped_files = others.skipped;
+            s.copied_as_is = others.copied_as_is;
             return Ok(s);
         }
         dst::DstState::Resume(partial) => (verified_shards(dst, &plan, partial.shards), None),
@@ -254,6 +275,7 @@ pub fn convert_with_pool(
         dst, false, resumed, &plan, todo_bytes, started, pool, options, manifest,
     );
     s.skipped_files = others.skipped;
+    s.copied_as_is = others.copied_as_is;
     Ok(s)
 }
 
@@ -285,6 +307,8 @@ fn summary(
         peak_buffer_bytes: pool.peak(),
         window: options.window,
         skipped_files: Vec::new(),
+        copied_as_is: Vec::new(),
+        components: Vec::new(),
         manifest,
     }
 }

@@ -7,7 +7,9 @@ use std::sync::atomic::AtomicBool;
 use anyhow::Context;
 
 use reshard::cast::OverflowPolicy;
-use reshard::convert::{convert, ConvertOptions, ConvertSummary};
+use reshard::convert::{convert, convert_layout, ConvertOptions, ConvertSummary};
+use reshard::exec::WindowPool;
+use reshard::format::layout::{self, ModelLayout};
 use reshard::format::names::escape;
 use reshard::format::{self, Dtype};
 use reshard::plan::{Plan, PlanOptions};
@@ -124,6 +126,8 @@ impl ConvertArgs {
                 .unwrap_or_else(|| ConvertOptions::default().threads),
             overwrite: self.overwrite,
             copy_other_files: true,
+            walk: reshard::convert::Walk::Flat,
+            config_dtype: true,
             single_file: false,
             within: None,
             allow_expanded: self.allow_expanded,
@@ -132,36 +136,51 @@ impl ConvertArgs {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
-    let ck = format::open(&args.src)
-        .with_context(|| format!("cannot convert {}", args.src.display()))?;
     let mut options = args.options.to_options();
     let src_is_dir = args.src.is_dir();
     options.copy_other_files = src_is_dir;
     options.single_file = !src_is_dir;
+    // A folder is read as a layout (its weight sets and the rest of its
+    // tree); a file is one checkpoint.
+    let layout = if src_is_dir {
+        Some(
+            layout::detect(&args.src)
+                .with_context(|| format!("cannot convert {}", args.src.display()))?,
+        )
+    } else {
+        None
+    };
+    let ck = match &layout {
+        Some(l) if !l.sets.iter().any(|s| s.rel.is_empty()) => None,
+        _ => Some(
+            format::open(&args.src)
+                .with_context(|| format!("cannot convert {}", args.src.display()))?,
+        ),
+    };
     if args.dry_run {
-        let plan = Plan::build(&ck, &options.plan)
-            .and_then(|plan| {
-                reshard::plan::check_expanded(&ck, &plan, options.allow_expanded)?;
-                Ok(plan)
-            })
-            .with_context(|| format!("cannot plan {}", args.src.display()))?;
-        if args.json {
-            printer::json(&plan)?;
-        } else {
-            printer::text(&render_plan(&plan, options.window))?;
-        }
-        return Ok(ExitStatus::Ok);
+        return dry_run(&args, ck.as_ref(), layout.as_ref(), &options);
     }
     if !args.quiet {
         // What inspect would report: the output fixes some (format: pt,
         // alignment, index mismatches), the user should know about the rest.
-        for finding in &ck.findings {
+        for finding in ck.iter().flat_map(|ck| &ck.findings) {
             eprintln!("note: source: {finding}");
+        }
+        for note in layout.iter().flat_map(|l| &l.notes) {
+            eprintln!("note: {note}");
         }
     }
     let _ = ctrlc::set_handler(|| CANCEL.store(true, std::sync::atomic::Ordering::SeqCst));
     let bar = Bar::new(!(args.quiet || args.options.no_progress || args.json));
-    let summary = convert(&ck, &args.dst, &options, &bar, &CANCEL).with_context(|| {
+    let result = match (&layout, &ck) {
+        (Some(l), _) => {
+            let pool = WindowPool::new(options.window);
+            convert_layout(l, &args.dst, &options, &pool, &bar, &CANCEL)
+        }
+        (None, Some(ck)) => convert(ck, &args.dst, &options, &bar, &CANCEL),
+        (None, None) => unreachable!("a file source is always opened"),
+    };
+    let summary = result.with_context(|| {
         format!(
             "cannot convert {} into {}",
             args.src.display(),
@@ -169,31 +188,123 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         )
     })?;
     if !args.quiet {
-        for skipped in &summary.skipped_files {
-            eprintln!("note: not copied: {:?}: {}", skipped.name, skipped.reason);
+        print_notes(&summary, "");
+        for c in &summary.components {
+            for finding in &c.findings {
+                eprintln!("note: source: {}: {finding}", c.path);
+            }
+            print_notes(&c.summary, &format!("{}/", c.path));
         }
     }
     if args.json && !args.validate {
         printer::json(&summary)?;
     } else if !args.quiet && !args.json {
         printer::text(&render_summary(&summary, args.verbose))?;
+        for c in &summary.components {
+            printer::text(&format!("{}: ", c.path))?;
+            printer::text(&render_summary(&c.summary, args.verbose))?;
+        }
     }
     if !args.validate {
         return Ok(ExitStatus::Ok);
     }
-    let options = args.load.options(Some(args.src.clone()));
-    let report = validate_with_budget(&args.dst, &options)
-        .with_context(|| format!("cannot validate {}", args.dst.display()))?;
-    if args.json {
-        printer::json(&serde_json::json!({ "convert": summary, "validate": report }))?;
-    } else if !args.quiet || !report.passed {
-        printer::text(&super::validate::render(&report))?;
+    // Each weight set is validated against its source folder.
+    let sets: Vec<String> = match &layout {
+        Some(l) => l.sets.iter().map(|s| s.rel.clone()).collect(),
+        None => vec![String::new()],
+    };
+    let mut reports = Vec::new();
+    for rel in &sets {
+        let src = layout::join_rel(&args.src, rel);
+        let dst = layout::join_rel(&args.dst, rel);
+        let options = args.load.options(Some(src));
+        let report = validate_with_budget(&dst, &options)
+            .with_context(|| format!("cannot validate {}", dst.display()))?;
+        if !args.json && (!args.quiet || !report.passed) {
+            printer::text(&super::validate::render(&report))?;
+        }
+        reports.push(report);
     }
-    Ok(if report.passed {
+    let passed = reports.iter().all(|r| r.passed);
+    if args.json {
+        let validate = match reports.as_slice() {
+            [one] => serde_json::to_value(one)?,
+            many => serde_json::to_value(many)?,
+        };
+        printer::json(&serde_json::json!({ "convert": summary, "validate": validate }))?;
+    }
+    Ok(if passed {
         ExitStatus::Ok
     } else {
         ExitStatus::CheckFailed
     })
+}
+
+/// `convert --dry-run`: the plan of every weight set, written nowhere.
+fn dry_run(
+    args: &Args,
+    ck: Option<&format::Checkpoint>,
+    layout: Option<&ModelLayout>,
+    options: &ConvertOptions,
+) -> anyhow::Result<ExitStatus> {
+    let plan_of = |ck: &format::Checkpoint, o: &ConvertOptions| {
+        Plan::build(ck, &o.plan)
+            .and_then(|plan| {
+                reshard::plan::check_expanded(ck, &plan, o.allow_expanded)?;
+                Ok(plan)
+            })
+            .with_context(|| format!("cannot plan {}", ck.dir.display()))
+    };
+    let mut plans = Vec::new();
+    if let Some(ck) = ck {
+        plans.push((String::new(), plan_of(ck, options)?));
+    }
+    for set in layout
+        .iter()
+        .flat_map(|l| &l.sets)
+        .filter(|s| !s.rel.is_empty())
+    {
+        let dir = layout::join_rel(&args.src, &set.rel);
+        let ck = format::open(&dir).with_context(|| format!("cannot plan {}", dir.display()))?;
+        let mut o = options.clone();
+        if set.one_file {
+            o.plan.max_shard_size = u64::MAX;
+        }
+        plans.push((set.rel.clone(), plan_of(&ck, &o)?));
+    }
+    if args.json {
+        match plans.as_slice() {
+            [(rel, plan)] if rel.is_empty() => printer::json(plan)?,
+            _ => printer::json(
+                &plans
+                    .iter()
+                    .map(|(rel, plan)| serde_json::json!({"path": rel, "plan": plan}))
+                    .collect::<Vec<_>>(),
+            )?,
+        }
+    } else {
+        for (rel, plan) in &plans {
+            if !rel.is_empty() {
+                printer::text(&format!("{rel}: "))?;
+            }
+            printer::text(&render_plan(plan, options.window))?;
+        }
+    }
+    Ok(ExitStatus::Ok)
+}
+
+/// The files of one folder's job that were not copied, or copied as is.
+fn print_notes(s: &ConvertSummary, folder: &str) {
+    for skipped in &s.skipped_files {
+        eprintln!(
+            "note: not copied: {:?}: {}",
+            format!("{folder}{}", skipped.name),
+            skipped.reason
+        );
+    }
+    for name in &s.copied_as_is {
+        eprintln!("note: copied as is (a weight file outside any converted folder, not converted): {folder}{name}");
+    }
 }
 
 pub fn render_plan(plan: &Plan, window: u64) -> String {

@@ -247,6 +247,16 @@ pub fn is_plain_name(name: &str) -> bool {
         )
 }
 
+/// Deepest relative path [`is_plain_relative`] accepts (`a/b/c` is 3).
+pub const MAX_REL_DEPTH: usize = 10;
+
+/// True if `rel` is a `/`-separated path of plain names ([`is_plain_name`]
+/// each), at most [`MAX_REL_DEPTH`] deep; `""` is not. The names of files
+/// copied into DST's subfolders (`1_Pooling/config.json`) must pass.
+pub fn is_plain_relative(rel: &str) -> bool {
+    rel.split('/').count() <= MAX_REL_DEPTH && rel.split('/').all(is_plain_name)
+}
+
 /// The source folders and files a `batch --report` must stay away from.
 #[derive(Debug, Clone, Default)]
 pub struct SourceSet {
@@ -329,6 +339,16 @@ fn is_reshard_report(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn relative_paths_must_be_plain() {
+        assert!(is_plain_relative("2_Dense"));
+        assert!(is_plain_relative("a/b"));
+        for bad in ["", "../x", "a/../b", "/etc", "a//b", "a\\b", ".", "a/"] {
+            assert!(!is_plain_relative(bad), "{bad:?}");
+        }
+        assert!(!is_plain_relative(&["a"; 11].join("/")));
+    }
 
     #[test]
     fn plain_names_are_one_normal_component() {
