@@ -11,6 +11,7 @@
 mod dst;
 mod layout;
 mod other;
+pub mod split;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -31,7 +32,7 @@ use crate::write::scope::{OutputScope, ScopeError, ScopeRules};
 use crate::write::shard::sha256_file;
 use crate::write::{remove_stale_temps, sync_dir, write_atomic, WriteError};
 
-pub use self::layout::{convert_layout, ComponentSummary};
+pub use self::layout::{convert_layout, convert_split, ComponentSummary};
 pub use self::other::{SkippedFile, Walk};
 
 /// How to run a conversion, beyond the plan.
@@ -60,6 +61,10 @@ pub struct ConvertOptions {
     /// Write expanded (stride-0) views however much they amplify
     /// (see [`crate::plan::check_expanded`]).
     pub allow_expanded: bool,
+    /// Mixed into the plan id when the checkpoint handed in is derived from
+    /// the source (a component of a split): the same files with other
+    /// prefixes are another conversion.
+    pub id_salt: Option<String>,
 }
 
 impl Default for ConvertOptions {
@@ -75,6 +80,7 @@ impl Default for ConvertOptions {
             single_file: false,
             within: None,
             allow_expanded: false,
+            id_salt: None,
         }
     }
 }
@@ -111,6 +117,8 @@ pub enum ConvertError {
     },
     #[error("{}: {reason}", .path.display())]
     Config { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Split(#[from] split::SplitError),
     #[error("{}: {reason}", .path.display())]
     DstSubfolder { path: PathBuf, reason: &'static str },
 }
@@ -181,7 +189,14 @@ pub fn convert_with_pool(
     crate::plan::check_expanded(ck, &plan, options.allow_expanded)?;
     let mut source = SourceIdentity::of(ck);
     source.root = Some(scope.root().display().to_string());
-    let id = plan_id(&source, &options.plan);
+    let id = match &options.id_salt {
+        None => plan_id(&source, &options.plan),
+        Some(salt) => {
+            use sha2::{Digest, Sha256};
+            let key = format!("{}\n{salt}", plan_id(&source, &options.plan));
+            crate::write::shard::hex(&Sha256::digest(key.as_bytes()))
+        }
+    };
     let others = if options.copy_other_files {
         other::select(ck, &scope, &options.walk)?
     } else {

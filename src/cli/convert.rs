@@ -7,7 +7,10 @@ use std::sync::atomic::AtomicBool;
 use anyhow::Context;
 
 use reshard::cast::OverflowPolicy;
-use reshard::convert::{convert, convert_layout, ConvertOptions, ConvertSummary};
+use reshard::convert::split::ComponentPrefix;
+use reshard::convert::{
+    convert, convert_layout, convert_split, ComponentSummary, ConvertOptions, ConvertSummary,
+};
 use reshard::exec::WindowPool;
 use reshard::format::layout::{self, ModelLayout};
 use reshard::format::names::escape;
@@ -61,6 +64,8 @@ pub struct ConvertArgs {
     /// 1024; SI units (KB, MB, GB) are powers of 1000, as Hugging Face uses.
     #[arg(long, default_value = "1GiB", value_name = "SIZE")]
     pub max_shard_size: ByteSize,
+    #[command(flatten)]
+    pub layout: LayoutArgs,
     /// Memory for buffers in flight, for the whole process.
     #[arg(long, default_value = "256MiB", value_name = "SIZE")]
     pub window: ByteSize,
@@ -95,6 +100,37 @@ pub struct ConvertArgs {
     pub allow_expanded: bool,
 }
 
+/// The options about the output's layout (one file, components).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LayoutArgs {
+    /// Write each weight set as one `<prefix>.safetensors` (no index), for
+    /// UIs that load one file (ComfyUI, A1111/Forge, InvokeAI): streamed
+    /// through the window like shards, layer-ordered, the source's
+    /// `__metadata__` kept. Merges a sharded checkpoint into one file.
+    #[arg(long, conflicts_with = "max_shard_size")]
+    pub single_file: bool,
+    /// Split an all-in-one UI checkpoint into one file per component,
+    /// `DST/NAME/NAME.safetensors`, names without their prefix (see
+    /// docs/layouts.md for the prefix table).
+    #[arg(long, conflicts_with = "max_shard_size")]
+    pub split_components: bool,
+    /// With --split-components: tensors starting with PREFIX form component
+    /// NAME (repeatable; wins over the built-in table).
+    #[arg(long, value_name = "NAME=PREFIX", requires = "split_components")]
+    pub component_prefix: Vec<ComponentPrefix>,
+}
+
+impl LayoutArgs {
+    /// The shard limit these options leave: none with `--single-file`.
+    fn max_shard_size(&self, given: u64) -> u64 {
+        if self.single_file {
+            u64::MAX
+        } else {
+            given
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum OverflowArg {
     /// Fail, naming the tensor and the count.
@@ -109,7 +145,7 @@ impl ConvertArgs {
     pub fn to_options(&self) -> ConvertOptions {
         ConvertOptions {
             plan: PlanOptions {
-                max_shard_size: self.max_shard_size.bytes(),
+                max_shard_size: self.layout.max_shard_size(self.max_shard_size.bytes()),
                 order: self.order.into(),
                 dtype: self.dtype,
                 keep_dtype: self.keep_dtype.clone(),
@@ -131,6 +167,7 @@ impl ConvertArgs {
             single_file: false,
             within: None,
             allow_expanded: self.allow_expanded,
+            id_salt: None,
         }
     }
 }
@@ -140,6 +177,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     let src_is_dir = args.src.is_dir();
     options.copy_other_files = src_is_dir;
     options.single_file = !src_is_dir;
+    if args.options.layout.split_components {
+        return run_split(&args, &options);
+    }
     // A folder is read as a layout (its weight sets and the rest of its
     // tree); a file is one checkpoint.
     let layout = if src_is_dir {
@@ -200,10 +240,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         printer::json(&summary)?;
     } else if !args.quiet && !args.json {
         printer::text(&render_summary(&summary, args.verbose))?;
-        for c in &summary.components {
-            printer::text(&format!("{}: ", c.path))?;
-            printer::text(&render_summary(&c.summary, args.verbose))?;
-        }
+        printer::text(&render_components(&summary.components, args.verbose))?;
     }
     if !args.validate {
         return Ok(ExitStatus::Ok);
@@ -238,6 +275,62 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     } else {
         ExitStatus::CheckFailed
     })
+}
+
+/// `convert --split-components`.
+fn run_split(args: &Args, options: &ConvertOptions) -> anyhow::Result<ExitStatus> {
+    let ck = format::open(&args.src)
+        .with_context(|| format!("cannot convert {}", args.src.display()))?;
+    let prefixes = &args.options.layout.component_prefix;
+    if args.dry_run {
+        let parts = reshard::convert::split::split(&ck, prefixes)
+            .with_context(|| format!("cannot plan {}", args.src.display()))?;
+        let mut plans = Vec::new();
+        for (component, part) in &parts {
+            let mut o = options.plan.clone();
+            o.max_shard_size = u64::MAX;
+            let plan = Plan::build(part, &o)
+                .with_context(|| format!("cannot plan {}", args.src.display()))?;
+            plans.push((component.clone(), plan));
+        }
+        if args.json {
+            let list: Vec<_> = plans
+                .iter()
+                .map(|(c, p)| serde_json::json!({"component": c, "plan": p}))
+                .collect();
+            printer::json(&list)?;
+        } else {
+            for (c, plan) in &plans {
+                printer::text(&format!("{} (prefix {:?}): ", c.name, c.prefix))?;
+                printer::text(&render_plan(plan, options.window))?;
+            }
+        }
+        return Ok(ExitStatus::Ok);
+    }
+    let _ = ctrlc::set_handler(|| CANCEL.store(true, std::sync::atomic::Ordering::SeqCst));
+    let bar = Bar::new(!(args.quiet || args.options.no_progress || args.json));
+    let pool = WindowPool::new(options.window);
+    let components = convert_split(&ck, &args.dst, options, prefixes, &pool, &bar, &CANCEL)
+        .with_context(|| {
+            format!(
+                "cannot split {} into {}",
+                args.src.display(),
+                args.dst.display()
+            )
+        })?;
+    if args.json {
+        printer::json(&serde_json::json!({ "components": components }))?;
+    } else if !args.quiet {
+        printer::text(&render_components(&components, args.verbose))?;
+    }
+    Ok(ExitStatus::Ok)
+}
+
+fn render_components(components: &[ComponentSummary], verbose: bool) -> String {
+    components
+        .iter()
+        .map(|c| format!("{}: {}", c.path, render_summary(&c.summary, verbose)))
+        .collect()
 }
 
 /// `convert --dry-run`: the plan of every weight set, written nowhere.
@@ -424,4 +517,29 @@ fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
         );
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: ConvertArgs,
+    }
+
+    fn parse(extra: &[&str]) -> Result<ConvertArgs, clap::Error> {
+        Wrap::try_parse_from([&["convert"], extra].concat()).map(|w| w.args)
+    }
+
+    #[test]
+    fn single_file_lifts_the_shard_limit_and_excludes_max_shard_size() {
+        let o = parse(&["--single-file"]).unwrap().to_options();
+        assert_eq!(o.plan.max_shard_size, u64::MAX);
+        let o = parse(&[]).unwrap().to_options();
+        assert_eq!(o.plan.max_shard_size, 1 << 30);
+        assert!(parse(&["--single-file", "--max-shard-size", "1GB"]).is_err());
+    }
 }

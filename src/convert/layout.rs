@@ -23,6 +23,7 @@ use std::sync::atomic::AtomicBool;
 use serde::Serialize;
 
 use super::other::{self, Walk};
+use super::split::{self, ComponentPrefix};
 use super::{convert_with_pool, ConvertError, ConvertOptions, ConvertSummary};
 use crate::exec::{Reporter, WindowPool};
 use crate::format::layout::{Library, ModelLayout, WeightSet};
@@ -84,6 +85,41 @@ pub fn convert_layout(
         });
     }
     Ok(summary)
+}
+
+/// `convert --split-components`: each component of the all-in-one `ck`
+/// ([`split::split`]) as one file, `DST/NAME/NAME.safetensors`, by its own
+/// conversion (in component name order).
+pub fn convert_split(
+    ck: &Checkpoint,
+    dst: &Path,
+    options: &ConvertOptions,
+    prefixes: &[ComponentPrefix],
+    pool: &WindowPool,
+    reporter: &dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<Vec<ComponentSummary>, ConvertError> {
+    let parts = split::split(ck, prefixes)?;
+    std::fs::create_dir_all(dst).map_err(|e| crate::write::WriteError::io(dst, e))?;
+    let mut out = Vec::with_capacity(parts.len());
+    for (component, part) in parts {
+        let folder = other::subfolder(dst, &component.name)?;
+        let mut o = options.clone();
+        o.plan.max_shard_size = u64::MAX;
+        o.copy_other_files = false;
+        o.walk = Walk::Flat;
+        o.within = Some(o.within.clone().unwrap_or_else(|| dst.to_path_buf()));
+        o.id_salt = Some(format!("split {}={}", component.name, component.prefix));
+        let summary = convert_with_pool(&part, &folder, &o, pool, reporter, cancel)?;
+        out.push(ComponentSummary {
+            path: component.name.clone(),
+            library: Library::Other,
+            one_file: true,
+            findings: Vec::new(),
+            summary,
+        });
+    }
+    Ok(out)
 }
 
 /// `options` for one weight set: one file where its library reads one,

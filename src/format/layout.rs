@@ -158,6 +158,9 @@ pub fn detect(path: &Path) -> Result<ModelLayout, FormatError> {
     layout.sets.sort_by(|a, b| a.rel.cmp(&b.rel));
     layout.sets.dedup_by(|a, b| a.rel == b.rel);
     if layout.sets.is_empty() && layout.kind == LayoutKind::Model {
+        // What a plain open says (a symlink loop, a FIFO named like a
+        // weight file, ...), or that there are no weights.
+        super::open(path)?;
         return Err(FormatError::NoCheckpoint {
             path: path.to_path_buf(),
         });
