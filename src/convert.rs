@@ -65,6 +65,9 @@ pub struct ConvertOptions {
     /// the source (a component of a split): the same files with other
     /// prefixes are another conversion.
     pub id_salt: Option<String>,
+    /// Weight sets (layout folders, split components) written in their own
+    /// dtype whatever `plan.dtype` says (`--keep-dtype-preset vae`).
+    pub keep_components: Vec<String>,
 }
 
 impl Default for ConvertOptions {
@@ -81,6 +84,7 @@ impl Default for ConvertOptions {
             within: None,
             allow_expanded: false,
             id_salt: None,
+            keep_components: Vec::new(),
         }
     }
 }

@@ -118,6 +118,38 @@ pub struct LayoutArgs {
     /// NAME (repeatable; wins over the built-in table).
     #[arg(long, value_name = "NAME=PREFIX", requires = "split_components")]
     pub component_prefix: Vec<ComponentPrefix>,
+    /// With --dtype: keep these in their dtype (repeatable): `vae` (a
+    /// pipeline's or a split's `vae`, and `first_stage_model.*` in one
+    /// file), `norms` (every `*norm*` and `*ln_*` tensor).
+    #[arg(long, value_enum, value_name = "PRESET")]
+    pub keep_dtype_preset: Vec<KeepPreset>,
+}
+
+/// Common cases of `--keep-dtype` (docs/layouts.md says why).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeepPreset {
+    /// The VAE: in f16 the SD and SDXL VAEs overflow to NaN (black images).
+    Vae,
+    /// Normalization weights: tiny, and the scales most hurt by rounding.
+    Norms,
+}
+
+impl KeepPreset {
+    /// The tensor-name globs the preset keeps.
+    pub fn globs(self) -> &'static [&'static str] {
+        match self {
+            KeepPreset::Vae => &["first_stage_model.*"],
+            KeepPreset::Norms => &["*norm*", "*ln_*"],
+        }
+    }
+
+    /// The weight sets (layout folders, split components) kept whole.
+    pub fn components(self) -> &'static [&'static str] {
+        match self {
+            KeepPreset::Vae => &["vae"],
+            KeepPreset::Norms => &[],
+        }
+    }
 }
 
 impl LayoutArgs {
@@ -148,7 +180,17 @@ impl ConvertArgs {
                 max_shard_size: self.layout.max_shard_size(self.max_shard_size.bytes()),
                 order: self.order.into(),
                 dtype: self.dtype,
-                keep_dtype: self.keep_dtype.clone(),
+                keep_dtype: self
+                    .keep_dtype
+                    .iter()
+                    .cloned()
+                    .chain(
+                        self.layout
+                            .keep_dtype_preset
+                            .iter()
+                            .flat_map(|p| p.globs().iter().map(|g| g.to_string())),
+                    )
+                    .collect(),
                 on_overflow: match self.on_overflow {
                     OverflowArg::Error => OverflowPolicy::Error,
                     OverflowArg::Saturate => OverflowPolicy::Saturate,
@@ -168,6 +210,12 @@ impl ConvertArgs {
             within: None,
             allow_expanded: self.allow_expanded,
             id_salt: None,
+            keep_components: self
+                .layout
+                .keep_dtype_preset
+                .iter()
+                .flat_map(|p| p.components().iter().map(|c| c.to_string()))
+                .collect(),
         }
     }
 }
@@ -466,6 +514,15 @@ fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
         );
         return o;
     }
+    if s.shards == 0 {
+        let _ = writeln!(
+            o,
+            "copied {} files to {} (no weights in this folder)",
+            s.manifest.copied_files.len(),
+            s.dst
+        );
+        return o;
+    }
     let rate = human((s.bytes_read as f64 / s.seconds.max(1e-9)) as u64);
     let _ = writeln!(
         o,
@@ -541,5 +598,25 @@ mod tests {
         let o = parse(&[]).unwrap().to_options();
         assert_eq!(o.plan.max_shard_size, 1 << 30);
         assert!(parse(&["--single-file", "--max-shard-size", "1GB"]).is_err());
+    }
+
+    #[test]
+    fn keep_dtype_presets_add_globs_and_whole_components() {
+        let o = parse(&[
+            "--keep-dtype",
+            "x.*",
+            "--keep-dtype-preset",
+            "vae",
+            "--keep-dtype-preset",
+            "norms",
+        ])
+        .unwrap()
+        .to_options();
+        assert_eq!(
+            o.plan.keep_dtype,
+            ["x.*", "first_stage_model.*", "*norm*", "*ln_*"]
+        );
+        assert_eq!(o.keep_components, ["vae"]);
+        assert!(parse(&["--keep-dtype-preset", "unet"]).is_err());
     }
 }

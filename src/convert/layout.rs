@@ -110,6 +110,9 @@ pub fn convert_split(
         o.walk = Walk::Flat;
         o.within = Some(o.within.clone().unwrap_or_else(|| dst.to_path_buf()));
         o.id_salt = Some(format!("split {}={}", component.name, component.prefix));
+        if o.keep_components.contains(&component.name) {
+            o.plan.dtype = None;
+        }
         let summary = convert_with_pool(&part, &folder, &o, pool, reporter, cancel)?;
         out.push(ComponentSummary {
             path: component.name.clone(),
@@ -132,6 +135,9 @@ fn set_options(options: &ConvertOptions, set: Option<&WeightSet>) -> ConvertOpti
             o.plan.max_shard_size = u64::MAX;
         }
         o.config_dtype = set.library != Library::Diffusers;
+        if o.keep_components.contains(&set.rel) {
+            o.plan.dtype = None;
+        }
     }
     o
 }

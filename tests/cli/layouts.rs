@@ -531,6 +531,37 @@ fn split_components_writes_one_file_per_component_whose_union_is_the_input() {
     );
     let (_, vae) = tensors(&dst.join("vae/vae.safetensors"));
     assert!(vae.contains_key("encoder.conv_in.weight"));
+    // --keep-dtype-preset vae keeps the vae whole; others are cast.
+    let cast = tmp.path().join("cast");
+    reshard()
+        .args([
+            "convert",
+            "--no-progress",
+            "--split-components",
+            "--dtype",
+            "bf16",
+        ])
+        .args(["--keep-dtype-preset", "vae", "--keep-dtype-preset", "norms"])
+        .arg(&src)
+        .arg(&cast)
+        .assert()
+        .success();
+    let dtype_of = |c: &str, t: &str| {
+        tensors(&cast.join(c).join(format!("{c}.safetensors"))).1[t]
+            .0
+            .clone()
+    };
+    assert_eq!(dtype_of("vae", "encoder.conv_in.weight"), "\"F32\"");
+    assert_eq!(dtype_of("other", "alphas_cumprod"), "\"BF16\"");
+    assert_eq!(dtype_of("unet", "input_blocks.0.0.weight"), "\"BF16\"");
+    assert_eq!(
+        dtype_of(
+            "text_encoder",
+            "transformer.text_model.final_layer_norm.weight"
+        ),
+        "\"F16\"",
+        "norms kept"
+    );
     // A file with no known prefix is refused rather than copied as `other`.
     let plain = tmp.path().join("plain.safetensors");
     crate::common::write_safetensors(
