@@ -61,6 +61,17 @@ pub enum Library {
     Other,
 }
 
+impl Library {
+    pub fn name(self) -> &'static str {
+        match self {
+            Library::Transformers => "transformers",
+            Library::Diffusers => "diffusers",
+            Library::SentenceTransformers => "sentence-transformers",
+            Library::Other => "other",
+        }
+    }
+}
+
 /// One folder that is converted as a model of its own.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct WeightSet {

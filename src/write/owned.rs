@@ -248,6 +248,31 @@ mod tests {
 
     #[cfg(unix)]
     #[test]
+    fn a_recorded_subfolder_file_is_removed_only_through_real_folders() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dst = tmp.path().join("dst");
+        std::fs::create_dir_all(dst.join("1_Pooling")).unwrap();
+        let lock = DstLock::acquire(&dst).unwrap();
+        std::fs::write(dst.join("1_Pooling/config.json"), b"x").unwrap();
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::fs::write(elsewhere.join("config.json"), b"precious").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dst.join("linked")).unwrap();
+        let mut m = manifest(&[], &[]);
+        m.copied_files = vec!["1_Pooling/config.json".into(), "linked/config.json".into()];
+        std::fs::write(dst.join(MANIFEST), m.to_json()).unwrap();
+        let inv = DstInventory::read(&dst, &lock).unwrap();
+        assert!(inv.foreign.is_empty(), "{:?}", inv.foreign);
+        remove_names(&dst, &inv.own_names(), &lock).unwrap();
+        assert!(!dst.join("1_Pooling/config.json").exists());
+        assert_eq!(
+            std::fs::read(elsewhere.join("config.json")).unwrap(),
+            b"precious"
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
     fn a_recorded_symlink_is_unlinked_and_its_target_kept() {
         let tmp = tempfile::tempdir().unwrap();
         let dst = tmp.path().join("dst");

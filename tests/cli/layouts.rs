@@ -351,6 +351,30 @@ fn a_pipeline_without_python_is_converted_component_by_component() {
         b"{\"x\": 1}"
     );
     assert!(dst.join("model_index.json").exists());
+    // inspect: one summary per weight set and the total.
+    let inspected = reshard()
+        .arg("inspect")
+        .arg(&dst)
+        .arg("--json")
+        .assert()
+        .success();
+    let s: serde_json::Value = serde_json::from_slice(&inspected.get_output().stdout).unwrap();
+    assert_eq!(s["kind"], "diffusers-pipeline");
+    assert_eq!(s["components"][0]["path"], "text_encoder");
+    assert_eq!(s["total"]["weight_sets"], 1);
+    assert_eq!(
+        s["total"]["tensor_count"],
+        s["components"][0]["summary"]["tensor_count"]
+    );
+    let text = reshard().arg("inspect").arg(&dst).assert().success();
+    assert!(String::from_utf8_lossy(&text.get_output().stdout).contains("total: 1 weight sets"));
+    // --validate checks each weight set against its own source folder.
+    let checked = convert(&src, &tmp.path().join("checked"), &["--validate"]).success();
+    let out = String::from_utf8_lossy(&checked.get_output().stdout);
+    assert!(
+        out.contains("against") && out.contains("text_encoder") && out.contains("passed"),
+        "{out}"
+    );
 }
 
 /// Reads a safetensors header: (metadata, tensor names by offset).
