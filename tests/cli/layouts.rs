@@ -377,22 +377,41 @@ fn a_pipeline_without_python_is_converted_component_by_component() {
     );
 }
 
-/// Reads a safetensors header: (metadata, tensor names by offset).
-fn header(path: &Path) -> (serde_json::Value, Vec<String>) {
+/// Name -> (dtype, shape, bytes), dtype and shape as JSON text.
+type Entries = BTreeMap<String, (String, String, Vec<u8>)>;
+
+/// A safetensors file read whole (test files are tiny).
+struct Parsed {
+    meta: serde_json::Value,
+    /// Tensor names in data offset order.
+    by_offset: Vec<String>,
+    entries: Entries,
+}
+
+fn read_st(path: &Path) -> Parsed {
     let bytes = std::fs::read(path).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let h: serde_json::Map<String, serde_json::Value> =
         serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    let mut names: Vec<(u64, String)> = h
-        .iter()
-        .filter(|(k, _)| *k != "__metadata__")
-        .map(|(k, v)| (v["data_offsets"][0].as_u64().unwrap(), k.clone()))
-        .collect();
-    names.sort();
-    (
-        h.get("__metadata__").cloned().unwrap_or_default(),
-        names.into_iter().map(|(_, k)| k).collect(),
-    )
+    let data = &bytes[8 + n..];
+    let mut entries = BTreeMap::new();
+    let mut by_offset = Vec::new();
+    for (k, v) in h.iter().filter(|(k, _)| *k != "__metadata__") {
+        let [a, b] = [0, 1].map(|i| v["data_offsets"][i].as_u64().unwrap() as usize);
+        by_offset.push((a, k.clone()));
+        let t = (
+            v["dtype"].to_string(),
+            v["shape"].to_string(),
+            data[a..b].to_vec(),
+        );
+        entries.insert(k.clone(), t);
+    }
+    by_offset.sort();
+    Parsed {
+        meta: h.get("__metadata__").cloned().unwrap_or_default(),
+        by_offset: by_offset.into_iter().map(|(_, k)| k).collect(),
+        entries,
+    }
 }
 
 #[test]
@@ -420,7 +439,11 @@ fn single_file_merges_four_shards_in_layer_order_keeping_metadata() {
     let dst = tmp.path().join("out");
     convert(&src, &dst, &["--single-file", "--window", "1MiB"]).success();
     assert_eq!(names_in(&dst), ["model.safetensors", "reshard.json"]);
-    let (meta, names) = header(&dst.join("model.safetensors"));
+    let Parsed {
+        meta,
+        by_offset: names,
+        ..
+    } = read_st(&dst.join("model.safetensors"));
     assert_eq!(meta["source_note"], "kept");
     assert_eq!(meta["format"], "pt");
     assert_eq!(
@@ -435,36 +458,6 @@ fn single_file_merges_four_shards_in_layer_order_keeping_metadata() {
     let bytes = std::fs::read(dst.join("model.safetensors")).unwrap();
     let data = &bytes[bytes.len() - 64..];
     assert_eq!(data, [[3u8; 16], [2; 16], [1; 16], [0; 16]].concat());
-}
-
-/// Every tensor of a safetensors file: name -> (dtype, shape, bytes).
-fn tensors(
-    path: &Path,
-) -> (
-    serde_json::Value,
-    BTreeMap<String, (String, String, Vec<u8>)>,
-) {
-    let bytes = std::fs::read(path).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let h: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    let data = &bytes[8 + n..];
-    let mut out = BTreeMap::new();
-    for (k, v) in &h {
-        if k == "__metadata__" {
-            continue;
-        }
-        let [a, b] = [0, 1].map(|i| v["data_offsets"][i].as_u64().unwrap() as usize);
-        out.insert(
-            k.clone(),
-            (
-                v["dtype"].to_string(),
-                v["shape"].to_string(),
-                data[a..b].to_vec(),
-            ),
-        );
-    }
-    (h.get("__metadata__").cloned().unwrap_or_default(), out)
 }
 
 #[test]
@@ -529,13 +522,17 @@ fn split_components_writes_one_file_per_component_whose_union_is_the_input() {
             "vae"
         ]
     );
-    let (_, input) = tensors(&src);
+    let input = read_st(&src).entries;
     let mut union = BTreeMap::new();
     for c in &components {
         let mut want = [format!("{c}.safetensors"), "reshard.json".into()];
         want.sort();
         assert_eq!(names_in(&dst.join(c)), want);
-        let (meta, part) = tensors(&dst.join(c).join(format!("{c}.safetensors")));
+        let Parsed {
+            meta,
+            entries: part,
+            ..
+        } = read_st(&dst.join(c).join(format!("{c}.safetensors")));
         assert_eq!(meta["modelspec.title"], "aio", "source metadata kept");
         let prefix = meta["reshard_stripped_prefix"]
             .as_str()
@@ -553,7 +550,7 @@ fn split_components_writes_one_file_per_component_whose_union_is_the_input() {
         union, input,
         "the outputs hold the input, tensor for tensor"
     );
-    let (_, vae) = tensors(&dst.join("vae/vae.safetensors"));
+    let vae = read_st(&dst.join("vae/vae.safetensors")).entries;
     assert!(vae.contains_key("encoder.conv_in.weight"));
     // --keep-dtype-preset vae keeps the vae whole; others are cast.
     let cast = tmp.path().join("cast");
@@ -571,7 +568,7 @@ fn split_components_writes_one_file_per_component_whose_union_is_the_input() {
         .assert()
         .success();
     let dtype_of = |c: &str, t: &str| {
-        tensors(&cast.join(c).join(format!("{c}.safetensors"))).1[t]
+        read_st(&cast.join(c).join(format!("{c}.safetensors"))).entries[t]
             .0
             .clone()
     };
