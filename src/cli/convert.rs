@@ -266,7 +266,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             convert_layout(l, &args.dst, &options, &pool, &bar, &CANCEL)
         }
         (None, Some(ck)) => convert(ck, &args.dst, &options, &bar, &CANCEL),
-        (None, None) => unreachable!("a file source is always opened"),
+        // A file source always has `ck`; never met.
+        (None, None) => Err(format::FormatError::NoCheckpoint {
+            path: args.src.clone(),
+        }
+        .into()),
     };
     let summary = result.with_context(|| {
         format!(

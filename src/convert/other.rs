@@ -92,7 +92,12 @@ impl OtherFiles {
 
 /// File names that look like weights (to reshard, or to another runtime).
 fn is_weight_like(name: &str) -> bool {
+    // A variant's index: `diffusion_pytorch_model.safetensors.index.fp16.json`.
+    let variant_index = [".safetensors.index.", ".bin.index."]
+        .iter()
+        .any(|i| name.contains(i));
     is_weight_name(name)
+        || variant_index
         || [".onnx", ".onnx_data", ".h5", ".msgpack", ".ot", ".gguf"]
             .iter()
             .any(|e| name.ends_with(e))

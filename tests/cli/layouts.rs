@@ -321,6 +321,15 @@ fn a_pipeline_without_python_is_converted_component_by_component() {
         r#"{"_class_name": "P", "text_encoder": ["transformers", "CLIPTextModel"], "scheduler": ["diffusers", "DDIMScheduler"]}"#,
     )
     .unwrap();
+    // A variant beside the checkpoint (as diffusers repos ship fp16 ones)
+    // is neither merged nor copied.
+    let te = src.join("text_encoder");
+    std::fs::copy(
+        te.join("model.safetensors"),
+        te.join("model.fp16.safetensors"),
+    )
+    .unwrap();
+    std::fs::write(te.join("model.safetensors.index.fp16.json"), b"{}").unwrap();
     let dst = tmp.path().join("out");
     let run = reshard()
         .args([
@@ -334,6 +343,15 @@ fn a_pipeline_without_python_is_converted_component_by_component() {
         .arg(&dst)
         .assert()
         .success();
+    let err = stderr(&run);
+    for variant in [
+        "model.fp16.safetensors",
+        "model.safetensors.index.fp16.json",
+    ] {
+        let note = format!("text_encoder/{variant}\": a weight file that is not part");
+        assert!(err.contains(&note), "{err}");
+        assert!(!dst.join("text_encoder").join(variant).exists());
+    }
     let summary: serde_json::Value = serde_json::from_slice(&run.get_output().stdout).unwrap();
     assert_eq!(summary["shards"], 0, "the pipeline root holds no weights");
     assert_eq!(summary["components"][0]["path"], "text_encoder");
