@@ -181,14 +181,18 @@ impl OutputScope {
 /// snapshot (`models--ORG--NAME/snapshots/REV`, beside `blobs/`), the repo
 /// folder its links point into; otherwise the folder itself.
 pub fn model_root(dir: &Path) -> PathBuf {
-    let repo = dir
-        .parent()
-        .filter(|p| p.file_name().is_some_and(|n| n == "snapshots"))
-        .and_then(Path::parent);
-    match repo {
-        Some(repo) if repo.join("blobs").is_dir() => repo.to_path_buf(),
-        _ => dir.to_path_buf(),
+    // The snapshot itself, or a component folder inside it (a pipeline's
+    // `snapshots/REV/unet`, whose links point into the same `blobs/`).
+    for snapshot in dir.ancestors().take(3) {
+        let repo = snapshot
+            .parent()
+            .filter(|p| p.file_name().is_some_and(|n| n == "snapshots"))
+            .and_then(Path::parent);
+        if let Some(repo) = repo.filter(|r| r.join("blobs").is_dir()) {
+            return repo.to_path_buf();
+        }
     }
+    dir.to_path_buf()
 }
 
 /// `path` with every symlink followed; it must exist.
@@ -393,6 +397,8 @@ mod tests {
         );
         std::fs::create_dir_all(repo.join("blobs")).unwrap();
         assert_eq!(model_root(&repo.join("snapshots/abc")), repo);
+        // A pipeline component inside a snapshot links into the same blobs.
+        assert_eq!(model_root(&repo.join("snapshots/abc/unet")), repo);
     }
 
     #[test]

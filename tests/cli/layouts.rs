@@ -620,3 +620,49 @@ fn split_components_writes_one_file_per_component_whose_union_is_the_input() {
         stderr(&out)
     );
 }
+
+#[cfg(unix)]
+#[test]
+fn a_pipeline_in_the_hf_cache_copies_its_components_linked_files() {
+    // snapshots/REV/unet/config.json links to ../../../blobs/...: inside the
+    // repo, so it is copied like the snapshot's own links.
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("models--org--pipe");
+    let snap = repo.join("snapshots/rev1");
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "rev1").unwrap();
+    std::fs::create_dir_all(snap.join("text_encoder")).unwrap();
+    let blob = |name: &str, bytes: &[u8], link: &Path, up: &str| {
+        std::fs::write(repo.join("blobs").join(name), bytes).unwrap();
+        std::os::unix::fs::symlink(format!("{up}blobs/{name}"), link).unwrap();
+    };
+    let fixture = crate::common::fixture("tiny-llama");
+    blob(
+        "b1",
+        br#"{"text_encoder": ["transformers", "X"]}"#,
+        &snap.join("model_index.json"),
+        "../../",
+    );
+    blob(
+        "b2",
+        &std::fs::read(fixture.join("config.json")).unwrap(),
+        &snap.join("text_encoder/config.json"),
+        "../../../",
+    );
+    blob(
+        "b3",
+        &std::fs::read(fixture.join("model.safetensors")).unwrap(),
+        &snap.join("text_encoder/model.safetensors"),
+        "../../../",
+    );
+    let dst = tmp.path().join("out");
+    let err = stderr(&convert(&repo, &dst, &[]).success());
+    assert!(!err.contains("not copied"), "{err}");
+    assert_eq!(
+        std::fs::read(dst.join("text_encoder/config.json")).unwrap(),
+        std::fs::read(fixture.join("config.json")).unwrap()
+    );
+    assert!(dst.join("text_encoder/model.safetensors").exists());
+    assert!(dst.join("model_index.json").exists());
+}
