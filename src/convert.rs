@@ -9,7 +9,9 @@
 //! [`DstLock`], and the free space by [`dst::check_space`].
 
 mod dst;
+mod layout;
 mod other;
+pub mod split;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -30,7 +32,8 @@ use crate::write::scope::{OutputScope, ScopeError, ScopeRules};
 use crate::write::shard::sha256_file;
 use crate::write::{remove_stale_temps, sync_dir, write_atomic, WriteError};
 
-pub use self::other::SkippedFile;
+pub use self::layout::{convert_layout, convert_split, ComponentSummary};
+pub use self::other::{SkippedFile, Walk};
 
 /// How to run a conversion, beyond the plan.
 #[derive(Debug, Clone)]
@@ -45,6 +48,12 @@ pub struct ConvertOptions {
     pub overwrite: bool,
     /// Copy config.json, tokenizer files, ... from the source folder.
     pub copy_other_files: bool,
+    /// Which other files: the folder's own ([`Walk::Flat`]) or the whole
+    /// tree but other weight sets' folders ([`Walk::Tree`]).
+    pub walk: Walk,
+    /// Rewrite config.json's dtype when casting (transformers configs; a
+    /// diffusers config has no dtype key and is copied as it is).
+    pub config_dtype: bool,
     /// SRC was one file, not a folder: DST may sit beside it.
     pub single_file: bool,
     /// `batch`: DST must resolve inside this folder (OUT).
@@ -52,6 +61,13 @@ pub struct ConvertOptions {
     /// Write expanded (stride-0) views however much they amplify
     /// (see [`crate::plan::check_expanded`]).
     pub allow_expanded: bool,
+    /// Mixed into the plan id when the checkpoint handed in is derived from
+    /// the source (a component of a split): the same files with other
+    /// prefixes are another conversion.
+    pub id_salt: Option<String>,
+    /// Weight sets (layout folders, split components) written in their own
+    /// dtype whatever `plan.dtype` says (`--keep-dtype-preset vae`).
+    pub keep_components: Vec<String>,
 }
 
 impl Default for ConvertOptions {
@@ -62,9 +78,13 @@ impl Default for ConvertOptions {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             overwrite: false,
             copy_other_files: true,
+            walk: Walk::Flat,
+            config_dtype: true,
             single_file: false,
             within: None,
             allow_expanded: false,
+            id_salt: None,
+            keep_components: Vec::new(),
         }
     }
 }
@@ -101,6 +121,10 @@ pub enum ConvertError {
     },
     #[error("{}: {reason}", .path.display())]
     Config { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Split(#[from] split::SplitError),
+    #[error("{}: {reason}", .path.display())]
+    DstSubfolder { path: PathBuf, reason: &'static str },
 }
 
 /// What a conversion did.
@@ -122,6 +146,13 @@ pub struct ConvertSummary {
     /// Other files of the source folder that were not copied, and why (a
     /// symlink out of the model's folder, a name that is not UTF-8, ...).
     pub skipped_files: Vec<SkippedFile>,
+    /// Weight files outside any converted folder (`onnx/model.onnx`),
+    /// copied as they are.
+    pub copied_as_is: Vec<String>,
+    /// The other weight sets of the model (sentence-transformers modules,
+    /// diffusers components), each converted in its own folder.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<ComponentSummary>,
     pub manifest: Manifest,
 }
 
@@ -162,9 +193,16 @@ pub fn convert_with_pool(
     crate::plan::check_expanded(ck, &plan, options.allow_expanded)?;
     let mut source = SourceIdentity::of(ck);
     source.root = Some(scope.root().display().to_string());
-    let id = plan_id(&source, &options.plan);
+    let id = match &options.id_salt {
+        None => plan_id(&source, &options.plan),
+        Some(salt) => {
+            use sha2::{Digest, Sha256};
+            let key = format!("{}\n{salt}", plan_id(&source, &options.plan));
+            crate::write::shard::hex(&Sha256::digest(key.as_bytes()))
+        }
+    };
     let mut others = if options.copy_other_files {
-        other::select(ck, &scope)?
+        other::select(ck, &scope, &options.walk)?
     } else {
         other::OtherFiles::default()
     };
@@ -173,7 +211,8 @@ pub fn convert_with_pool(
         others.files.retain(|f| f.name != "hf_quant_config.json");
     }
     // A config.json that cannot be rewritten fails now, before any shard.
-    let config = other::rewritten_config(ck, &others, options.plan.dtype)?;
+    let dtype = options.plan.dtype.filter(|_| options.config_dtype);
+    let config = other::rewritten_config(ck, &others, dtype)?;
     std::fs::create_dir_all(dst).map_err(|e| WriteError::io(dst, e))?;
     scope.confirm(ck, rules)?;
     let lock = DstLock::acquire(dst)?;
@@ -184,6 +223,7 @@ pub fn convert_with_pool(
         dst::DstState::UpToDate(manifest) => {
             let mut s = summary(dst, true, 0, &plan, 0, started, pool, options, manifest);
             s.skipped_files = others.skipped;
+            s.copied_as_is = others.copied_as_is;
             return Ok(s);
         }
         dst::DstState::Resume(partial) => (verified_shards(dst, &plan, partial.shards), None),
@@ -259,6 +299,7 @@ pub fn convert_with_pool(
         dst, false, resumed, &plan, todo_bytes, started, pool, options, manifest,
     );
     s.skipped_files = others.skipped;
+    s.copied_as_is = others.copied_as_is;
     Ok(s)
 }
 
@@ -290,6 +331,8 @@ fn summary(
         peak_buffer_bytes: pool.peak(),
         window: options.window,
         skipped_files: Vec::new(),
+        copied_as_is: Vec::new(),
+        components: Vec::new(),
         manifest,
     }
 }

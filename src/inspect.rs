@@ -1,12 +1,14 @@
 //! The summary `reshard inspect` reports: plain data computed from a
-//! [`Checkpoint`], printed by the CLI as text or JSON.
+//! [`Checkpoint`], printed by the CLI as text or JSON; for a folder made of
+//! several weight sets ([`ModelLayout`]), one summary per set and a total.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::format::layout::{LayoutKind, Library, ModelLayout};
 use crate::format::quant::{self, QuantFormat};
-use crate::format::{Checkpoint, Dtype, Finding, Format, Layout};
+use crate::format::{Checkpoint, Dtype, Finding, Format, FormatError, Layout};
 use crate::plan::order::{block_of, sort_indices, Order};
 
 /// Everything `inspect` says about a checkpoint. Field names are stable.
@@ -101,6 +103,81 @@ pub struct TensorLine {
     pub file: String,
     pub offset: u64,
     pub block: Option<String>,
+}
+
+/// `inspect` of a folder with several weight sets: each, and the total.
+#[derive(Debug, Clone, Serialize)]
+pub struct LayoutSummary {
+    pub path: String,
+    pub kind: LayoutKind,
+    pub components: Vec<ComponentSummary>,
+    pub total: Total,
+    /// Entries of modules.json or model_index.json left out, and why.
+    pub notes: Vec<String>,
+}
+
+/// One weight set of a [`LayoutSummary`].
+#[derive(Debug, Clone, Serialize)]
+pub struct ComponentSummary {
+    /// Its folder under the model, `/` separators; `.` for the root.
+    pub path: String,
+    pub library: Library,
+    pub summary: Summary,
+}
+
+/// The sum over every weight set; the largest file and tensor of any.
+#[derive(Debug, Clone, Serialize)]
+pub struct Total {
+    pub weight_sets: usize,
+    pub tensor_count: usize,
+    pub parameter_count: u64,
+    pub total_bytes: u64,
+    pub largest_tensor: Option<NamedSize>,
+    pub largest_file: Option<NamedSize>,
+    pub findings: usize,
+}
+
+impl LayoutSummary {
+    /// Opens every weight set of `layout` and sums them up.
+    pub fn of(path: &str, layout: &ModelLayout) -> Result<LayoutSummary, FormatError> {
+        let mut components = Vec::with_capacity(layout.sets.len());
+        for set in &layout.sets {
+            let dir = layout.dir_of(set);
+            let ck = crate::format::open(&dir)?;
+            components.push(ComponentSummary {
+                path: set.label().to_string(),
+                library: set.library,
+                summary: Summary::of(&dir.display().to_string(), &ck),
+            });
+        }
+        let sums = components.iter().map(|c| &c.summary);
+        let with_path = |n: &NamedSize, c: &ComponentSummary| NamedSize {
+            name: format!("{}/{}", c.path, n.name),
+            bytes: n.bytes,
+        };
+        let largest = |pick: fn(&Summary) -> Option<&NamedSize>| {
+            components
+                .iter()
+                .filter_map(|c| pick(&c.summary).map(|n| with_path(n, c)))
+                .max_by_key(|n| n.bytes)
+        };
+        let total = Total {
+            weight_sets: components.len(),
+            tensor_count: sums.clone().map(|s| s.tensor_count).sum(),
+            parameter_count: sums.clone().map(|s| s.parameter_count).sum(),
+            total_bytes: sums.clone().map(|s| s.total_bytes).sum(),
+            largest_tensor: largest(|s| s.largest_tensor.as_ref()),
+            largest_file: largest(|s| s.largest_file.as_ref()),
+            findings: sums.map(|s| s.findings.len()).sum(),
+        };
+        Ok(LayoutSummary {
+            path: path.to_string(),
+            kind: layout.kind,
+            components,
+            total,
+            notes: layout.notes.clone(),
+        })
+    }
 }
 
 impl Summary {

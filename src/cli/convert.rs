@@ -7,7 +7,9 @@ use std::sync::atomic::AtomicBool;
 use anyhow::Context;
 
 use reshard::cast::OverflowPolicy;
-use reshard::convert::{convert, ConvertOptions, ConvertSummary};
+use reshard::convert::{convert, convert_layout, ConvertOptions, ConvertSummary};
+use reshard::exec::WindowPool;
+use reshard::format::layout as layouts;
 use reshard::format::names::escape;
 use reshard::format::{self, Dtype};
 use reshard::plan::{Plan, PlanOptions};
@@ -19,6 +21,11 @@ use super::inspect::OrderArg;
 use super::progress::Bar;
 use super::validate::LoadArgs;
 use super::{printer, ExitStatus};
+
+mod layout;
+
+pub use self::layout::LayoutArgs;
+use self::layout::{dry_run, print_notes, render_components, run_split};
 
 /// Set by the Ctrl-C handler; the executor stops between chunks.
 pub static CANCEL: AtomicBool = AtomicBool::new(false);
@@ -59,6 +66,8 @@ pub struct ConvertArgs {
     /// 1024; SI units (KB, MB, GB) are powers of 1000, as Hugging Face uses.
     #[arg(long, default_value = "1GiB", value_name = "SIZE")]
     pub max_shard_size: ByteSize,
+    #[command(flatten)]
+    pub layout: LayoutArgs,
     /// Memory for buffers in flight, for the whole process.
     #[arg(long, default_value = "256MiB", value_name = "SIZE")]
     pub window: ByteSize,
@@ -111,10 +120,20 @@ impl ConvertArgs {
     pub fn to_options(&self) -> ConvertOptions {
         ConvertOptions {
             plan: PlanOptions {
-                max_shard_size: self.max_shard_size.bytes(),
+                max_shard_size: self.layout.max_shard_size(self.max_shard_size.bytes()),
                 order: self.order.into(),
                 dtype: self.dtype,
-                keep_dtype: self.keep_dtype.clone(),
+                keep_dtype: self
+                    .keep_dtype
+                    .iter()
+                    .cloned()
+                    .chain(
+                        self.layout
+                            .keep_dtype_preset
+                            .iter()
+                            .flat_map(|p| p.globs().iter().map(|g| g.to_string())),
+                    )
+                    .collect(),
                 on_overflow: match self.on_overflow {
                     OverflowArg::Error => OverflowPolicy::Error,
                     OverflowArg::Saturate => OverflowPolicy::Saturate,
@@ -129,44 +148,75 @@ impl ConvertArgs {
                 .unwrap_or_else(|| ConvertOptions::default().threads),
             overwrite: self.overwrite,
             copy_other_files: true,
+            walk: reshard::convert::Walk::Flat,
+            config_dtype: true,
             single_file: false,
             within: None,
             allow_expanded: self.allow_expanded,
+            id_salt: None,
+            keep_components: self
+                .layout
+                .keep_dtype_preset
+                .iter()
+                .flat_map(|p| p.components().iter().map(|c| c.to_string()))
+                .collect(),
         }
     }
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
-    let ck = format::open(&args.src)
-        .with_context(|| format!("cannot convert {}", args.src.display()))?;
     let mut options = args.options.to_options();
     let src_is_dir = args.src.is_dir();
     options.copy_other_files = src_is_dir;
     options.single_file = !src_is_dir;
+    if args.options.layout.split_components {
+        return run_split(&args, &options);
+    }
+    // A folder is read as a layout (its weight sets and the rest of its
+    // tree); a file is one checkpoint.
+    let layout = if src_is_dir {
+        Some(
+            layouts::detect(&args.src)
+                .with_context(|| format!("cannot convert {}", args.src.display()))?,
+        )
+    } else {
+        None
+    };
+    let ck = match &layout {
+        Some(l) if !l.sets.iter().any(|s| s.rel.is_empty()) => None,
+        _ => Some(
+            format::open(&args.src)
+                .with_context(|| format!("cannot convert {}", args.src.display()))?,
+        ),
+    };
     if args.dry_run {
-        let plan = Plan::build(&ck, &options.plan)
-            .and_then(|plan| {
-                reshard::plan::check_expanded(&ck, &plan, options.allow_expanded)?;
-                Ok(plan)
-            })
-            .with_context(|| format!("cannot plan {}", args.src.display()))?;
-        if args.json {
-            printer::json(&plan)?;
-        } else {
-            printer::text(&render_plan(&plan, options.window))?;
-        }
-        return Ok(ExitStatus::Ok);
+        return dry_run(&args, ck.as_ref(), layout.as_ref(), &options);
     }
     if !args.quiet {
         // What inspect would report: the output fixes some (format: pt,
         // alignment, index mismatches), the user should know about the rest.
-        for finding in &ck.findings {
+        for finding in ck.iter().flat_map(|ck| &ck.findings) {
             eprintln!("note: source: {finding}");
+        }
+        for note in layout.iter().flat_map(|l| &l.notes) {
+            eprintln!("note: {note}");
         }
     }
     let _ = ctrlc::set_handler(|| CANCEL.store(true, std::sync::atomic::Ordering::SeqCst));
     let bar = Bar::new(!(args.quiet || args.options.no_progress || args.json));
-    let summary = convert(&ck, &args.dst, &options, &bar, &CANCEL).with_context(|| {
+    let result = match (&layout, &ck) {
+        (Some(l), _) => {
+            let pool = WindowPool::new(options.window);
+            convert_layout(l, &args.dst, &options, &pool, &bar, &CANCEL)
+        }
+        (None, Some(ck)) => convert(ck, &args.dst, &options, &bar, &CANCEL),
+        // A file source always has `ck`; never met.
+        (None, None) => Err(format::FormatError::NoCheckpoint {
+            path: args.src.clone(),
+        }
+        .into()),
+    };
+    let summary = result.with_context(|| {
         format!(
             "cannot convert {} into {}",
             args.src.display(),
@@ -174,27 +224,49 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         )
     })?;
     if !args.quiet {
-        for skipped in &summary.skipped_files {
-            eprintln!("note: not copied: {:?}: {}", skipped.name, skipped.reason);
+        print_notes(&summary, "");
+        for c in &summary.components {
+            for finding in &c.findings {
+                eprintln!("note: source: {}: {finding}", c.path);
+            }
+            print_notes(&c.summary, &format!("{}/", c.path));
         }
     }
     if args.json && !args.validate {
         printer::json(&summary)?;
     } else if !args.quiet && !args.json {
         printer::text(&render_summary(&summary, args.verbose))?;
+        printer::text(&render_components(&summary.components, args.verbose))?;
     }
     if !args.validate {
         return Ok(ExitStatus::Ok);
     }
-    let options = args.load.options(Some(args.src.clone()));
-    let report = validate_with_budget(&args.dst, &options)
-        .with_context(|| format!("cannot validate {}", args.dst.display()))?;
-    if args.json {
-        printer::json(&serde_json::json!({ "convert": summary, "validate": report }))?;
-    } else if !args.quiet || !report.passed {
-        printer::text(&super::validate::render(&report))?;
+    // Each weight set is validated against its source folder.
+    let sets: Vec<String> = match &layout {
+        Some(l) => l.sets.iter().map(|s| s.rel.clone()).collect(),
+        None => vec![String::new()],
+    };
+    let mut reports = Vec::new();
+    for rel in &sets {
+        let src = layouts::join_rel(&args.src, rel);
+        let dst = layouts::join_rel(&args.dst, rel);
+        let options = args.load.options(Some(src));
+        let report = validate_with_budget(&dst, &options)
+            .with_context(|| format!("cannot validate {}", dst.display()))?;
+        if !args.json && (!args.quiet || !report.passed) {
+            printer::text(&super::validate::render(&report))?;
+        }
+        reports.push(report);
     }
-    Ok(if report.passed {
+    let passed = reports.iter().all(|r| r.passed);
+    if args.json {
+        let validate = match reports.as_slice() {
+            [one] => serde_json::to_value(one)?,
+            many => serde_json::to_value(many)?,
+        };
+        printer::json(&serde_json::json!({ "convert": summary, "validate": validate }))?;
+    }
+    Ok(if passed {
         ExitStatus::Ok
     } else {
         ExitStatus::CheckFailed
@@ -264,6 +336,15 @@ fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
             o,
             "{} is up to date ({} shards); nothing written",
             s.dst, s.shards
+        );
+        return o;
+    }
+    if s.shards == 0 {
+        let _ = writeln!(
+            o,
+            "copied {} files to {} (no weights in this folder)",
+            s.manifest.copied_files.len(),
+            s.dst
         );
         return o;
     }

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use reshard::format;
+use reshard::format::layout::{self, LayoutKind};
 use reshard::format::names::escape;
-use reshard::inspect::{tensor_lines, Summary, TensorLine};
+use reshard::inspect::{tensor_lines, LayoutSummary, Summary, TensorLine};
 use reshard::plan::order::Order;
 use reshard::units::human;
 
@@ -61,6 +62,9 @@ struct JsonReport<'a> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
+    if let Some(status) = run_layout(&args)? {
+        return Ok(status);
+    }
     let ck = format::open(&args.path)
         .with_context(|| format!("cannot inspect {}", args.path.display()))?;
     let summary = Summary::of(&args.path.display().to_string(), &ck);
@@ -81,6 +85,67 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     } else {
         ExitStatus::Ok
     })
+}
+
+/// A folder of several weight sets (or whose root holds none): one
+/// summary per set and the total. `None` for a plain model or a file,
+/// which `run` reports as it always has.
+fn run_layout(args: &Args) -> anyhow::Result<Option<ExitStatus>> {
+    if args.tensors || !args.path.is_dir() {
+        return Ok(None);
+    }
+    let layout = layout::detect(&args.path)
+        .with_context(|| format!("cannot inspect {}", args.path.display()))?;
+    if layout.kind == LayoutKind::Model && layout.sets.len() == 1 {
+        return Ok(None);
+    }
+    let s = LayoutSummary::of(&args.path.display().to_string(), &layout)
+        .with_context(|| format!("cannot inspect {}", args.path.display()))?;
+    if args.json {
+        printer::json(&s)?;
+    } else {
+        let mut o = format!("{}: {}\n", escape(&s.path), s.kind.describe());
+        for note in &s.notes {
+            let _ = writeln!(o, "  note: {note}");
+        }
+        for c in &s.components {
+            let _ = writeln!(
+                o,
+                "\n[{}] (loaded by {})",
+                escape(&c.path),
+                c.library.name()
+            );
+            o.push_str(&render_summary(&c.summary));
+        }
+        let t = &s.total;
+        let _ = writeln!(
+            o,
+            "\ntotal: {} weight sets, {} tensors, {} parameters, {} ({} bytes), {} findings",
+            t.weight_sets,
+            t.tensor_count,
+            group_thousands(t.parameter_count),
+            human(t.total_bytes),
+            t.total_bytes,
+            t.findings
+        );
+        if let Some(f) = &t.largest_file {
+            let _ = writeln!(o, "  largest file  {}  {}", escape(&f.name), human(f.bytes));
+        }
+        if let Some(f) = &t.largest_tensor {
+            let _ = writeln!(
+                o,
+                "  largest tensor {}  {}",
+                escape(&f.name),
+                human(f.bytes)
+            );
+        }
+        printer::text(&o)?;
+    }
+    Ok(Some(if args.strict && s.total.findings > 0 {
+        ExitStatus::CheckFailed
+    } else {
+        ExitStatus::Ok
+    }))
 }
 
 fn render_summary(s: &Summary) -> String {

@@ -1,14 +1,29 @@
-//! The model's other files (config, tokenizer, README, ...): which are
-//! copied into DST, and copying them (config.json's dtype rewritten when
-//! casting). Weight files, indexes, pickles and hidden files are not copied.
+//! The model's other files (config, tokenizer, README, module and
+//! component folders, ...): which are copied into DST, and copying them
+//! (config.json's dtype rewritten when casting).
+//!
+//! [`Walk::Flat`] looks at the model folder's own files only; [`Walk::Tree`]
+//! mirrors the whole folder, recursively, at the same relative paths,
+//! leaving out the folders of other weight sets (converted by their own
+//! jobs). In the folder being converted, the checkpoint's own weights and
+//! index are not copied, and any other weight file there (a
+//! `consolidated.safetensors` beside an indexed set, a `pytorch_model.bin`
+//! beside `model.safetensors`, `training_args.bin`) is skipped with a note:
+//! a loader pointed at DST must find one weight set there, not two. In a
+//! folder that is not a weight set (`onnx/`, `1_Pooling/`), every file is
+//! copied as it is, weight files included, each of those named in a note.
+//! Hidden files and folders (`.gitattributes`, `.git/`) are skipped with a
+//! note.
 //!
 //! A file is copied only when its real path (every symlink followed) lies
 //! inside the model's root ([`OutputScope::inside_root`]): a Hugging Face
 //! snapshot's links into `../../blobs` are copied, a `notes.txt` that links
 //! to `/proc/self/environ` or into someone else's folder is skipped with a
 //! note. Only regular files are copied (a FIFO or a device is skipped with a
-//! note), and a name that is not valid UTF-8 is skipped rather than copied
-//! under a lossy name that another file could share.
+//! note), a symlinked folder is never entered (skipped with a note), and a
+//! name that is not valid UTF-8 is skipped rather than copied under a lossy
+//! name that another file could share. The walk is bounded in depth and in
+//! entries.
 
 use std::path::{Path, PathBuf};
 
@@ -18,13 +33,20 @@ use super::ConvertError;
 use crate::cast;
 use crate::format::{Checkpoint, Dtype, FormatError};
 use crate::write::manifest::MANIFEST;
+use crate::write::owned::is_weight_name;
 use crate::write::scope::OutputScope;
-use crate::write::{copy_atomic, write_atomic};
+use crate::write::{copy_atomic, write_atomic, WriteError};
+
+/// Deepest folder the walk enters below the model folder.
+pub const MAX_DEPTH: usize = 8;
+/// Most entries the walk looks at; past it the rest is skipped with a note.
+pub const MAX_ENTRIES: usize = 100_000;
 
 /// An other file left out, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SkippedFile {
-    /// The name as it is in the source folder (lossy UTF-8).
+    /// The path under the model folder as it is in the source (lossy UTF-8,
+    /// `/` separators).
     pub name: String,
     pub reason: String,
 }
@@ -32,9 +54,21 @@ pub struct SkippedFile {
 /// One file to copy.
 #[derive(Debug, Clone)]
 pub struct OtherFile {
+    /// Its path under the model folder, `/` separators.
     pub name: String,
     pub path: PathBuf,
     pub size: u64,
+}
+
+/// Which of the source's other files to look at.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Walk {
+    /// The model folder's own files (`batch`, a lone weight set).
+    #[default]
+    Flat,
+    /// The whole folder, recursively, except these folders (absolute paths
+    /// as the layout names them: other weight sets).
+    Tree { except: Vec<PathBuf> },
 }
 
 /// What [`select`] decided.
@@ -42,6 +76,8 @@ pub struct OtherFile {
 pub struct OtherFiles {
     pub files: Vec<OtherFile>,
     pub skipped: Vec<SkippedFile>,
+    /// Weight files outside the converted folder, copied as they are.
+    pub copied_as_is: Vec<String>,
 }
 
 impl OtherFiles {
@@ -54,71 +90,133 @@ impl OtherFiles {
     }
 }
 
+/// File names that look like weights (to reshard, or to another runtime).
+fn is_weight_like(name: &str) -> bool {
+    // A variant's index: `diffusion_pytorch_model.safetensors.index.fp16.json`.
+    let variant_index = [".safetensors.index.", ".bin.index."]
+        .iter()
+        .any(|i| name.contains(i));
+    is_weight_name(name)
+        || variant_index
+        || [".onnx", ".onnx_data", ".h5", ".msgpack", ".ot", ".gguf"]
+            .iter()
+            .any(|e| name.ends_with(e))
+}
+
 /// Lists the other files of the source folder and decides each one.
-pub fn select(ck: &Checkpoint, scope: &OutputScope) -> Result<OtherFiles, ConvertError> {
+pub fn select(
+    ck: &Checkpoint,
+    scope: &OutputScope,
+    walk: &Walk,
+) -> Result<OtherFiles, ConvertError> {
     let weight_files: Vec<&Path> = ck.files.iter().map(|f| f.path.as_path()).collect();
-    let mut entries: Vec<_> = std::fs::read_dir(&ck.dir)
-        .map_err(|e| FormatError::io(&ck.dir, e))?
-        .filter_map(Result::ok)
-        .collect();
-    entries.sort_by_key(std::fs::DirEntry::file_name);
     let mut out = OtherFiles::default();
-    for entry in entries {
-        let path = entry.path();
-        let os_name = entry.file_name();
-        let lossy = os_name.to_string_lossy().into_owned();
-        let skip = |reason: String| SkippedFile {
-            name: lossy.clone(),
-            reason,
-        };
-        let Some(name) = os_name.to_str() else {
-            out.skipped.push(skip(
-                "its name is not valid UTF-8 (it could not be copied under its own name)".into(),
-            ));
-            continue;
-        };
-        let not_copied = name.starts_with('.')
-            || weight_files.contains(&path.as_path())
-            || name.ends_with(".index.json")
-            || name.ends_with(".safetensors")
-            || [".bin", ".pt", ".pth", ".pkl", ".ckpt"]
-                .iter()
-                .any(|e| name.ends_with(e))
-            || name == MANIFEST;
-        if not_copied {
-            continue;
-        }
-        let meta = match std::fs::metadata(&path) {
-            Ok(m) => m,
-            Err(e) => {
-                out.skipped.push(skip(format!("cannot read it: {e}")));
+    // (folder, its path under the model folder, depth)
+    let mut todo = vec![(ck.dir.clone(), String::new(), 0usize)];
+    let mut seen = 0usize;
+    while let Some((dir, rel_dir, depth)) = todo.pop() {
+        let mut entries: Vec<_> = std::fs::read_dir(&dir)
+            .map_err(|e| FormatError::io(&dir, e))?
+            .filter_map(Result::ok)
+            .collect();
+        entries.sort_by_key(std::fs::DirEntry::file_name);
+        let converted_here = rel_dir.is_empty();
+        for entry in entries {
+            let path = entry.path();
+            let os_name = entry.file_name();
+            let lossy = join(&rel_dir, &os_name.to_string_lossy());
+            let mut skip = |reason: &str| {
+                out.skipped.push(SkippedFile {
+                    name: lossy.clone(),
+                    reason: reason.to_string(),
+                })
+            };
+            seen += 1;
+            if seen > MAX_ENTRIES {
+                skip("the folder holds more entries than reshard copies (100,000); this and the rest were not looked at");
+                return Ok(out);
+            }
+            let Some(name) = os_name.to_str() else {
+                skip("its name is not valid UTF-8 (it could not be copied under its own name)");
+                continue;
+            };
+            if converted_here && (weight_files.contains(&path.as_path()) || name == MANIFEST) {
                 continue;
             }
-        };
-        if meta.is_dir() {
-            continue;
+            if converted_here && name.ends_with(".index.json") && is_indexed_by(ck, &path) {
+                continue;
+            }
+            if name.starts_with('.') {
+                skip("a hidden file or folder");
+                continue;
+            }
+            let link = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink());
+            let meta = match std::fs::metadata(&path) {
+                Ok(m) => m,
+                Err(e) => {
+                    skip(&format!("cannot read it: {e}"));
+                    continue;
+                }
+            };
+            if meta.is_dir() {
+                match walk {
+                    Walk::Flat => {}
+                    Walk::Tree { .. } if link => {
+                        skip("a symlinked folder; not followed");
+                    }
+                    Walk::Tree { except } if except.contains(&path) => {}
+                    Walk::Tree { .. } if depth >= MAX_DEPTH => {
+                        skip("deeper than 8 folders below the model; not copied");
+                    }
+                    Walk::Tree { .. } => todo.push((path, lossy.clone(), depth + 1)),
+                }
+                continue;
+            }
+            if converted_here && is_weight_like(name) {
+                skip("a weight file that is not part of the converted checkpoint; not converted and not copied");
+                continue;
+            }
+            if !meta.is_file() {
+                skip("not a regular file (a FIFO, socket or device)");
+                continue;
+            }
+            if !scope.inside_root(&path) {
+                let real = crate::platform::canonicalize(&path)
+                    .map_or_else(|_| "?".to_string(), |p| p.display().to_string());
+                skip(&format!(
+                    "a symlink to {real:?}, outside the model's folder {:?}",
+                    scope.root().display().to_string()
+                ));
+                continue;
+            }
+            if is_weight_like(name) {
+                out.copied_as_is.push(lossy.clone());
+            }
+            out.files.push(OtherFile {
+                name: lossy,
+                path,
+                size: meta.len(),
+            });
         }
-        if !meta.is_file() {
-            out.skipped
-                .push(skip("not a regular file (a FIFO, socket or device)".into()));
-            continue;
-        }
-        if !scope.inside_root(&path) {
-            let real = crate::platform::canonicalize(&path)
-                .map_or_else(|_| "?".to_string(), |p| p.display().to_string());
-            out.skipped.push(skip(format!(
-                "a symlink to {real:?}, outside the model's folder {:?}",
-                scope.root().display().to_string()
-            )));
-            continue;
-        }
-        out.files.push(OtherFile {
-            name: name.to_string(),
-            path,
-            size: meta.len(),
-        });
     }
+    out.files.sort_by(|a, b| a.name.cmp(&b.name));
+    out.skipped.sort_by(|a, b| a.name.cmp(&b.name));
+    out.copied_as_is.sort();
     Ok(out)
+}
+
+fn join(rel_dir: &str, name: &str) -> String {
+    if rel_dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{rel_dir}/{name}")
+    }
+}
+
+/// True if `path` is the index of `ck` (other indexes are weight files of
+/// another set, and skipped with a note).
+fn is_indexed_by(ck: &Checkpoint, path: &Path) -> bool {
+    matches!(&ck.layout, crate::format::Layout::Indexed { index } if index == path)
 }
 
 /// The selected `config.json` rewritten for a cast to `dtype`; `None` when
@@ -153,8 +251,10 @@ pub fn rewritten_config(
         })
 }
 
-/// Copies `files` into `dst`, config.json as `config` when given (see
-/// [`rewritten_config`]); returns the names written.
+/// Copies `files` into `dst` at their relative paths, config.json as
+/// `config` when given (see [`rewritten_config`]); returns the names
+/// written. Each folder on the way is created inside DST and must be a real
+/// folder there: a symlink planted in DST is refused, never written through.
 pub fn copy(
     files: &[OtherFile],
     dst: &Path,
@@ -162,11 +262,43 @@ pub fn copy(
 ) -> Result<Vec<String>, ConvertError> {
     let mut copied = Vec::with_capacity(files.len());
     for f in files {
+        let (dir, name) = match f.name.rsplit_once('/') {
+            Some((parent, name)) => (subfolder(dst, parent)?, name),
+            None => (dst.to_path_buf(), f.name.as_str()),
+        };
         match (f.name.as_str(), config) {
-            ("config.json", Some(rewritten)) => write_atomic(dst, &f.name, rewritten.as_bytes())?,
-            _ => copy_atomic(&f.path, dst, &f.name)?,
+            ("config.json", Some(rewritten)) => write_atomic(&dir, name, rewritten.as_bytes())?,
+            _ => copy_atomic(&f.path, &dir, name)?,
         }
         copied.push(f.name.clone());
     }
     Ok(copied)
+}
+
+/// `dst/rel` (a `/`-separated path of plain names), created folder by
+/// folder; each must be a real folder, not a symlink.
+pub fn subfolder(dst: &Path, rel: &str) -> Result<PathBuf, ConvertError> {
+    let mut dir = dst.to_path_buf();
+    for part in rel.split('/') {
+        if !crate::write::scope::is_plain_name(part) {
+            return Err(ConvertError::DstSubfolder {
+                path: dir.join(part),
+                reason: "not a plain folder name",
+            });
+        }
+        dir.push(part);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(WriteError::io(&dir, e).into()),
+        }
+        let real_dir = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_dir());
+        if !real_dir {
+            return Err(ConvertError::DstSubfolder {
+                path: dir,
+                reason: "exists in the output and is not a folder (a symlink or a file); refusing to write through it",
+            });
+        }
+    }
+    Ok(dir)
 }

@@ -216,9 +216,26 @@ impl WeightFiles {
             }
             kind.push(path);
         }
+        drop_variants(&mut w.safetensors);
+        drop_variants(&mut w.pytorch);
         w.safetensors_index = pick_index(st_indexes, "model.safetensors.index.json");
         w.pytorch_index = pick_index(pt_indexes, "pytorch_model.bin.index.json");
         Ok(w)
+    }
+}
+
+/// Leaves out variant files (`diffusion_pytorch_model.fp16.safetensors`,
+/// `model.non_ema.bin`: a `.` in the prefix) when files without a variant
+/// sit beside them: those are the checkpoint, the variants another copy of
+/// it (diffusers loads them only with `variant=`). Merging both would give
+/// every tensor twice. A folder holding only variants keeps them.
+fn drop_variants(files: &mut Vec<PathBuf>) {
+    let is_variant = |p: &PathBuf| {
+        p.file_name()
+            .is_some_and(|n| prefix_of(&n.to_string_lossy()).contains('.'))
+    };
+    if files.iter().any(|p| !is_variant(p)) {
+        files.retain(|p| !is_variant(p));
     }
 }
 
@@ -429,5 +446,20 @@ mod tests {
         );
         assert_eq!(prefix_of("pytorch_model.bin.index.json"), "pytorch_model");
         assert_eq!(prefix_of("my-model-v2.safetensors"), "my-model-v2");
+    }
+
+    #[test]
+    fn variants_beside_the_checkpoint_are_left_out() {
+        let p = |n: &str| PathBuf::from(n);
+        let mut files = vec![
+            p("diffusion_pytorch_model.fp16.safetensors"),
+            p("diffusion_pytorch_model.safetensors"),
+            p("diffusion_pytorch_model.non_ema-00001-of-00002.safetensors"),
+        ];
+        drop_variants(&mut files);
+        assert_eq!(files, [p("diffusion_pytorch_model.safetensors")]);
+        let mut only = vec![p("model.fp16.safetensors")];
+        drop_variants(&mut only);
+        assert_eq!(only, [p("model.fp16.safetensors")]);
     }
 }

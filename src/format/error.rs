@@ -18,6 +18,8 @@ pub enum FormatError {
     NotFound { path: PathBuf },
     #[error("{}: no checkpoint found (no *.safetensors, *.bin or *.pt weights, no index)", .path.display())]
     NoCheckpoint { path: PathBuf },
+    #[error("{}: {reason}", .path.display())]
+    BadLayout { path: PathBuf, reason: String },
     #[error("{}: is {kind}, not a regular file; reshard reads only regular files", .path.display())]
     NotRegularFile { path: PathBuf, kind: &'static str },
     #[error("{}: {len} bytes is more than the {max}-byte limit for this file", .path.display())]

@@ -3,7 +3,8 @@
 //!
 //! This stage owns file discovery ([`discover`]), the safetensors header
 //! ([`safetensors`]), index files ([`index`]), the PyTorch zip format
-//! ([`pytorch`]) and bounded reads of tensor bytes ([`read`]). It reads headers
+//! ([`pytorch`]), bounded reads of tensor bytes ([`read`]) and the layout of
+//! a model folder made of several weight sets ([`layout`]). It reads headers
 //! only: no tensor data is touched until a later stage asks [`read`] for it.
 //! It never writes anything.
 
@@ -12,6 +13,7 @@ pub mod dtype;
 pub mod error;
 pub mod index;
 mod json;
+pub mod layout;
 pub mod names;
 pub mod pytorch;
 pub mod quant;

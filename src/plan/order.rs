@@ -8,7 +8,13 @@
 //!   stack in the order a forward pass meets them (vision, encoder, unknown,
 //!   decoder), each stack's own tail (final norm) after its blocks, and the
 //!   head last. The stack ranking is a heuristic over common names; `natural`
-//!   is the plain rule.
+//!   is the plain rule. It covers the diffusers models too: a UNet goes
+//!   `conv_in`, time embedding, `down_blocks`, `mid_block`, `up_blocks`,
+//!   output (and the original `input_blocks`, `middle_block`,
+//!   `output_blocks`); a DiT goes embedders, `transformer_blocks` in order,
+//!   then `single_transformer_blocks` (Flux), then `norm_out`/`proj_out`; a
+//!   VAE goes encoder, `quant_conv`, `post_quant_conv`, decoder (its
+//!   `decoder.conv_in` leading the decoder, not the model).
 //! * `source` keeps the order the files list.
 
 use std::cmp::Ordering;
@@ -114,12 +120,13 @@ fn stack_rank(name: &str) -> u8 {
     let has = |words: &[&str]| words.iter().any(|w| n.contains(w));
     if has(&["vision", "visual", "image_encoder", "vit."]) {
         0
-    } else if has(&["encoder", "down_blocks", "down."]) {
+    } else if has(&["encoder", "down_blocks", "down.", "input_blocks"]) {
         1
+    } else if has(&["decoder", "up_blocks", "up.", "output_blocks"]) {
+        // Before the middle: a VAE's `decoder.mid_block` is the decoder's.
+        4
     } else if has(&["mid_block", "middle"]) {
         2
-    } else if has(&["decoder", "up_blocks", "up."]) {
-        4
     } else {
         3
     }
@@ -150,52 +157,78 @@ struct ForwardKey {
     class: u8,
     /// Stack position in a forward pass; 9 for tensors matching no stack.
     rank: u8,
+    /// Within a rank: 1 for the single-stream blocks a DiT runs after its
+    /// double-stream ones (`single_transformer_blocks`, `single_blocks`).
+    stage: u8,
     /// 0: inside a numbered block, 1: after the stack's blocks.
     tail: u8,
     stack: String,
     index: u64,
 }
 
+/// A key outside any numbered block.
+fn plain_key(class: u8, rank: u8, tail: u8) -> ForwardKey {
+    ForwardKey {
+        class,
+        rank,
+        stage: 0,
+        tail,
+        stack: String::new(),
+        index: 0,
+    }
+}
+
 fn forward_key(name: &str) -> ForwardKey {
     let block = block_of(name);
-    if block.is_none() && is_input(name) {
-        return ForwardKey {
-            class: 0,
-            rank: 0,
-            tail: 0,
-            stack: String::new(),
-            index: 0,
-        };
-    }
-    if block.is_none() && is_head(name) {
-        return ForwardKey {
-            class: 2,
-            rank: 0,
-            tail: 0,
-            stack: String::new(),
-            index: 0,
-        };
+    if block.is_none() {
+        // A VAE: the encoder's quant_conv ends the encoder; post_quant_conv
+        // and the decoder's conv_in start the decoder.
+        let n = name.to_ascii_lowercase();
+        if n.starts_with("quant_conv.") {
+            return plain_key(1, 1, 1);
+        }
+        if n.starts_with("post_quant_conv.") {
+            return plain_key(1, 4, 0);
+        }
+        if let Some((stack, _)) = name.split_once("conv_in.").filter(|_| stack_rank(&n) == 4) {
+            let mut key = plain_key(1, 4, 0);
+            key.stack = stack.trim_end_matches('.').to_string();
+            return key;
+        }
+        if is_input(name) {
+            return plain_key(0, 0, 0);
+        }
+        if is_head(name) {
+            return plain_key(2, 0, 0);
+        }
     }
     match block {
-        Some(b) => ForwardKey {
-            class: 1,
-            rank: stack_rank(&b.stack),
+        // A numbered embedding (`time_embed.0`, `label_emb.0.0`) is input.
+        Some(b) if is_input(&format!("{}.", b.stack)) => ForwardKey {
+            class: 0,
+            rank: 0,
+            stage: 0,
             tail: 0,
             stack: b.stack,
             index: b.index,
         },
+        Some(b) => {
+            let last = b.stack.rsplit('.').next().unwrap_or_default();
+            ForwardKey {
+                class: 1,
+                rank: stack_rank(&b.stack),
+                stage: u8::from(last.starts_with("single_")),
+                tail: 0,
+                stack: b.stack,
+                index: b.index,
+            }
+        }
         None => {
             let rank = match stack_rank(name) {
                 3 => 9,
                 r => r,
             };
-            ForwardKey {
-                class: 1,
-                rank,
-                tail: 1,
-                stack: String::new(),
-                index: 0,
-            }
+            plain_key(1, rank, 1)
         }
     }
 }
@@ -368,6 +401,75 @@ mod tests {
                 .name(),
             "transformer_blocks.3"
         );
+    }
+
+    #[test]
+    fn flux_runs_double_stream_blocks_then_single_stream_blocks() {
+        let names = [
+            "proj_out.weight",
+            "single_transformer_blocks.0.attn.to_q.weight",
+            "transformer_blocks.10.attn.to_q.weight",
+            "norm_out.linear.weight",
+            "transformer_blocks.2.attn.to_q.weight",
+            "x_embedder.weight",
+            "single_transformer_blocks.1.attn.to_q.weight",
+        ];
+        let s = sorted(&names, Order::Forward);
+        assert_eq!(
+            s[..5],
+            [
+                "x_embedder.weight",
+                "transformer_blocks.2.attn.to_q.weight",
+                "transformer_blocks.10.attn.to_q.weight",
+                "single_transformer_blocks.0.attn.to_q.weight",
+                "single_transformer_blocks.1.attn.to_q.weight",
+            ]
+        );
+    }
+
+    #[test]
+    fn vae_runs_encoder_then_quant_convs_then_decoder() {
+        let names = [
+            "decoder.conv_out.weight",
+            "decoder.up_blocks.0.resnets.0.conv1.weight",
+            "decoder.mid_block.resnets.0.conv1.weight",
+            "decoder.conv_in.weight",
+            "post_quant_conv.weight",
+            "quant_conv.weight",
+            "encoder.conv_out.weight",
+            "encoder.mid_block.resnets.0.conv1.weight",
+            "encoder.down_blocks.1.resnets.0.conv1.weight",
+            "encoder.down_blocks.0.resnets.0.conv1.weight",
+            "encoder.conv_in.weight",
+        ];
+        assert_eq!(
+            sorted(&names, Order::Forward),
+            [
+                "encoder.conv_in.weight",
+                "encoder.down_blocks.0.resnets.0.conv1.weight",
+                "encoder.down_blocks.1.resnets.0.conv1.weight",
+                "encoder.mid_block.resnets.0.conv1.weight",
+                "encoder.conv_out.weight",
+                "quant_conv.weight",
+                "post_quant_conv.weight",
+                "decoder.conv_in.weight",
+                "decoder.mid_block.resnets.0.conv1.weight",
+                "decoder.up_blocks.0.resnets.0.conv1.weight",
+                "decoder.conv_out.weight",
+            ]
+        );
+    }
+
+    #[test]
+    fn original_unet_names_go_input_middle_output() {
+        let names = [
+            "model.diffusion_model.output_blocks.0.0.in_layers.2.weight",
+            "model.diffusion_model.middle_block.0.in_layers.2.weight",
+            "model.diffusion_model.input_blocks.1.0.in_layers.2.weight",
+            "model.diffusion_model.time_embed.0.weight",
+        ];
+        let s = sorted(&names, Order::Forward);
+        assert_eq!(s, [names[3], names[2], names[1], names[0]]);
     }
 
     #[test]

@@ -6,7 +6,11 @@
 //! temporary files (`.NAME.PID-TOKEN.reshard-tmp`) and its lock file.
 //! Everything else is foreign and is never removed. Removal takes the name
 //! itself: a symlink is unlinked, its target never touched; a folder is never
-//! removed. The caller must hold DST's lock ([`DstLock`]).
+//! removed. A recorded name may be a relative path (`1_Pooling/config.json`,
+//! a file copied into a subfolder): the top folder then counts as reshard's,
+//! and the file is removed only if every folder on its way is a real folder
+//! inside DST (never through a symlink). The caller must hold DST's lock
+//! ([`DstLock`]).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -45,9 +49,13 @@ impl DstInventory {
         })?;
         for entry in entries.filter_map(Result::ok) {
             let name = entry.file_name();
-            let ours = name
-                .to_str()
-                .is_some_and(|n| own.contains(n) || is_bookkeeping(n));
+            let ours = name.to_str().is_some_and(|n| {
+                own.contains(n)
+                    || is_bookkeeping(n)
+                    || own
+                        .iter()
+                        .any(|o| o.strip_prefix(n).is_some_and(|r| r.starts_with('/')))
+            });
             if !ours {
                 inv.foreign.push(name.to_string_lossy().into_owned());
             }
@@ -122,7 +130,7 @@ pub fn remove_names(
     let (indexes, rest): (Vec<&String>, Vec<&String>) =
         names.iter().partition(|n| n.ends_with(".index.json"));
     for name in indexes.into_iter().chain(rest) {
-        if !super::scope::is_plain_name(name) {
+        if !super::scope::is_plain_relative(name) || !real_folders_on_the_way(dst, name) {
             continue;
         }
         let path = dst.join(name);
@@ -140,6 +148,17 @@ pub fn remove_names(
         }
     }
     Ok(())
+}
+
+/// True if every folder between `dst` and the relative `name` is a real
+/// folder (not a symlink).
+fn real_folders_on_the_way(dst: &Path, name: &str) -> bool {
+    let mut dir = dst.to_path_buf();
+    let parts: Vec<&str> = name.split('/').collect();
+    parts[..parts.len().saturating_sub(1)].iter().all(|p| {
+        dir.push(p);
+        std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_dir())
+    })
 }
 
 #[cfg(test)]
@@ -225,6 +244,31 @@ mod tests {
         assert_eq!(
             std::fs::read(tmp.path().join("outside.safetensors")).unwrap(),
             b"keep"
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_recorded_subfolder_file_is_removed_only_through_real_folders() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dst = tmp.path().join("dst");
+        std::fs::create_dir_all(dst.join("1_Pooling")).unwrap();
+        let lock = DstLock::acquire(&dst).unwrap();
+        std::fs::write(dst.join("1_Pooling/config.json"), b"x").unwrap();
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::fs::write(elsewhere.join("config.json"), b"precious").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dst.join("linked")).unwrap();
+        let mut m = manifest(&[], &[]);
+        m.copied_files = vec!["1_Pooling/config.json".into(), "linked/config.json".into()];
+        std::fs::write(dst.join(MANIFEST), m.to_json()).unwrap();
+        let inv = DstInventory::read(&dst, &lock).unwrap();
+        assert!(inv.foreign.is_empty(), "{:?}", inv.foreign);
+        remove_names(&dst, &inv.own_names(), &lock).unwrap();
+        assert!(!dst.join("1_Pooling/config.json").exists());
+        assert_eq!(
+            std::fs::read(elsewhere.join("config.json")).unwrap(),
+            b"precious"
         );
     }
 

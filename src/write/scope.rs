@@ -181,14 +181,18 @@ impl OutputScope {
 /// snapshot (`models--ORG--NAME/snapshots/REV`, beside `blobs/`), the repo
 /// folder its links point into; otherwise the folder itself.
 pub fn model_root(dir: &Path) -> PathBuf {
-    let repo = dir
-        .parent()
-        .filter(|p| p.file_name().is_some_and(|n| n == "snapshots"))
-        .and_then(Path::parent);
-    match repo {
-        Some(repo) if repo.join("blobs").is_dir() => repo.to_path_buf(),
-        _ => dir.to_path_buf(),
+    // The snapshot itself, or a component folder inside it (a pipeline's
+    // `snapshots/REV/unet`, whose links point into the same `blobs/`).
+    for snapshot in dir.ancestors().take(3) {
+        let repo = snapshot
+            .parent()
+            .filter(|p| p.file_name().is_some_and(|n| n == "snapshots"))
+            .and_then(Path::parent);
+        if let Some(repo) = repo.filter(|r| r.join("blobs").is_dir()) {
+            return repo.to_path_buf();
+        }
     }
+    dir.to_path_buf()
 }
 
 /// `path` with every symlink followed; it must exist.
@@ -245,6 +249,16 @@ pub fn is_plain_name(name: &str) -> bool {
             Path::new(name).components().collect::<Vec<_>>().as_slice(),
             [Component::Normal(n)] if *n == std::ffi::OsStr::new(name)
         )
+}
+
+/// Deepest relative path [`is_plain_relative`] accepts (`a/b/c` is 3).
+pub const MAX_REL_DEPTH: usize = 10;
+
+/// True if `rel` is a `/`-separated path of plain names ([`is_plain_name`]
+/// each), at most [`MAX_REL_DEPTH`] deep; `""` is not. The names of files
+/// copied into DST's subfolders (`1_Pooling/config.json`) must pass.
+pub fn is_plain_relative(rel: &str) -> bool {
+    rel.split('/').count() <= MAX_REL_DEPTH && rel.split('/').all(is_plain_name)
 }
 
 /// The source folders and files a `batch --report` must stay away from.
@@ -331,6 +345,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn relative_paths_must_be_plain() {
+        assert!(is_plain_relative("2_Dense"));
+        assert!(is_plain_relative("a/b"));
+        for bad in ["", "../x", "a/../b", "/etc", "a//b", "a\\b", ".", "a/"] {
+            assert!(!is_plain_relative(bad), "{bad:?}");
+        }
+        assert!(!is_plain_relative(&["a"; 11].join("/")));
+    }
+
+    #[test]
     fn plain_names_are_one_normal_component() {
         for ok in ["org--tiny", "a b", "model.v2", "..x", "x.."] {
             assert!(is_plain_name(ok), "{ok}");
@@ -373,6 +397,8 @@ mod tests {
         );
         std::fs::create_dir_all(repo.join("blobs")).unwrap();
         assert_eq!(model_root(&repo.join("snapshots/abc")), repo);
+        // A pipeline component inside a snapshot links into the same blobs.
+        assert_eq!(model_root(&repo.join("snapshots/abc/unet")), repo);
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod fit;
 mod fuzz_corpus;
 mod hostile;
 mod inspect;
+mod layouts;
 mod parts;
 mod platform;
 mod proof;

@@ -1,0 +1,247 @@
+//! `convert`'s layout options and the runs they lead to: `--single-file`,
+//! `--split-components` with `--component-prefix`, `--keep-dtype-preset`,
+//! the dry run of every weight set, and the notes about what was copied.
+
+use anyhow::Context;
+
+use reshard::convert::split::ComponentPrefix;
+use reshard::convert::{convert_split, ComponentSummary, ConvertOptions, ConvertSummary};
+use reshard::exec::WindowPool;
+use reshard::format;
+use reshard::format::layout::{self, ModelLayout};
+use reshard::plan::Plan;
+
+use super::{render_plan, render_summary, Args, CANCEL};
+use crate::cli::progress::Bar;
+use crate::cli::{printer, ExitStatus};
+
+/// The options about the output's layout (one file, components).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LayoutArgs {
+    /// Write each weight set as one `<prefix>.safetensors` (no index), for
+    /// UIs that load one file (ComfyUI, A1111/Forge, InvokeAI): streamed
+    /// through the window like shards, layer-ordered, the source's
+    /// `__metadata__` kept. Merges a sharded checkpoint into one file.
+    #[arg(long, conflicts_with = "max_shard_size")]
+    pub single_file: bool,
+    /// Split an all-in-one UI checkpoint into one file per component,
+    /// `DST/NAME/NAME.safetensors`, names without their prefix (see
+    /// docs/layouts.md for the prefix table).
+    #[arg(long, conflicts_with = "max_shard_size")]
+    pub split_components: bool,
+    /// With --split-components: tensors starting with PREFIX form component
+    /// NAME (repeatable; wins over the built-in table).
+    #[arg(long, value_name = "NAME=PREFIX", requires = "split_components")]
+    pub component_prefix: Vec<ComponentPrefix>,
+    /// With --dtype: keep these in their dtype (repeatable): `vae` (a
+    /// pipeline's or a split's `vae`, and `first_stage_model.*` in one
+    /// file), `norms` (every `*norm*` and `*ln_*` tensor).
+    #[arg(long, value_enum, value_name = "PRESET")]
+    pub keep_dtype_preset: Vec<KeepPreset>,
+}
+
+/// Common cases of `--keep-dtype` (docs/layouts.md says why).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeepPreset {
+    /// The VAE: in f16 the SD and SDXL VAEs overflow to NaN (black images).
+    Vae,
+    /// Normalization weights: tiny, and the scales most hurt by rounding.
+    Norms,
+}
+
+impl KeepPreset {
+    /// The tensor-name globs the preset keeps.
+    pub fn globs(self) -> &'static [&'static str] {
+        match self {
+            KeepPreset::Vae => &["first_stage_model.*"],
+            KeepPreset::Norms => &["*norm*", "*ln_*"],
+        }
+    }
+
+    /// The weight sets (layout folders, split components) kept whole.
+    pub fn components(self) -> &'static [&'static str] {
+        match self {
+            KeepPreset::Vae => &["vae"],
+            KeepPreset::Norms => &[],
+        }
+    }
+}
+
+impl LayoutArgs {
+    /// The shard limit these options leave: none with `--single-file`.
+    pub(super) fn max_shard_size(&self, given: u64) -> u64 {
+        if self.single_file {
+            u64::MAX
+        } else {
+            given
+        }
+    }
+}
+
+/// `convert --split-components`.
+pub(super) fn run_split(args: &Args, options: &ConvertOptions) -> anyhow::Result<ExitStatus> {
+    let ck = format::open(&args.src)
+        .with_context(|| format!("cannot convert {}", args.src.display()))?;
+    let prefixes = &args.options.layout.component_prefix;
+    if args.dry_run {
+        let parts = reshard::convert::split::split(&ck, prefixes)
+            .with_context(|| format!("cannot plan {}", args.src.display()))?;
+        let mut plans = Vec::new();
+        for (component, part) in &parts {
+            let mut o = options.plan.clone();
+            o.max_shard_size = u64::MAX;
+            let plan = Plan::build(part, &o)
+                .with_context(|| format!("cannot plan {}", args.src.display()))?;
+            plans.push((component.clone(), plan));
+        }
+        if args.json {
+            let list: Vec<_> = plans
+                .iter()
+                .map(|(c, p)| serde_json::json!({"component": c, "plan": p}))
+                .collect();
+            printer::json(&list)?;
+        } else {
+            for (c, plan) in &plans {
+                printer::text(&format!("{} (prefix {:?}): ", c.name, c.prefix))?;
+                printer::text(&render_plan(plan, options.window))?;
+            }
+        }
+        return Ok(ExitStatus::Ok);
+    }
+    let _ = ctrlc::set_handler(|| CANCEL.store(true, std::sync::atomic::Ordering::SeqCst));
+    let bar = Bar::new(!(args.quiet || args.options.no_progress || args.json));
+    let pool = WindowPool::new(options.window);
+    let components = convert_split(&ck, &args.dst, options, prefixes, &pool, &bar, &CANCEL)
+        .with_context(|| {
+            format!(
+                "cannot split {} into {}",
+                args.src.display(),
+                args.dst.display()
+            )
+        })?;
+    if args.json {
+        printer::json(&serde_json::json!({ "components": components }))?;
+    } else if !args.quiet {
+        printer::text(&render_components(&components, args.verbose))?;
+    }
+    Ok(ExitStatus::Ok)
+}
+
+pub(super) fn render_components(components: &[ComponentSummary], verbose: bool) -> String {
+    components
+        .iter()
+        .map(|c| format!("{}: {}", c.path, render_summary(&c.summary, verbose)))
+        .collect()
+}
+
+/// `convert --dry-run`: the plan of every weight set, written nowhere.
+pub(super) fn dry_run(
+    args: &Args,
+    ck: Option<&format::Checkpoint>,
+    layout: Option<&ModelLayout>,
+    options: &ConvertOptions,
+) -> anyhow::Result<ExitStatus> {
+    let plan_of = |ck: &format::Checkpoint, o: &ConvertOptions| {
+        Plan::build(ck, &o.plan)
+            .and_then(|plan| {
+                reshard::plan::check_expanded(ck, &plan, o.allow_expanded)?;
+                Ok(plan)
+            })
+            .with_context(|| format!("cannot plan {}", ck.dir.display()))
+    };
+    let mut plans = Vec::new();
+    if let Some(ck) = ck {
+        plans.push((String::new(), plan_of(ck, options)?));
+    }
+    for set in layout
+        .iter()
+        .flat_map(|l| &l.sets)
+        .filter(|s| !s.rel.is_empty())
+    {
+        let dir = layout::join_rel(&args.src, &set.rel);
+        let ck = format::open(&dir).with_context(|| format!("cannot plan {}", dir.display()))?;
+        let mut o = options.clone();
+        if set.one_file {
+            o.plan.max_shard_size = u64::MAX;
+        }
+        plans.push((set.rel.clone(), plan_of(&ck, &o)?));
+    }
+    if args.json {
+        match plans.as_slice() {
+            [(rel, plan)] if rel.is_empty() => printer::json(plan)?,
+            _ => printer::json(
+                &plans
+                    .iter()
+                    .map(|(rel, plan)| serde_json::json!({"path": rel, "plan": plan}))
+                    .collect::<Vec<_>>(),
+            )?,
+        }
+    } else {
+        for (rel, plan) in &plans {
+            if !rel.is_empty() {
+                printer::text(&format!("{rel}: "))?;
+            }
+            printer::text(&render_plan(plan, options.window))?;
+        }
+    }
+    Ok(ExitStatus::Ok)
+}
+
+/// The files of one folder's job that were not copied, or copied as is.
+pub(super) fn print_notes(s: &ConvertSummary, folder: &str) {
+    for skipped in &s.skipped_files {
+        eprintln!(
+            "note: not copied: {:?}: {}",
+            format!("{folder}{}", skipped.name),
+            skipped.reason
+        );
+    }
+    for name in &s.copied_as_is {
+        eprintln!("note: copied as is (a weight file outside any converted folder, not converted): {folder}{name}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ConvertArgs;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: ConvertArgs,
+    }
+
+    fn parse(extra: &[&str]) -> Result<ConvertArgs, clap::Error> {
+        Wrap::try_parse_from([&["convert"], extra].concat()).map(|w| w.args)
+    }
+
+    #[test]
+    fn single_file_lifts_the_shard_limit_and_excludes_max_shard_size() {
+        let o = parse(&["--single-file"]).unwrap().to_options();
+        assert_eq!(o.plan.max_shard_size, u64::MAX);
+        let o = parse(&[]).unwrap().to_options();
+        assert_eq!(o.plan.max_shard_size, 1 << 30);
+        assert!(parse(&["--single-file", "--max-shard-size", "1GB"]).is_err());
+    }
+
+    #[test]
+    fn keep_dtype_presets_add_globs_and_whole_components() {
+        let o = parse(&[
+            "--keep-dtype",
+            "x.*",
+            "--keep-dtype-preset",
+            "vae",
+            "--keep-dtype-preset",
+            "norms",
+        ])
+        .unwrap()
+        .to_options();
+        assert_eq!(
+            o.plan.keep_dtype,
+            ["x.*", "first_stage_model.*", "*norm*", "*ln_*"]
+        );
+        assert_eq!(o.keep_components, ["vae"]);
+        assert!(parse(&["--keep-dtype-preset", "unet"]).is_err());
+    }
+}

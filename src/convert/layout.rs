@@ -1,0 +1,158 @@
+//! Converting a model folder made of several weight sets
+//! ([`ModelLayout`]: a sentence-transformers model, a diffusers pipeline,
+//! or a plain model folder with subfolders).
+//!
+//! The root job runs first: the root's own weights, if it has any (a
+//! pipeline's root has none: the job then only copies), and every other
+//! file of the tree that no other weight set's folder holds, at its
+//! relative path. Then each weight set is converted in its own folder of
+//! DST, as a model of its own ([`convert_with_pool`]: own plan, lock,
+//! manifest, resume), under the names its library loads: the source's
+//! prefix is kept (`diffusion_pytorch_model` for diffusers models, `model`
+//! for transformers), a set the library reads as one file
+//! ([`WeightSet::one_file`]) is written as one file, and a diffusers
+//! config.json (which has no dtype key) is copied as it is.
+//!
+//! Each folder is all or nothing on its own; a run stopped between two
+//! folders leaves the finished ones committed and a rerun finishes the rest.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+use serde::Serialize;
+
+use super::other::{self, Walk};
+use super::split::{self, ComponentPrefix};
+use super::{convert_with_pool, ConvertError, ConvertOptions, ConvertSummary};
+use crate::exec::{Reporter, WindowPool};
+use crate::format::layout::{Library, ModelLayout, WeightSet};
+use crate::format::{self, Checkpoint, Finding, Format, Layout};
+
+/// What converting one weight set other than the root did.
+#[derive(Debug, Clone, Serialize)]
+pub struct ComponentSummary {
+    /// Its folder under DST (and under SRC), `/` separators.
+    pub path: String,
+    pub library: Library,
+    pub one_file: bool,
+    /// What inspect would report about its source.
+    pub findings: Vec<Finding>,
+    pub summary: ConvertSummary,
+}
+
+/// Converts every weight set of `layout` into `dst` (see the module doc).
+pub fn convert_layout(
+    layout: &ModelLayout,
+    dst: &Path,
+    options: &ConvertOptions,
+    pool: &WindowPool,
+    reporter: &dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<ConvertSummary, ConvertError> {
+    let components = layout.component_dirs();
+    let (root_ck, root_set) = match layout.sets.iter().find(|s| s.rel.is_empty()) {
+        Some(set) => (format::open(&layout.root)?, Some(set)),
+        None => (copy_only(&layout.root), None),
+    };
+    let mut root_options = set_options(options, root_set);
+    root_options.walk = Walk::Tree {
+        except: components.clone(),
+    };
+    let mut summary = convert_with_pool(&root_ck, dst, &root_options, pool, reporter, cancel)?;
+    for set in layout.sets.iter().filter(|s| !s.rel.is_empty()) {
+        let dir = layout.dir_of(set);
+        let ck = format::open(&dir)?;
+        let out = other::subfolder(dst, &set.rel)?;
+        let mut o = set_options(options, Some(set));
+        o.walk = Walk::Tree {
+            except: components
+                .iter()
+                .filter(|c| c.starts_with(&dir) && **c != dir)
+                .cloned()
+                .collect(),
+        };
+        if o.within.is_none() {
+            o.within = Some(dst.to_path_buf());
+        }
+        let s = convert_with_pool(&ck, &out, &o, pool, reporter, cancel)?;
+        summary.components.push(ComponentSummary {
+            path: set.rel.clone(),
+            library: set.library,
+            one_file: set.one_file,
+            findings: ck.findings,
+            summary: s,
+        });
+    }
+    Ok(summary)
+}
+
+/// `convert --split-components`: each component of the all-in-one `ck`
+/// ([`split::split`]) as one file, `DST/NAME/NAME.safetensors`, by its own
+/// conversion (in component name order).
+pub fn convert_split(
+    ck: &Checkpoint,
+    dst: &Path,
+    options: &ConvertOptions,
+    prefixes: &[ComponentPrefix],
+    pool: &WindowPool,
+    reporter: &dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<Vec<ComponentSummary>, ConvertError> {
+    let parts = split::split(ck, prefixes)?;
+    std::fs::create_dir_all(dst).map_err(|e| crate::write::WriteError::io(dst, e))?;
+    let mut out = Vec::with_capacity(parts.len());
+    for (component, part) in parts {
+        let folder = other::subfolder(dst, &component.name)?;
+        let mut o = options.clone();
+        o.plan.max_shard_size = u64::MAX;
+        o.copy_other_files = false;
+        o.walk = Walk::Flat;
+        o.within = Some(o.within.clone().unwrap_or_else(|| dst.to_path_buf()));
+        o.id_salt = Some(format!("split {}={}", component.name, component.prefix));
+        if o.keep_components.contains(&component.name) {
+            o.plan.dtype = None;
+        }
+        let summary = convert_with_pool(&part, &folder, &o, pool, reporter, cancel)?;
+        out.push(ComponentSummary {
+            path: component.name.clone(),
+            library: Library::Other,
+            one_file: true,
+            findings: Vec::new(),
+            summary,
+        });
+    }
+    Ok(out)
+}
+
+/// `options` for one weight set: one file where its library reads one,
+/// config.json's dtype rewritten only where the library keeps one there.
+fn set_options(options: &ConvertOptions, set: Option<&WeightSet>) -> ConvertOptions {
+    let mut o = options.clone();
+    o.copy_other_files = true;
+    if let Some(set) = set {
+        if set.one_file {
+            o.plan.max_shard_size = u64::MAX;
+        }
+        o.config_dtype = set.library != Library::Diffusers;
+        if o.keep_components.contains(&set.rel) {
+            o.plan.dtype = None;
+        }
+    }
+    o
+}
+
+/// A checkpoint with no tensors: the root job of a folder whose root holds
+/// no weights (a pipeline) writes no shard and only copies files.
+fn copy_only(dir: &Path) -> Checkpoint {
+    Checkpoint {
+        dir: dir.to_path_buf(),
+        format: Format::Safetensors,
+        layout: Layout::Loose,
+        prefix: "model".into(),
+        files: Vec::new(),
+        tensors: Vec::new(),
+        metadata: BTreeMap::new(),
+        findings: Vec::new(),
+    }
+}
