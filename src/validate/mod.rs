@@ -23,7 +23,8 @@
 //! The files form layers, each using only those below it: [`ledger`],
 //! [`options`] and [`report`] (plain data) at the bottom; [`device`] and
 //! [`integrity`] in the middle; the ways of loading ([`own`], [`emulate`],
-//! [`against`]) and the budget child ([`budget`]) on top, and this file,
+//! [`against`], and a real loader in the user's Python, [`python`]) and the
+//! budget child ([`budget`]) on top, and this file,
 //! which runs them in order. `scripts/check-architecture.py` keeps it so.
 //!
 //! A check that ran and failed is a [`Failure`] in the report (exit 1 at the
@@ -42,6 +43,7 @@ pub mod against;
 pub mod budget;
 pub mod emulate;
 pub mod own;
+pub mod python;
 
 use std::path::{Path, PathBuf};
 
