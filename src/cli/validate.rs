@@ -21,8 +21,9 @@ pub struct Args {
     /// Compare every tensor with this source checkpoint.
     #[arg(long, value_name = "SRC")]
     against: Option<PathBuf>,
-    /// Reproduce another loader's mapping pattern instead of reshard's
-    /// loader: transformers-v5-mmap, per-shard-mmap or full-read. Host
+    /// Reproduce another loader's memory pattern (fit's model, term by
+    /// term) instead of reshard's loader: transformers-v5-mmap,
+    /// transformers-v5-pread, per-shard-mmap, full-read or diffusers. Host
     /// commit only: --device and --vram-budget do not apply.
     #[arg(long, value_name = "LOADER", conflicts_with = "loader")]
     emulate: Option<Loader>,

@@ -68,6 +68,8 @@ pub enum ValidateError {
     NoSuchCudaDevice { ordinal: usize, count: usize },
     #[error("CUDA: {reason}")]
     Cuda { reason: String },
+    #[error("--emulate reshard: reshard's own loader is validate without --emulate")]
+    EmulateReshard,
     #[error("--emulate {loader} reads safetensors files only; {} is {format}", .path.display())]
     EmulateNeedsSafetensors {
         loader: Loader,
@@ -136,6 +138,7 @@ pub(crate) fn run(
     let order = own::shard_order(&ck);
 
     match options.emulate {
+        Some(Loader::Reshard) => return Err(ValidateError::EmulateReshard),
         Some(loader) => {
             if ck.format != format::Format::Safetensors {
                 return Err(ValidateError::EmulateNeedsSafetensors {

@@ -15,6 +15,7 @@ mod fit;
 mod fuzz_corpus;
 mod hostile;
 mod inspect;
+mod loaders;
 mod parts;
 mod platform;
 mod proof;

@@ -103,6 +103,20 @@ impl fmt::Display for Loader {
     }
 }
 
+impl std::str::FromStr for Loader {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Loader::ALL
+            .into_iter()
+            .find(|l| l.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Loader::ALL.iter().map(|l| l.name()).collect();
+                format!("unknown loader {s:?}: use one of {}", names.join(", "))
+            })
+    }
+}
+
 /// The sizes a checkpoint presents to a loader. `S` are shard file sizes
 /// (header included), `T` tensor sizes.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -142,8 +156,9 @@ pub const DEFAULT_BASELINE: u64 = 976 << 20;
 pub const PREAD_PER_THREAD: u64 = 24 << 20;
 /// transformers 5.24 runs `min(4, cpus)` pread reader threads.
 pub const PREAD_MAX_THREADS: u64 = 4;
-/// reshard validate's default staging buffer (`--staging`).
-pub const DEFAULT_WINDOW: u64 = crate::validate::options::DEFAULT_STAGING;
+/// reshard validate's default staging buffer (`--staging`; defined here,
+/// at the bottom, so `validate` and `fit` share it without a cycle).
+pub const DEFAULT_WINDOW: u64 = 64 << 20;
 /// Host commit charged for a CUDA context on Windows (WDDM). An estimate to
 /// be measured; see docs/fit.md.
 pub const DEFAULT_CUDA_OVERHEAD: u64 = 512 << 20;
