@@ -232,7 +232,13 @@ fn render(path: &str, r: &FitReport) -> String {
     render_scenario(&mut o, "as it is", &r.today, r.machine.os);
     let _ = writeln!(o, "  calibrated against (docs/fit.md):");
     for l in &r.loaders {
-        let _ = writeln!(o, "    {:<22} {}: {}", l.name(), l.formula(), l.calibrated_with());
+        let _ = writeln!(
+            o,
+            "    {:<22} {}: {}",
+            l.name(),
+            l.formula(),
+            l.calibrated_with()
+        );
     }
     if let Some(w) = &r.what_if {
         let _ = writeln!(o);

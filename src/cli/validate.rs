@@ -170,8 +170,12 @@ pub fn render_python(r: &PythonReport) -> String {
         human(r.baseline_rss)
     );
     let p = &r.prediction;
-    let ratio = if r.peak_above_baseline > 0 {
-        format!(" ({:.2} x measured)", p.peak_commit as f64 / r.peak_above_baseline as f64)
+    // A ratio to a load that stopped early would mislead.
+    let ratio = if r.peak_above_baseline > 0 && r.failure.is_none() {
+        format!(
+            " ({:.2} x measured)",
+            p.peak_commit as f64 / r.peak_above_baseline as f64
+        )
     } else {
         String::new()
     };

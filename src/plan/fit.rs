@@ -152,7 +152,11 @@ pub struct LoaderFit {
 
 impl LoaderFit {
     pub fn judge(loader: Loader, p: Peak, b: &Budget, params: &LoadParams) -> LoaderFit {
-        let baseline = if loader.in_python() { params.baseline } else { 0 };
+        let baseline = if loader.in_python() {
+            params.baseline
+        } else {
+            0
+        };
         let host_needed = if params.os == Os::Windows {
             p.commit
         } else {

@@ -93,11 +93,17 @@ pub fn run(
     // The fixed terms first, as the real loaders allocate them.
     let mut storage = match block(pattern.storage) {
         Ok(b) => b,
-        Err(_) => return Ok(over(report, ledger, "(model storage)".into(), pattern.storage)),
+        Err(_) => {
+            over(report, ledger, "(model storage)".into(), pattern.storage);
+            return Ok(());
+        }
     };
     let _overhead = match block(pattern.overhead) {
         Ok(b) => b,
-        Err(_) => return Ok(over(report, ledger, "(loader overhead)".into(), pattern.overhead)),
+        Err(_) => {
+            over(report, ledger, "(loader overhead)".into(), pattern.overhead);
+            return Ok(());
+        }
     };
     ledger.sample();
     let mut kept: Vec<Held> = Vec::new();
@@ -135,12 +141,16 @@ pub fn run(
             let DataRef::Contiguous { offset } = t.data else {
                 continue;
             };
-            let (Some(start), Some(end)) = (usize::try_from(offset).ok(), usize::try_from(offset + t.len).ok())
-            else {
+            let (Some(start), Some(end)) = (
+                usize::try_from(offset).ok(),
+                usize::try_from(offset + t.len).ok(),
+            ) else {
                 continue; // format::open checked the offsets against the size
             };
             let len = end - start;
-            let dst = storage.as_deref_mut().and_then(|s| s.get_mut(cursor..cursor + len));
+            let dst = storage
+                .as_deref_mut()
+                .and_then(|s| s.get_mut(cursor..cursor + len));
             let data: &[u8] = match (&held, dst) {
                 (Some(h), Some(dst)) => {
                     let src = h.bytes().get(start..end).unwrap_or(&[]);
@@ -204,7 +214,8 @@ fn block(len: u64) -> std::io::Result<Option<PrivateMemory>> {
 
 /// Bytes `start..end` of `file` (the header, between tensors: small).
 fn read_range(file: &File, start: u64, end: u64) -> std::io::Result<Vec<u8>> {
-    let len = usize::try_from(end.saturating_sub(start)).map_err(|_| crate::platform::out_of_memory())?;
+    let len =
+        usize::try_from(end.saturating_sub(start)).map_err(|_| crate::platform::out_of_memory())?;
     let mut v = Vec::new();
     v.try_reserve_exact(len)
         .map_err(|_| crate::platform::out_of_memory())?;

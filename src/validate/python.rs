@@ -158,7 +158,7 @@ pub enum PythonError {
         #[source]
         source: std::io::Error,
     },
-    #[error("python {} cannot import {module}: install it (pip install {install}) or give --python PATH", .python.display())]
+    #[error("{} cannot import {module}: install it (pip install {install}) or give --python PATH", .python.display())]
     Missing {
         python: PathBuf,
         module: String,
@@ -353,7 +353,10 @@ pub fn run(path: &Path, options: &PythonOptions) -> Result<PythonReport, PythonE
             report.tensors = o.tensors;
             report.bytes = o.bytes;
             report.load_seconds = o.seconds;
-            if let Some(b) = options.commit_budget.filter(|&b| report.peak_above_baseline > b) {
+            if let Some(b) = options
+                .commit_budget
+                .filter(|&b| report.peak_above_baseline > b)
+            {
                 report.failure = Some(format!(
                     "commit peaked at {} above baseline, over the {} budget",
                     crate::units::human(report.peak_above_baseline),
@@ -368,7 +371,10 @@ pub fn run(path: &Path, options: &PythonOptions) -> Result<PythonReport, PythonE
                 || "the machine's memory".to_string(),
                 |b| format!("a {} commit budget", crate::units::human(b)),
             );
-            report.failure = Some(format!("over budget: the load ran out of {budget}: {}", o.error));
+            report.failure = Some(format!(
+                "over budget: the load ran out of {budget}: {}",
+                o.error
+            ));
             Ok(report)
         }
         _ => Err(PythonError::Failed {
@@ -462,7 +468,10 @@ fn supervise(child: &mut Child, budget: Option<u64>) -> Measured {
         m.samples += 1;
         m.peak_commit = m.peak_commit.max(now.commit.unwrap_or(0));
         m.peak_commit = m.peak_commit.max(now.peak_commit.unwrap_or(0));
-        m.peak_rss = m.peak_rss.max(now.rss.unwrap_or(0)).max(now.peak_rss.unwrap_or(0));
+        m.peak_rss = m
+            .peak_rss
+            .max(now.rss.unwrap_or(0))
+            .max(now.peak_rss.unwrap_or(0));
         if !matches!(child.try_wait(), Ok(None)) {
             break;
         }

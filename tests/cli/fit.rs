@@ -144,7 +144,11 @@ fn fit_virtual_70b_per_loader_on_windows() {
     assert_eq!(max_s, s[0]);
     assert!(s[0] > 500 * MIB + 30 * LAYER && s[0] < 500 * MIB + 30 * LAYER + MIB);
 
-    let args = [&WINDOWS_32_8[..], &["--baseline", "0", "--pread-threads", "4"]].concat();
+    let args = [
+        &WINDOWS_32_8[..],
+        &["--baseline", "0", "--pread-threads", "4"],
+    ]
+    .concat();
     let (r, code) = fit_json(&dir, &args);
     assert_eq!(code, 1, "only pread and reshard's loader fit");
     assert_eq!(
@@ -162,7 +166,10 @@ fn fit_virtual_70b_per_loader_on_windows() {
         // sum(S) + 26 MiB + max(S) (header view) + cuda
         ("transformers-v5-mmap", sum_s + 26 * MIB + max_s + cuda),
         // 26 MiB + 4 threads x (24 MiB + one 500 MiB tensor on the host) + cuda
-        ("transformers-v5-pread", 26 * MIB + 4 * (24 * MIB + MAX_T_70B) + cuda),
+        (
+            "transformers-v5-pread",
+            26 * MIB + 4 * (24 * MIB + MAX_T_70B) + cuda,
+        ),
         // 8 MiB + max(S) + max(S) (header view) + cuda
         ("per-shard-mmap", 8 * MIB + 2 * max_s + cuda),
         // one shard read whole + cuda
@@ -273,7 +280,12 @@ fn fit_recommends_resharding_and_says_what_it_cannot_help() {
         dir.display()
     );
     assert!(text.contains(&cmd), "{text}");
-    assert!(text.contains("transformers-v5-mmap: resharding cannot make it fit: it keeps every shard mapped"), "{text}");
+    assert!(
+        text.contains(
+            "transformers-v5-mmap: resharding cannot make it fit: it keeps every shard mapped"
+        ),
+        "{text}"
+    );
     assert!(text.contains("baseline: 976.00 MiB"), "{text}");
     assert!(
         text.contains("commit limit    40.00 GiB (derived)"),
@@ -342,7 +354,10 @@ fn fit_fixture_on_linux_with_exact_figures() {
     let sum_s: u64 = ck.files.iter().map(|f| f.size).sum();
     let max_s = ck.files.iter().map(|f| f.size).max().unwrap();
     let sum_t = ck.total_bytes();
-    let (r, code) = fit_json(&path, &["--os", "linux", "--ram", "1GiB", "--baseline", "0"]);
+    let (r, code) = fit_json(
+        &path,
+        &["--os", "linux", "--ram", "1GiB", "--baseline", "0"],
+    );
     assert_eq!(code, 0);
     assert_eq!(r["fits"], true);
     assert_eq!(r["recommendation"], Value::Null);
@@ -383,7 +398,14 @@ fn fit_fixture_recommends_bf16_for_f32() {
     // more in one f32 shard, and about 26 MiB + 2 x 441 KB in one bf16
     // shard: only the cast helps it.
     let path = fixture("tiny-llama-f32-sharded");
-    let args = ["--os", "windows", "--commit-limit", "28300000", "--baseline", "0"];
+    let args = [
+        "--os",
+        "windows",
+        "--commit-limit",
+        "28300000",
+        "--baseline",
+        "0",
+    ];
     let (r, code) = fit_json(&path, &args);
     assert_eq!(code, 1);
     assert_eq!(

@@ -49,7 +49,10 @@ struct Checkpoints {
 fn loaders_python() -> Option<PathBuf> {
     let python = python()?;
     let ok = std::process::Command::new(&python)
-        .args(["-c", "import torch, transformers, diffusers, sentence_transformers"])
+        .args([
+            "-c",
+            "import torch, transformers, diffusers, sentence_transformers",
+        ])
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
@@ -58,7 +61,9 @@ fn loaders_python() -> Option<PathBuf> {
             "CI is set but {} lacks torch, transformers, diffusers or sentence-transformers (tests/requirements.txt)",
             python.display()
         );
-        eprintln!("skipped: no Python with torch, transformers, diffusers and sentence-transformers");
+        eprintln!(
+            "skipped: no Python with torch, transformers, diffusers and sentence-transformers"
+        );
         return None;
     }
     Some(python)
@@ -82,11 +87,19 @@ fn checkpoints() -> Option<&'static Checkpoints> {
                 .env("HF_HUB_OFFLINE", "1")
                 .output()
                 .unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             std::fs::remove_dir_all(root.join("bert-hf")).unwrap();
             for name in ["llama", "unet", "st"] {
-                convert(&root.join(name), &root.join(format!("{name}-64")), &["--max-shard-size", "64MiB"])
-                    .success();
+                convert(
+                    &root.join(name),
+                    &root.join(format!("{name}-64")),
+                    &["--max-shard-size", "64MiB"],
+                )
+                .success();
             }
             // convert does not mirror the Pooling module's folder (yet).
             if !root.join("st-64/1_Pooling").exists() {
@@ -102,9 +115,20 @@ fn checkpoints() -> Option<&'static Checkpoints> {
 }
 
 /// Runs `validate --loader python:NAME --json` and returns (exit, report).
-fn run_loader(c: &Checkpoints, path: &Path, name: &str, extra: &[&str]) -> (i32, serde_json::Value) {
+fn run_loader(
+    c: &Checkpoints,
+    path: &Path,
+    name: &str,
+    extra: &[&str],
+) -> (i32, serde_json::Value) {
     let out = reshard()
-        .args(["validate", "--json", "--loader", &format!("python:{name}"), "--python"])
+        .args([
+            "validate",
+            "--json",
+            "--loader",
+            &format!("python:{name}"),
+            "--python",
+        ])
         .arg(&c.python)
         .args(extra)
         .arg(path)
@@ -150,7 +174,10 @@ fn transformers_mmap_matches_fit_and_resharding_does_not_change_it() {
     let Some((orig, resharded)) = calibrated("transformers", "llama") else {
         return;
     };
-    assert!(orig.abs_diff(resharded) <= 16 * MIB, "{orig} vs {resharded}");
+    assert!(
+        orig.abs_diff(resharded) <= 16 * MIB,
+        "{orig} vs {resharded}"
+    );
 }
 
 #[test]
@@ -192,7 +219,10 @@ fn commit_budget_passes_and_fails_with_the_real_transformers_loader() {
     let (code, r) = run_loader(c, &llama, "transformers", &["--commit-budget", "1GiB"]);
     assert_eq!(code, 0, "{r:#}");
     assert!(r["passed"].as_bool().unwrap());
-    assert!(r["peak_above_baseline"].as_u64().unwrap() > 256 * MIB, "{r:#}");
+    assert!(
+        r["peak_above_baseline"].as_u64().unwrap() > 256 * MIB,
+        "{r:#}"
+    );
     let (code, r) = run_loader(c, &llama, "transformers", &["--commit-budget", "128MiB"]);
     assert_eq!(code, 1, "{r:#}");
     assert!(!r["passed"].as_bool().unwrap());
@@ -207,7 +237,13 @@ fn commit_budget_passes_and_fails_with_the_real_transformers_loader() {
 fn a_missing_python_or_library_is_exit_2_naming_what_to_install() {
     let tiny = fixture("tiny-llama");
     let out = reshard()
-        .args(["validate", "--loader", "python:transformers", "--python", "/nonexistent/python3"])
+        .args([
+            "validate",
+            "--loader",
+            "python:transformers",
+            "--python",
+            "/nonexistent/python3",
+        ])
         .arg(&tiny)
         .output()
         .unwrap();
@@ -220,7 +256,11 @@ fn a_missing_python_or_library_is_exit_2_naming_what_to_install() {
         // The same Python without its site-packages: no torch.
         let tmp = tempfile::tempdir().unwrap();
         let bare = tmp.path().join("python");
-        std::fs::write(&bare, format!("#!/bin/sh\nexec '{}' -S \"$@\"\n", python.display())).unwrap();
+        std::fs::write(
+            &bare,
+            format!("#!/bin/sh\nexec '{}' -S \"$@\"\n", python.display()),
+        )
+        .unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&bare, std::fs::Permissions::from_mode(0o755)).unwrap();
         let out = reshard()
@@ -231,6 +271,9 @@ fn a_missing_python_or_library_is_exit_2_naming_what_to_install() {
             .unwrap();
         assert_eq!(out.status.code(), Some(2));
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("cannot import torch: install it (pip install torch)"), "{err}");
+        assert!(
+            err.contains("cannot import torch: install it (pip install torch)"),
+            "{err}"
+        );
     }
 }

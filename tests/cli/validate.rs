@@ -330,7 +330,16 @@ fn assert_near(measured: u64, predicted: u64, what: &str) {
 /// fit's `peak_commit` for `loader` on `path`, on this machine's OS.
 fn fit_peak(path: &Path, loader: &str) -> u64 {
     let out = reshard()
-        .args(["fit", "--json", "--ram", "1TiB", "--commit-limit", "1TiB", "--loader", loader])
+        .args([
+            "fit",
+            "--json",
+            "--ram",
+            "1TiB",
+            "--commit-limit",
+            "1TiB",
+            "--loader",
+            loader,
+        ])
         .arg(path)
         .output()
         .unwrap();
@@ -405,7 +414,10 @@ fn per_shard_mmap_of_the_original_fails_a_budget_that_the_reshard_passes() {
     let e = &report["emulation"];
     assert_eq!(e["shards"], 8);
     let max_s = e["max_shard"].as_u64().unwrap();
-    assert_eq!(e["predicted_peak"].as_u64().unwrap(), sum_t + max_s + 8 * MIB);
+    assert_eq!(
+        e["predicted_peak"].as_u64().unwrap(),
+        sum_t + max_s + 8 * MIB
+    );
     assert_near(
         report["commit"]["peak_above_baseline"].as_u64().unwrap(),
         sum_t + max_s,
@@ -422,7 +434,11 @@ fn per_shard_mmap_of_the_original_fails_a_budget_that_the_reshard_passes() {
         })
         .collect();
     assert!(peaks[0] > 256 * MIB);
-    assert_near(peaks[1], peaks[0], "transformers-v5-mmap, resharded vs original");
+    assert_near(
+        peaks[1],
+        peaks[0],
+        "transformers-v5-mmap, resharded vs original",
+    );
 }
 
 #[test]

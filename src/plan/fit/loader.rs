@@ -322,7 +322,11 @@ pub fn pattern(loader: Loader, s: &Sizes, p: &LoadParams) -> Pattern {
         Loader::Reshard => Pattern {
             storage: 0,
             overhead: p.window.min(s.tensor_max),
-            shards: if p.gpu { ShardHold::None } else { ShardHold::One },
+            shards: if p.gpu {
+                ShardHold::None
+            } else {
+                ShardHold::One
+            },
             mapped: false,
             header_view: false,
         },
@@ -459,9 +463,19 @@ mod tests {
         let s = sizes();
         let p = params(Os::Linux, true);
         let cases = [
-            (Loader::TransformersV5Mmap, 24 * GIB + 26 * MIB, 26 * MIB, 24 * GIB),
+            (
+                Loader::TransformersV5Mmap,
+                24 * GIB + 26 * MIB,
+                26 * MIB,
+                24 * GIB,
+            ),
             // each of 4 threads stages one tensor on the host
-            (Loader::TransformersV5Pread, 26 * MIB + 96 * MIB + 4 * GIB, 26 * MIB + 96 * MIB + 4 * GIB, 0),
+            (
+                Loader::TransformersV5Pread,
+                26 * MIB + 96 * MIB + 4 * GIB,
+                26 * MIB + 96 * MIB + 4 * GIB,
+                0,
+            ),
             (Loader::PerShardMmap, 10 * GIB + 8 * MIB, 8 * MIB, 10 * GIB),
             (Loader::FullRead, 10 * GIB, 10 * GIB, 0),
             (Loader::Reshard, 256 * MIB, 256 * MIB, 0),
@@ -485,7 +499,10 @@ mod tests {
             tensor_sum: 90,
             tensor_max: 40,
         };
-        assert_eq!(peak(Loader::Reshard, &s, &params(Os::Linux, true)).commit, 40);
+        assert_eq!(
+            peak(Loader::Reshard, &s, &params(Os::Linux, true)).commit,
+            40
+        );
     }
 
     #[test]

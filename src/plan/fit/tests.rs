@@ -175,9 +175,17 @@ fn linux_checks_private_rss_against_available_ram() {
         // all shards mapped and only read: page cache; 26 MiB of its own.
         (Loader::TransformersV5Mmap, 26 * MIB, 10 * GIB + 12 * KIB),
         // sum(T) + 26 MiB + 4 threads x 24 MiB; no shard mapped.
-        (Loader::TransformersV5Pread, 10 * GIB + 122 * MIB + 4 * KIB, 0),
+        (
+            Loader::TransformersV5Pread,
+            10 * GIB + 122 * MIB + 4 * KIB,
+            0,
+        ),
         // sum(T) + 8 MiB on the host; one shard mapped.
-        (Loader::PerShardMmap, 10 * GIB + 8 * MIB + 4 * KIB, 6 * GIB + 4 * KIB),
+        (
+            Loader::PerShardMmap,
+            10 * GIB + 8 * MIB + 4 * KIB,
+            6 * GIB + 4 * KIB,
+        ),
         // sum(T) + the largest shard's bytes.
         (Loader::FullRead, 16 * GIB + 8 * KIB, 0),
         // 256 MiB staging + one shard on the CPU stand-in (max(S)).
@@ -251,7 +259,10 @@ fn recommends_the_largest_shards_that_fit_the_most_loaders() {
     let rec = r.recommendation.unwrap();
     assert_eq!(rec.max_shard_size_arg, "5GB");
     assert_eq!(rec.dtype, None);
-    assert_eq!(rec.command, "reshard convert llama OUT --max-shard-size 5GB");
+    assert_eq!(
+        rec.command,
+        "reshard convert llama OUT --max-shard-size 5GB"
+    );
     assert_eq!(rec.still_not_fitting, [Loader::TransformersV5Mmap]);
     assert_eq!(r.not_helped_by_resharding, [Loader::TransformersV5Mmap]);
 }
