@@ -90,7 +90,7 @@ pub enum LoaderArg {
     PerShardMmap,
     /// read each file + safetensors.torch.load(bytes) (disable_mmap): sum(T) + max(S)
     FullRead,
-    /// diffusers from_pretrained, component by component: sum(T) + max(S)
+    /// diffusers from_pretrained, component by component: sum(T) + sum(S) at worst (shard mappings freed by the garbage collector)
     Diffusers,
     /// reshard validate: one staging buffer, min(64MiB, max(T)), + max(S) on CPU
     Reshard,
@@ -409,6 +409,7 @@ fn render_advice(o: &mut String, r: &FitReport) {
         let why = match l {
             Loader::TransformersV5Mmap => "it keeps every shard mapped, so it needs the whole checkpoint in commit however it is sharded",
             Loader::TransformersV5Pread => "it reads straight into the parameters and maps no shard, so shard size barely changes its peak",
+            Loader::Diffusers => "its shards' mappings can all be alive at once until the garbage collector frees them",
             Loader::Reshard => "its peak does not depend on shard size",
             _ => "even the smallest candidate shards leave it over budget",
         };

@@ -174,8 +174,8 @@ fn fit_virtual_70b_per_loader_on_windows() {
         ("per-shard-mmap", 8 * MIB + 2 * max_s + cuda),
         // one shard read whole + cuda
         ("full-read", max_s + cuda),
-        // header view + cuda
-        ("diffusers", max_s + cuda),
+        // every shard mapped + max(S) (header view) + cuda
+        ("diffusers", sum_s + max_s + cuda),
         // min(64 MiB staging, 500 MiB) + cuda
         ("reshard", 64 * MIB + cuda),
     ];
@@ -259,13 +259,12 @@ fn fit_recommends_resharding_and_says_what_it_cannot_help() {
             "transformers-v5-pread",
             "per-shard-mmap",
             "full-read",
-            "diffusers",
             "reshard"
         ])
     );
     assert_eq!(
         r["not_helped_by_resharding"],
-        json!(["transformers-v5-mmap"])
+        json!(["transformers-v5-mmap", "diffusers"])
     );
     let out = reshard()
         .arg("fit")

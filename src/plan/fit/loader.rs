@@ -64,7 +64,7 @@ impl Loader {
             Loader::TransformersV5Pread => "sum(T) + 26 MiB + threads x 24 MiB",
             Loader::PerShardMmap => "sum(T) + max(S) + 8 MiB",
             Loader::FullRead => "sum(T) + max(S)",
-            Loader::Diffusers => "13/8 x sum(T)",
+            Loader::Diffusers => "sum(T) + sum(S), at worst",
             Loader::Reshard => "min(staging, max(T)), + max(S) without a GPU",
         }
     }
@@ -89,8 +89,8 @@ impl Loader {
 
     /// Whether smaller shards lower this loader's peak: those that hold one
     /// shard (mapped or read) on top of the model's storage. transformers
-    /// with mmap keeps every shard mapped, pread maps none, diffusers'
-    /// peak did not change with the shard size, and reshard's loader is
+    /// with mmap and diffusers keep every shard mapped (diffusers until the
+    /// garbage collector runs), pread maps none, and reshard's loader is
     /// already bounded by its staging buffer.
     pub fn resharding_helps(self) -> bool {
         matches!(self, Loader::PerShardMmap | Loader::FullRead)
@@ -257,13 +257,6 @@ pub struct Pattern {
 pub const TRANSFORMERS_OVERHEAD: u64 = 26 << 20;
 /// Fixed commit of empty model + per-shard `load_file` + `load_state_dict`.
 pub const PER_SHARD_OVERHEAD: u64 = 8 << 20;
-/// diffusers 0.42 commits 13/8 x sum(T) on CPU whatever the shard layout
-/// (measured on 92 and 366 MiB models): this is the 5/8 above the host
-/// storage (not measured with a GPU).
-pub fn diffusers_extra(storage: u64) -> u64 {
-    storage / 8 * 5
-}
-
 /// The terms of `loader`'s peak on a checkpoint of `sizes`.
 pub fn pattern(loader: Loader, s: &Sizes, p: &LoadParams) -> Pattern {
     let storage = if p.gpu { 0 } else { s.tensor_sum };
@@ -310,11 +303,15 @@ pub fn pattern(loader: Loader, s: &Sizes, p: &LoadParams) -> Pattern {
             mapped: false,
             header_view: false,
         },
+        // The model's storage, and each shard's `load_file` mapping, which
+        // stays alive until the garbage collector frees it: at worst every
+        // shard at the end of `from_pretrained` (measured from sum(T) +
+        // 27 MiB to sum(T) + sum(S) depending on when they are freed).
         Loader::Diffusers => Pattern {
             storage,
-            overhead: diffusers_extra(storage),
-            shards: ShardHold::None,
-            mapped: false,
+            overhead: 0,
+            shards: ShardHold::All,
+            mapped: true,
             header_view: windows,
         },
         // One staging buffer; without a GPU, `reshard validate --device
@@ -426,8 +423,8 @@ mod tests {
             (Loader::PerShardMmap, t + 10 * GIB + 8 * MIB),
             // sum(T) + max(S)
             (Loader::FullRead, t + 10 * GIB),
-            // 13/8 x sum(T)
-            (Loader::Diffusers, t + t / 8 * 5),
+            // sum(T) + sum(S)
+            (Loader::Diffusers, t + 24 * GIB),
             // 256 MiB staging + one shard held by the CPU stand-in
             (Loader::Reshard, 256 * MIB + 10 * GIB),
         ];

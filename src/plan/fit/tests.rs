@@ -121,8 +121,12 @@ fn windows_commit_per_loader_against_ram_plus_pagefile() {
         (Loader::PerShardMmap, 12 * GIB + 520 * MIB + 8 * KIB, 0),
         // one shard read whole + cuda = 6.5 GiB + 4 KiB: fits.
         (Loader::FullRead, 6 * GIB + 512 * MIB + 4 * KIB, 0),
-        // header view + cuda: fits.
-        (Loader::Diffusers, 6 * GIB + 512 * MIB + 4 * KIB, 0),
+        // every shard mapped + max(S) (header view) + cuda: 2.5 GiB + 16 KiB short.
+        (
+            Loader::Diffusers,
+            16 * GIB + 512 * MIB + 16 * KIB,
+            2 * GIB + 512 * MIB + 16 * KIB,
+        ),
         // min(256 MiB, 1 GiB) + cuda = 768 MiB: fits.
         (Loader::Reshard, 768 * MIB, 0),
     ];
@@ -242,9 +246,9 @@ fn strict_overcommit_also_checks_commit() {
 #[test]
 fn recommends_the_largest_shards_that_fit_the_most_loaders() {
     // Commit limit 11 GiB, 16 GiB GPU. Today pread (4.6 GiB), full-read
-    // and diffusers (6.5 GiB) and reshard fit; per-shard needs 2 x 6 GiB +
-    // 0.5 GiB. 5GB shards (max(S) <= 4.66 GiB): per-shard fits
-    // (<= 9.9 GiB). transformers-v5-mmap needs at least sum(S) + max(S) +
+    // (6.5 GiB) and reshard fit; per-shard needs 2 x 6 GiB + 0.5 GiB. 5GB
+    // shards (max(S) <= 4.66 GiB): per-shard fits (<= 9.9 GiB).
+    // transformers-v5-mmap and diffusers need at least sum(S) + max(S) +
     // cuda > 11 GiB whatever the shard size.
     let r = fit(&llama(), windows(10 * GIB, GIB, Some(16 * GIB)), &options()).unwrap();
     assert_eq!(
@@ -252,7 +256,6 @@ fn recommends_the_largest_shards_that_fit_the_most_loaders() {
         [
             Loader::TransformersV5Pread,
             Loader::FullRead,
-            Loader::Diffusers,
             Loader::Reshard
         ]
     );
@@ -263,8 +266,14 @@ fn recommends_the_largest_shards_that_fit_the_most_loaders() {
         rec.command,
         "reshard convert llama OUT --max-shard-size 5GB"
     );
-    assert_eq!(rec.still_not_fitting, [Loader::TransformersV5Mmap]);
-    assert_eq!(r.not_helped_by_resharding, [Loader::TransformersV5Mmap]);
+    assert_eq!(
+        rec.still_not_fitting,
+        [Loader::TransformersV5Mmap, Loader::Diffusers]
+    );
+    assert_eq!(
+        r.not_helped_by_resharding,
+        [Loader::TransformersV5Mmap, Loader::Diffusers]
+    );
 }
 
 #[test]
