@@ -61,9 +61,15 @@ pub struct MachineArgs {
     /// Host memory a CUDA context commits on Windows (an estimate).
     #[arg(long, value_name = "SIZE", default_value = "512MiB")]
     cuda_overhead: ByteSize,
-    /// Reader threads of transformers' pread backend.
-    #[arg(long = "pread-threads", value_name = "N", default_value_t = fit::DEFAULT_THREADS)]
-    pread_threads: u64,
+    /// Reader threads of transformers' pread backend (default: min(4, cpus),
+    /// as transformers 5.24 runs them).
+    #[arg(long = "pread-threads", value_name = "N")]
+    pread_threads: Option<u64>,
+    /// Commit of the loader's Python process before it reads a weight
+    /// (default: 960MiB, measured for torch + transformers on CPU); added to
+    /// every Python loader's peak when judging, shown apart.
+    #[arg(long, value_name = "SIZE")]
+    baseline: Option<ByteSize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -72,18 +78,21 @@ pub enum OsArg {
     Linux,
 }
 
-/// Loaders, named by what they do to memory.
+/// Loaders, named by what they do to memory (peaks on CPU, above the
+/// process baseline).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LoaderArg {
-    /// transformers 5.0-5.16: every shard mapped copy-on-write and kept; sum(S) + max(S)
+    /// transformers 5 from_pretrained, mmap backend (Linux default in 5.24; Windows 5.0-5.16): every shard mapped and kept, sum(S)
     TransformersV5Mmap,
-    /// transformers >= 5.17 on Windows (pread backend): max(S) + threads x 2 x max(T)
+    /// transformers >= 5.17 on Windows (pread backend): reads into the parameters, sum(T) + threads x 48MiB
     TransformersV5Pread,
-    /// transformers 4, accelerate, diffusers, vLLM's default iterator: 2 x max(S) at open
+    /// empty model + per-shard safetensors load_file + load_state_dict (transformers 4, accelerate): sum(T) + max(S)
     PerShardMmap,
-    /// disable_mmap / safetensors load_file: the whole state dict, sum(S)
+    /// read each file + safetensors.torch.load(bytes) (disable_mmap): sum(T) + max(S)
     FullRead,
-    /// reshard validate: one staging buffer, min(256MiB, max(T))
+    /// diffusers from_pretrained, component by component: sum(T) + sum(S) at worst (shard mappings freed by the garbage collector)
+    Diffusers,
+    /// reshard validate: one staging buffer, min(64MiB, max(T)), + max(S) on CPU
     Reshard,
 }
 
@@ -94,6 +103,7 @@ impl From<LoaderArg> for Loader {
             LoaderArg::TransformersV5Pread => Loader::TransformersV5Pread,
             LoaderArg::PerShardMmap => Loader::PerShardMmap,
             LoaderArg::FullRead => Loader::FullRead,
+            LoaderArg::Diffusers => Loader::Diffusers,
             LoaderArg::Reshard => Loader::Reshard,
         }
     }
@@ -124,11 +134,13 @@ impl MachineArgs {
 
     /// Fit options judging `path`, optionally as converted with `what_if`.
     pub fn options(&self, path: String, what_if: Option<PlanOptions>) -> FitOptions {
+        let defaults = FitOptions::default();
         FitOptions {
             loaders: self.loaders.iter().map(|&l| l.into()).collect(),
-            threads: self.pread_threads,
+            threads: self.pread_threads.unwrap_or(defaults.threads),
             window: fit::DEFAULT_WINDOW,
             cuda_overhead: self.cuda_overhead.bytes(),
+            baseline: self.baseline.map_or(defaults.baseline, ByteSize::bytes),
             what_if,
             path,
         }
@@ -211,8 +223,23 @@ fn render(path: &str, r: &FitReport) -> String {
         None => "no GPU: weights stay in host memory".into(),
     };
     let _ = writeln!(o, "{path}: {budget}; {target}");
+    let _ = writeln!(
+        o,
+        "baseline: {} for the loader's Python process before it reads a weight (--baseline), added to each Python loader's commit when judging",
+        human(r.params.baseline)
+    );
     let _ = writeln!(o);
     render_scenario(&mut o, "as it is", &r.today, r.machine.os);
+    let _ = writeln!(o, "  calibrated against (docs/fit.md):");
+    for l in &r.loaders {
+        let _ = writeln!(
+            o,
+            "    {:<22} {}: {}",
+            l.name(),
+            l.formula(),
+            l.calibrated_with()
+        );
+    }
     if let Some(w) = &r.what_if {
         let _ = writeln!(o);
         let mut label = format!(
@@ -282,14 +309,15 @@ fn render_scenario(o: &mut String, label: &str, s: &Scenario, os: Os) {
     );
     let _ = writeln!(
         o,
-        "  {:<22} {:>11} {:>11} {:>11} {:>11}  verdict",
-        "loader", "commit", "rss", "private", "vram"
+        "  {:<22} {:>11} {:>11} {:>11} {:>11} {:>11}  verdict",
+        "loader", "baseline", "commit", "rss", "private", "vram"
     );
     for l in &s.loaders {
         let _ = writeln!(
             o,
-            "  {:<22} {:>11} {:>11} {:>11} {:>11}  {}",
+            "  {:<22} {:>11} {:>11} {:>11} {:>11} {:>11}  {}",
             l.loader.name(),
+            human(l.baseline),
             human(l.peak_commit),
             human(l.peak_rss),
             human(l.peak_rss_private),
@@ -379,8 +407,9 @@ fn render_advice(o: &mut String, r: &FitReport) {
     }
     for l in &r.not_helped_by_resharding {
         let why = match l {
-            Loader::TransformersV5Mmap => "its peak is the sum of all shards plus the largest, so it needs the whole checkpoint in commit however it is sharded",
-            Loader::FullRead => "it holds the whole state dict in memory",
+            Loader::TransformersV5Mmap => "it keeps every shard mapped, so it needs the whole checkpoint in commit however it is sharded",
+            Loader::TransformersV5Pread => "it reads straight into the parameters and maps no shard, so shard size barely changes its peak",
+            Loader::Diffusers => "its shards' mappings can all be alive at once until the garbage collector frees them",
             Loader::Reshard => "its peak does not depend on shard size",
             _ => "even the smallest candidate shards leave it over budget",
         };

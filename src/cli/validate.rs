@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use reshard::units::{human, ByteSize};
+use reshard::validate::python::{self, PythonLoader, PythonOptions, PythonReport};
 use reshard::validate::{self, DeviceSpec, Loader, ValidateOptions, ValidateReport};
 
 use super::{printer, ExitStatus};
@@ -20,11 +21,23 @@ pub struct Args {
     /// Compare every tensor with this source checkpoint.
     #[arg(long, value_name = "SRC")]
     against: Option<PathBuf>,
-    /// Reproduce another loader's mapping pattern instead of reshard's
-    /// loader: transformers-v5-mmap, per-shard-mmap or full-read. Host
+    /// Reproduce another loader's memory pattern (fit's model, term by
+    /// term) instead of reshard's loader: transformers-v5-mmap,
+    /// transformers-v5-pread, per-shard-mmap, full-read or diffusers. Host
     /// commit only: --device and --vram-budget do not apply.
-    #[arg(long, value_name = "LOADER")]
+    #[arg(long, value_name = "LOADER", conflicts_with = "loader")]
     emulate: Option<Loader>,
+    /// Run a real loader in your own Python and measure it from outside:
+    /// python:transformers, python:transformers-pread, python:safetensors,
+    /// python:diffusers or python:sentence-transformers. --commit-budget
+    /// is enforced above the process's commit once its libraries are
+    /// imported; the report shows fit's prediction beside the measurement.
+    #[arg(long, value_name = "python:NAME", conflicts_with = "against")]
+    loader: Option<PythonLoader>,
+    /// The Python to run --loader in (default: $RESHARD_PYTHON, else
+    /// `python` on PATH).
+    #[arg(long, value_name = "PATH", requires = "loader")]
+    python: Option<PathBuf>,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -76,6 +89,9 @@ impl Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
+    if let Some(loader) = args.loader {
+        return run_python(&args, loader);
+    }
     let options = args.to_options();
     let report = validate::validate_with_budget(&args.path, &options)
         .with_context(|| format!("cannot validate {}", args.path.display()))?;
@@ -89,6 +105,96 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     } else {
         ExitStatus::CheckFailed
     })
+}
+
+/// `--loader python:NAME`: the real loader, measured.
+fn run_python(args: &Args, loader: PythonLoader) -> anyhow::Result<ExitStatus> {
+    let python = args
+        .python
+        .clone()
+        .or_else(|| std::env::var_os("RESHARD_PYTHON").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("python"));
+    let options = PythonOptions {
+        loader,
+        python,
+        device: args.load.device,
+        commit_budget: args.load.commit_budget.map(ByteSize::bytes),
+        baseline: reshard::plan::fit::DEFAULT_BASELINE,
+    };
+    let report = python::run(&args.path, &options)
+        .with_context(|| format!("cannot validate {}", args.path.display()))?;
+    if args.json {
+        printer::json(&report)?;
+    } else {
+        printer::text(&render_python(&report))?;
+    }
+    Ok(if report.passed {
+        ExitStatus::Ok
+    } else {
+        ExitStatus::CheckFailed
+    })
+}
+
+pub fn render_python(r: &PythonReport) -> String {
+    let mut o = String::new();
+    let versions: Vec<String> = r.versions.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let _ = writeln!(
+        o,
+        "{}: {} on {} in {} ({})",
+        r.path,
+        r.loader,
+        r.device,
+        r.python,
+        versions.join(", ")
+    );
+    if let (Some(t), Some(b), Some(s)) = (r.tensors, r.bytes, r.load_seconds) {
+        let _ = writeln!(o, "loaded {t} tensors, {} in {s:.1} s", human(b));
+    }
+    let budget = r
+        .commit_budget
+        .map(|b| format!(", budget {} (enforced)", human(b)))
+        .unwrap_or_default();
+    let _ = writeln!(
+        o,
+        "commit ({}): peak {} above a baseline of {} ({} absolute, {} samples){budget}",
+        r.commit_source,
+        human(r.peak_above_baseline),
+        human(r.baseline),
+        human(r.peak_commit),
+        r.samples
+    );
+    let _ = writeln!(
+        o,
+        "rss: peak {} (baseline {})",
+        human(r.peak_rss),
+        human(r.baseline_rss)
+    );
+    let p = &r.prediction;
+    // A ratio to a load that stopped early would mislead.
+    let ratio = if r.peak_above_baseline > 0 && r.failure.is_none() {
+        format!(
+            " ({:.2} x measured)",
+            p.peak_commit as f64 / r.peak_above_baseline as f64
+        )
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        o,
+        "fit predicts ({}): {} above a baseline of {}{ratio}",
+        p.loader,
+        human(p.peak_commit),
+        human(p.baseline)
+    );
+    match &r.failure {
+        None => {
+            let _ = writeln!(o, "passed");
+        }
+        Some(f) => {
+            let _ = writeln!(o, "FAILED: {f}");
+        }
+    }
+    o
 }
 
 /// The hidden entry of the budget child process.

@@ -18,13 +18,7 @@ use super::machine::Machine;
 use super::order::{block_of, sort_indices, Order};
 use super::{Plan, PlanError, PlanOptions};
 
-/// reshard validate's default staging buffer (`--staging`).
-pub const DEFAULT_WINDOW: u64 = crate::validate::DEFAULT_STAGING;
-/// Host commit charged for a CUDA context on Windows (WDDM). An estimate to
-/// be measured; see docs/fit.md.
-pub const DEFAULT_CUDA_OVERHEAD: u64 = 512 << 20;
-/// Reader threads of transformers' pread backend; an assumption.
-pub const DEFAULT_THREADS: u64 = 8;
+pub use self::loader::{DEFAULT_BASELINE, DEFAULT_CUDA_OVERHEAD, DEFAULT_WINDOW};
 
 /// Shard sizes the recommendation tries, largest (least change) first.
 pub const CANDIDATE_SHARD_SIZES: [(u64, &str); 5] = [
@@ -54,6 +48,8 @@ pub struct FitOptions {
     pub threads: u64,
     pub window: u64,
     pub cuda_overhead: u64,
+    /// The Python process's commit before the load (`--baseline`).
+    pub baseline: u64,
     /// Judge the checkpoint as `convert` would write it with these options.
     pub what_if: Option<PlanOptions>,
     /// The path to print in the recommended command line.
@@ -62,11 +58,13 @@ pub struct FitOptions {
 
 impl Default for FitOptions {
     fn default() -> Self {
+        let calibrated = LoadParams::calibrated(crate::platform::Os::current());
         FitOptions {
             loaders: Loader::ALL.to_vec(),
-            threads: DEFAULT_THREADS,
-            window: DEFAULT_WINDOW,
-            cuda_overhead: DEFAULT_CUDA_OVERHEAD,
+            threads: calibrated.threads,
+            window: calibrated.window,
+            cuda_overhead: calibrated.cuda_overhead,
+            baseline: calibrated.baseline,
             what_if: None,
             path: String::new(),
         }
@@ -129,7 +127,11 @@ impl Budget {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoaderFit {
     pub loader: Loader,
+    /// Peak commit of the load, above the process baseline.
     pub peak_commit: u64,
+    /// The loader's process before the load (0 for reshard's own loader),
+    /// added to the peaks when judging.
+    pub baseline: u64,
     pub peak_rss: u64,
     pub peak_rss_private: u64,
     pub peak_rss_file: u64,
@@ -149,18 +151,26 @@ pub struct LoaderFit {
 }
 
 impl LoaderFit {
-    pub fn judge(loader: Loader, p: Peak, b: &Budget, os: Os) -> LoaderFit {
-        let host_needed = if os == Os::Windows {
+    pub fn judge(loader: Loader, p: Peak, b: &Budget, params: &LoadParams) -> LoaderFit {
+        let baseline = if loader.in_python() {
+            params.baseline
+        } else {
+            0
+        };
+        let host_needed = if params.os == Os::Windows {
             p.commit
         } else {
             p.rss_private
-        };
-        let commit_short = b.commit_bytes.map_or(0, |c| p.commit.saturating_sub(c));
+        }
+        .saturating_add(baseline);
+        let total_commit = p.commit.saturating_add(baseline);
+        let commit_short = b.commit_bytes.map_or(0, |c| total_commit.saturating_sub(c));
         let host_shortfall = host_needed.saturating_sub(b.host_bytes).max(commit_short);
         let vram_shortfall = b.vram_bytes.map_or(0, |v| p.vram.saturating_sub(v));
         LoaderFit {
             loader,
             peak_commit: p.commit,
+            baseline,
             peak_rss: p.rss(),
             peak_rss_private: p.rss_private,
             peak_rss_file: p.rss_file,
@@ -169,8 +179,9 @@ impl LoaderFit {
             host_shortfall,
             vram_shortfall,
             fits: host_shortfall == 0 && vram_shortfall == 0,
-            over_free_commit: b.free_commit_bytes.is_some_and(|f| p.commit > f),
-            pages_from_disk: os != Os::Windows && p.rss() > b.host_bytes,
+            over_free_commit: b.free_commit_bytes.is_some_and(|f| total_commit > f),
+            pages_from_disk: params.os != Os::Windows
+                && p.rss().saturating_add(baseline) > b.host_bytes,
         }
     }
 }
@@ -239,7 +250,7 @@ impl Scenario {
         let loaders = ctx
             .loaders
             .iter()
-            .map(|&l| LoaderFit::judge(l, peak(l, &sizes, ctx.params), ctx.budget, ctx.params.os))
+            .map(|&l| LoaderFit::judge(l, peak(l, &sizes, ctx.params), ctx.budget, ctx.params))
             .collect();
         Scenario {
             max_shard_size: None,
@@ -358,6 +369,7 @@ pub fn fit(ck: &Checkpoint, machine: Machine, options: &FitOptions) -> Result<Fi
         threads: options.threads,
         window: options.window,
         cuda_overhead: options.cuda_overhead,
+        baseline: options.baseline,
     };
     let mut loaders = options.loaders.clone();
     loaders.sort();

@@ -16,6 +16,9 @@
 //!   on Unix, a Job Object on Windows),
 //! * an exclusive lock on a file that leaves its content readable
 //!   ([`try_lock_exclusive`]),
+//! * another process's memory and a commit limit put on a child
+//!   ([`process_memory`], [`ChildCommitLimit`]), to run a foreign loader
+//!   under a budget and measure it from outside,
 //! * quoting a path for the shell in suggested commands ([`shell_quote`]),
 //! * reading OS errors and exit statuses portably ([`is_out_of_memory`],
 //!   [`is_symlink_loop`], [`abnormal_exit`]).
@@ -171,6 +174,45 @@ impl CommitLimit {
     /// it costs neither memory nor time.
     pub fn refuses(&self, probe: usize) -> bool {
         PrivateMemory::new(probe.max(1)).is_err()
+    }
+}
+
+/// Another process's memory figures, in bytes; `None` where the OS does not
+/// tell. Linux keeps no peak of `VmData`, so `peak_commit` is `None` there
+/// and a caller samples `commit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProcessMemory {
+    /// The commit charge [`commit_usage`] reads for this process:
+    /// `VmData` (Linux), `PagefileUsage` (Windows).
+    pub commit: Option<u64>,
+    /// Resident memory now (`VmRSS`, working set).
+    pub rss: Option<u64>,
+    /// The commit peak the OS keeps (`PeakPagefileUsage` on Windows).
+    pub peak_commit: Option<u64>,
+    /// The resident peak the OS keeps (`VmHWM`, peak working set).
+    pub peak_rss: Option<u64>,
+}
+
+/// The memory figures of a running `child`; all `None` once it has gone
+/// or where they cannot be read.
+pub fn process_memory(child: &std::process::Child) -> ProcessMemory {
+    imp::process_memory(child)
+}
+
+/// A commit limit put on a running child process from outside, so it can
+/// start up (import its libraries) first and be limited from a measured
+/// baseline: `prlimit(RLIMIT_DATA)` on Linux, a Job Object with
+/// `JOB_OBJECT_LIMIT_PROCESS_MEMORY` on Windows (accepted but not enforced
+/// by Wine 8). Unsupported on other Unix systems.
+pub struct ChildCommitLimit {
+    // Held for its Drop, which closes the job handle on Windows.
+    _limit: imp::ChildCommitLimit,
+}
+
+impl ChildCommitLimit {
+    /// Limits `child`'s commit to `bytes` in total.
+    pub fn set(child: &std::process::Child, bytes: u64) -> io::Result<ChildCommitLimit> {
+        imp::ChildCommitLimit::set(child, bytes).map(|l| ChildCommitLimit { _limit: l })
     }
 }
 

@@ -123,10 +123,16 @@ pub fn commit_usage() -> Option<u64> {
 /// The `VmData:` line of a /proc/PID/status text, in bytes.
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 fn parse_vm_data(status: &[u8]) -> Option<u64> {
+    parse_status_field(status, b"VmData:")
+}
+
+/// A `Field:  N kB` line of a /proc/PID/status text, in bytes.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn parse_status_field(status: &[u8], field: &[u8]) -> Option<u64> {
     let line = status
         .split(|&b| b == b'\n')
-        .find(|l| l.starts_with(b"VmData:"))?;
-    let rest = std::str::from_utf8(&line[b"VmData:".len()..]).ok()?;
+        .find(|l| l.starts_with(field))?;
+    let rest = std::str::from_utf8(&line[field.len()..]).ok()?;
     let mut parts = rest.split_whitespace();
     let n: u64 = parts.next()?.parse().ok()?;
     let unit = match parts.next() {
@@ -161,6 +167,63 @@ impl Drop for CommitLimit {
             self.previous.0,
             self.previous.1,
         );
+    }
+}
+
+/// `VmData`, `VmRSS` and `VmHWM` of another process, from
+/// /proc/PID/status.
+#[cfg(target_os = "linux")]
+pub fn process_memory(child: &std::process::Child) -> super::ProcessMemory {
+    let Ok(status) = std::fs::read(format!("/proc/{}/status", child.id())) else {
+        return super::ProcessMemory::default();
+    };
+    super::ProcessMemory {
+        commit: parse_status_field(&status, b"VmData:"),
+        rss: parse_status_field(&status, b"VmRSS:"),
+        peak_commit: None,
+        peak_rss: parse_status_field(&status, b"VmHWM:"),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn process_memory(_child: &std::process::Child) -> super::ProcessMemory {
+    super::ProcessMemory::default()
+}
+
+/// `RLIMIT_DATA` of a child, set with `prlimit`; nothing to undo (the
+/// limit dies with the child).
+pub struct ChildCommitLimit;
+
+impl ChildCommitLimit {
+    #[cfg(target_os = "linux")]
+    pub fn set(child: &std::process::Child, bytes: u64) -> io::Result<ChildCommitLimit> {
+        let pid = libc::pid_t::try_from(child.id())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let mut old = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: a null new limit only reads; `old` is a live struct.
+        if unsafe { libc::prlimit(pid, libc::RLIMIT_DATA, std::ptr::null(), &mut old) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let new = libc::rlimit {
+            rlim_cur: (bytes as libc::rlim_t).min(old.rlim_max),
+            rlim_max: old.rlim_max,
+        };
+        // SAFETY: `new` is a live struct; a null old limit is allowed.
+        if unsafe { libc::prlimit(pid, libc::RLIMIT_DATA, &new, std::ptr::null_mut()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(ChildCommitLimit)
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn set(_child: &std::process::Child, _bytes: u64) -> io::Result<ChildCommitLimit> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "limiting another process's commit needs prlimit (Linux)",
+        ))
     }
 }
 
@@ -251,6 +314,7 @@ mod tests {
         assert_eq!(parse_vm_data(status), Some(1234 * 1024));
         assert_eq!(parse_vm_data(b"Name:\tx\n"), None);
         assert_eq!(parse_vm_data(b"VmData:\tlots kB\n"), None);
+        assert_eq!(parse_status_field(status, b"VmPeak:"), Some(9999 * 1024));
     }
 
     #[test]

@@ -210,6 +210,54 @@ impl Drop for CommitLimit {
     }
 }
 
+/// Another process's `PagefileUsage`, working set and the peaks Windows
+/// keeps of both.
+pub fn process_memory(child: &std::process::Child) -> super::ProcessMemory {
+    use std::os::windows::io::AsRawHandle;
+    // SAFETY: an all-zero PROCESS_MEMORY_COUNTERS is a valid value.
+    let mut c: PROCESS_MEMORY_COUNTERS = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<PROCESS_MEMORY_COUNTERS>() as u32;
+    c.cb = size;
+    // SAFETY: the child's handle is open while `child` lives; the pointer
+    // is to a live struct of `size` bytes.
+    let ok = unsafe { GetProcessMemoryInfo(child.as_raw_handle() as HANDLE, &mut c, size) };
+    if ok == 0 {
+        return super::ProcessMemory::default();
+    }
+    super::ProcessMemory {
+        commit: Some(c.PagefileUsage as u64),
+        rss: Some(c.WorkingSetSize as u64),
+        peak_commit: Some(c.PeakPagefileUsage as u64),
+        peak_rss: Some(c.PeakWorkingSetSize as u64),
+    }
+}
+
+/// A Job Object a child process was assigned to, limiting its committed
+/// memory. Closing the handle leaves the child running, in the job.
+pub struct ChildCommitLimit {
+    // Held for its Drop, which lifts the limit and closes the handle.
+    _job: CommitLimit,
+}
+
+impl ChildCommitLimit {
+    pub fn set(child: &std::process::Child, bytes: u64) -> io::Result<ChildCommitLimit> {
+        use std::os::windows::io::AsRawHandle;
+        // SAFETY: both arguments may be null (default security, no name).
+        let job = unsafe { CreateJobObjectW(std::ptr::null(), std::ptr::null()) };
+        if job.is_null() {
+            return Err(io::Error::last_os_error());
+        }
+        let limit = CommitLimit { job };
+        limit.apply(Some(usize::try_from(bytes).unwrap_or(usize::MAX)))?;
+        // SAFETY: `job` is a job handle we own; the child's handle is open
+        // while `child` lives.
+        if unsafe { AssignProcessToJobObject(job, child.as_raw_handle() as HANDLE) } == 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(ChildCommitLimit { _job: limit })
+    }
+}
+
 /// `VirtualAlloc`ed pages: private commit, in `PagefileUsage` and under a
 /// Job Object's process memory limit (on Windows at once; under Wine 8 as
 /// pages are touched, since Wine's `PagefileUsage` is resident anonymous

@@ -1,24 +1,21 @@
-//! Reproducing other loaders' mapping patterns, to measure what they commit.
+//! Reproducing other loaders' memory patterns, to measure what they commit.
+//!
+//! The pattern of each loader is fit's model ([`crate::plan::fit::loader::pattern`]),
+//! term by term, so `validate --emulate` and `fit` agree by construction:
+//! the model's own storage (sum(T), one block, filled tensor by tensor as
+//! the real loader fills its parameters), the loader's fixed overhead (one
+//! block standing in for its reader threads and Python objects), and the
+//! shards it holds (every one, one at a time, or none), mapped or read.
 //!
 //! This is the one place reshard maps a file copy-on-write, on purpose:
 //! a private writable mapping (memmap2 `map_copy`) is what PyTorch's
 //! `from_file` and the safetensors loader make, Windows charges its whole
 //! size against the commit limit when it is mapped, and Linux charges it to
-//! `VmData` and `RLIMIT_DATA` the same way. A read-only view
-//! (`map_copy_read_only`, `Mmap::map`) is charged by neither and would
-//! measure nothing. The mappings are only read, never written, so no page is
-//! ever copied and the files are never modified.
-//!
-//! * `transformers-v5-mmap` (transformers 5.0 to 5.16): every shard mapped
-//!   and kept mapped; peak sum(S).
-//! * `per-shard-mmap` (transformers v4, accelerate, diffusers, vLLM's
-//!   default iterator): one shard mapped at a time; peak max(S).
-//! * `full-read` (`disable_mmap`, `load_file` into RAM): every file read
-//!   whole into memory and kept; peak sum(S).
-//!
-//! The safetensors loader also makes a short-lived second view of each file
-//! to read its header; it is not reproduced (it adds up to max(S) for a
-//! moment on Windows, see docs/validate.md).
+//! `VmData` and `RLIMIT_DATA` the same way. A read-only view would measure
+//! nothing. The mappings are only read, never written, so no page is ever
+//! copied and the files are never modified. On Windows the mapping loaders'
+//! second, short-lived header view is reproduced too (a second mapping of
+//! the file while the first is made).
 
 #![allow(unsafe_code)]
 
@@ -34,11 +31,13 @@ use super::options::Loader;
 use super::report::{EmulationReport, Failure, ShardTiming, ValidateReport};
 use super::ValidateError;
 use crate::format::{Checkpoint, DataRef};
+use crate::plan::fit::loader::{self as model, LoadParams, Os, Pattern, ShardHold, Sizes};
+use crate::platform::PrivateMemory;
 
 /// One shard held the way the loader holds it.
 enum Held {
     Map(MmapMut),
-    Read(Vec<u8>),
+    Read(PrivateMemory),
 }
 
 impl Held {
@@ -50,8 +49,20 @@ impl Held {
     }
 }
 
-/// Maps (or reads) the shards of `ck` in `order` as `loader` does, checking
-/// every tensor's bytes on the way, and records the pattern in `report`.
+/// The pattern and predicted peak of `loader` on `ck`, as fit computes them
+/// for this OS without a GPU.
+pub fn prediction(ck: &Checkpoint, loader: Loader) -> (Pattern, model::Peak) {
+    let shards: Vec<u64> = ck.files.iter().map(|f| f.size).collect();
+    let sizes = Sizes::new(&shards, ck.tensors.iter().map(|t| t.len));
+    let params = LoadParams::calibrated(Os::current());
+    (
+        model::pattern(loader, &sizes, &params),
+        model::peak(loader, &sizes, &params),
+    )
+}
+
+/// Holds the shards of `ck` in `order` as `loader` does, checking every
+/// tensor's bytes on the way, and records the pattern in `report`.
 pub fn run(
     ck: &Checkpoint,
     order: &[usize],
@@ -60,107 +71,185 @@ pub fn run(
     ledger: &mut CommitLedger,
     report: &mut ValidateReport,
 ) -> Result<(), ValidateError> {
+    let (pattern, peak) = prediction(ck, loader);
     let sizes: Vec<u64> = order.iter().map(|&f| ck.files[f].size).collect();
-    let sum: u64 = sizes.iter().sum();
-    let max = sizes.iter().copied().max().unwrap_or(0);
     report.emulation = Some(EmulationReport {
         loader,
         shards: order.len(),
-        sum_shards: sum,
-        max_shard: max,
-        predicted_peak: if loader.keeps_all() { sum } else { max },
+        sum_shards: sizes.iter().sum(),
+        max_shard: sizes.iter().copied().max().unwrap_or(0),
+        predicted_peak: peak.commit,
     });
+    let over = |report: &mut ValidateReport, ledger: &mut CommitLedger, shard: String, needed| {
+        let committed = ledger.sample();
+        report.fail(Failure::OverBudget {
+            shard,
+            tensor: None,
+            needed,
+            committed,
+            budget: report.commit_budget,
+        });
+    };
+    // The fixed terms first, as the real loaders allocate them.
+    let mut storage = match block(pattern.storage) {
+        Ok(b) => b,
+        Err(_) => {
+            over(report, ledger, "(model storage)".into(), pattern.storage);
+            return Ok(());
+        }
+    };
+    let _overhead = match block(pattern.overhead) {
+        Ok(b) => b,
+        Err(_) => {
+            over(report, ledger, "(loader overhead)".into(), pattern.overhead);
+            return Ok(());
+        }
+    };
+    ledger.sample();
     let mut kept: Vec<Held> = Vec::new();
-    kept.try_reserve_exact(order.len())
-        .map_err(|_| ValidateError::Child {
-            reason: "out of memory".into(),
-        })?;
+    let mut cursor = 0usize;
     for &file in order {
         let started = Instant::now();
         let source = &ck.files[file];
-        let name = source.name();
         let io = |e: std::io::Error| ValidateError::Io {
             what: format!("read {}", source.path.display()),
             source: e,
         };
         let f = File::open(&source.path).map_err(io)?;
-        let held = match hold(&f, source.size, loader) {
+        let mut tensors: Vec<usize> = (0..ck.tensors.len())
+            .filter(|&i| ck.tensors[i].file == file)
+            .collect();
+        tensors.sort_by_key(|&i| match ck.tensors[i].data {
+            DataRef::Contiguous { offset } => offset,
+            _ => u64::MAX,
+        });
+        let mut check = ShardCheck::new(expect.shard(file));
+        let held = match hold(&f, source.size, &pattern) {
             Ok(h) => h,
             Err(e) if crate::platform::is_out_of_memory(&e) => {
-                let committed = ledger.sample();
-                report.fail(Failure::OverBudget {
-                    shard: name,
-                    tensor: None,
-                    needed: source.size,
-                    committed,
-                    budget: report.commit_budget,
-                });
+                over(report, ledger, source.name(), source.size);
                 return Ok(());
             }
             Err(e) => return Err(io(e)),
         };
         ledger.sample();
-        let bytes = held.bytes();
-        let mut check = ShardCheck::new(expect.shard(file));
-        check.update(bytes);
-        check.finish(&mut report.failures);
-        let mut tensor_bytes = 0;
+        let mut bytes_loaded = 0;
         let mut count = 0;
-        for (i, t) in ck
-            .tensors
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.file == file)
-        {
+        let mut pos = 0u64;
+        for &i in &tensors {
+            let t = &ck.tensors[i];
             let DataRef::Contiguous { offset } = t.data else {
                 continue;
             };
-            let range = usize::try_from(offset)
-                .ok()
-                .zip(usize::try_from(offset + t.len).ok());
-            let Some(data) = range.and_then(|(a, b)| bytes.get(a..b)) else {
+            let (Some(start), Some(end)) = (
+                usize::try_from(offset).ok(),
+                usize::try_from(offset + t.len).ok(),
+            ) else {
                 continue; // format::open checked the offsets against the size
             };
+            let len = end - start;
+            let dst = storage
+                .as_deref_mut()
+                .and_then(|s| s.get_mut(cursor..cursor + len));
+            let data: &[u8] = match (&held, dst) {
+                (Some(h), Some(dst)) => {
+                    let src = h.bytes().get(start..end).unwrap_or(&[]);
+                    dst.copy_from_slice(src);
+                    dst
+                }
+                (Some(h), None) => h.bytes().get(start..end).unwrap_or(&[]),
+                (None, Some(dst)) => {
+                    // Straight from the file into the storage, as pread does;
+                    // the bytes between tensors (the header) are hashed too.
+                    if check.active() && offset > pos {
+                        let gap = read_range(&f, pos, offset).map_err(io)?;
+                        check.update(&gap);
+                    }
+                    crate::platform::read_exact_at(&f, dst, offset).map_err(io)?;
+                    dst
+                }
+                (None, None) => continue,
+            };
+            if held.is_none() {
+                check.update(data);
+                pos = offset + t.len;
+            }
             expect.check_tensor(ck, i, xxh3_64(data), &mut report.failures);
-            tensor_bytes += t.len;
+            cursor += if storage.is_some() { len } else { 0 };
+            bytes_loaded += t.len;
             count += 1;
         }
-        ledger.sample();
-        if loader.keeps_all() {
-            kept.push(held);
+        match &held {
+            Some(h) => check.update(h.bytes()),
+            None if check.active() && pos < source.size => {
+                check.update(&read_range(&f, pos, source.size).map_err(io)?);
+            }
+            None => {}
         }
-        report.bytes_loaded += tensor_bytes;
+        check.finish(&mut report.failures);
+        ledger.sample();
+        if let (Some(h), ShardHold::All) = (held, pattern.shards) {
+            kept.push(h);
+        }
+        report.bytes_loaded += bytes_loaded;
         report.shards.push(ShardTiming {
-            file: name,
-            bytes: tensor_bytes,
+            file: source.name(),
+            bytes: bytes_loaded,
             tensors: count,
             seconds: started.elapsed().as_secs_f64(),
         });
     }
+    ledger.sample();
     Ok(())
 }
 
-/// Maps `file` copy-on-write, or reads it whole, as `loader` would.
-fn hold(file: &File, size: u64, loader: Loader) -> std::io::Result<Held> {
-    match loader {
-        Loader::TransformersV5Mmap | Loader::PerShardMmap => {
-            // SAFETY: a private (copy-on-write) mapping: writes through it
-            // would never reach the file, and we never write. The file is
-            // opened read-only and was checked unchanged when the checkpoint
-            // was opened; if another process truncates it while mapped,
-            // reading the lost pages raises SIGBUS, the documented hazard of
-            // every mmap loader this emulates.
-            let map = unsafe { MmapOptions::new().map_copy(file) }?;
-            Ok(Held::Map(map))
-        }
-        Loader::FullRead => {
+/// A committed block of `len` bytes, or none for 0.
+fn block(len: u64) -> std::io::Result<Option<PrivateMemory>> {
+    if len == 0 {
+        return Ok(None);
+    }
+    let len = usize::try_from(len).map_err(|_| crate::platform::out_of_memory())?;
+    PrivateMemory::new(len).map(Some)
+}
+
+/// Bytes `start..end` of `file` (the header, between tensors: small).
+fn read_range(file: &File, start: u64, end: u64) -> std::io::Result<Vec<u8>> {
+    let len =
+        usize::try_from(end.saturating_sub(start)).map_err(|_| crate::platform::out_of_memory())?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(len)
+        .map_err(|_| crate::platform::out_of_memory())?;
+    v.resize(len, 0);
+    crate::platform::read_exact_at(file, &mut v, start)?;
+    Ok(v)
+}
+
+/// Maps `file` copy-on-write, or reads it whole, as `pattern` holds a
+/// shard; `None` when the loader holds no shard.
+fn hold(file: &File, size: u64, pattern: &Pattern) -> std::io::Result<Option<Held>> {
+    // SAFETY: private (copy-on-write) mappings: writes through them would
+    // never reach the file, and we never write. The file is opened
+    // read-only and was checked unchanged when the checkpoint was opened;
+    // if another process truncates it while mapped, reading the lost pages
+    // raises SIGBUS, the documented hazard of every mmap loader this
+    // emulates.
+    let map = || unsafe { MmapOptions::new().map_copy(file) };
+    let _header_view = if pattern.header_view {
+        Some(map()?)
+    } else {
+        None
+    };
+    match (pattern.shards, pattern.mapped) {
+        (ShardHold::None, _) => Ok(None),
+        (_, true) => Ok(Some(Held::Map(map()?))),
+        (_, false) => {
             let len = usize::try_from(size).map_err(|_| crate::platform::out_of_memory())?;
-            let mut v = Vec::new();
-            v.try_reserve_exact(len)
-                .map_err(|_| crate::platform::out_of_memory())?;
-            v.resize(len, 0);
+            if len == 0 {
+                return Ok(None);
+            }
+            let mut v = PrivateMemory::new(len)?;
             crate::platform::read_exact_at(file, &mut v, 0)?;
-            Ok(Held::Read(v))
+            Ok(Some(Held::Read(v)))
         }
     }
 }

@@ -23,7 +23,8 @@
 //! The files form layers, each using only those below it: [`ledger`],
 //! [`options`] and [`report`] (plain data) at the bottom; [`device`] and
 //! [`integrity`] in the middle; the ways of loading ([`own`], [`emulate`],
-//! [`against`]) and the budget child ([`budget`]) on top, and this file,
+//! [`against`], and a real loader in the user's Python, [`python`]) and the
+//! budget child ([`budget`]) on top, and this file,
 //! which runs them in order. `scripts/check-architecture.py` keeps it so.
 //!
 //! A check that ran and failed is a [`Failure`] in the report (exit 1 at the
@@ -42,6 +43,7 @@ pub mod against;
 pub mod budget;
 pub mod emulate;
 pub mod own;
+pub mod python;
 
 use std::path::{Path, PathBuf};
 
@@ -66,6 +68,8 @@ pub enum ValidateError {
     NoSuchCudaDevice { ordinal: usize, count: usize },
     #[error("CUDA: {reason}")]
     Cuda { reason: String },
+    #[error("--emulate reshard: reshard's own loader is validate without --emulate")]
+    EmulateReshard,
     #[error("--emulate {loader} reads safetensors files only; {} is {format}", .path.display())]
     EmulateNeedsSafetensors {
         loader: Loader,
@@ -138,6 +142,7 @@ pub(crate) fn run(
     let order = own::shard_order(&ck);
 
     match options.emulate {
+        Some(Loader::Reshard) => return Err(ValidateError::EmulateReshard),
         Some(loader) => {
             if ck.format != format::Format::Safetensors {
                 return Err(ValidateError::EmulateNeedsSafetensors {

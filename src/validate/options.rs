@@ -1,6 +1,7 @@
 //! What `validate` is asked to do, as plain serde data (the budget child
 //! receives it as JSON): the device, the budgets, the source to compare
-//! with, and the loader to emulate. Depends on nothing else in `validate`.
+//! with, and the loader to emulate (one of fit's, [`Loader`]). Depends on
+//! nothing else in `validate`.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -9,7 +10,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 /// Default size of the one staging buffer every byte goes through.
-pub const DEFAULT_STAGING: u64 = 64 << 20;
+pub const DEFAULT_STAGING: u64 = crate::plan::fit::loader::DEFAULT_WINDOW;
 
 /// Which device the load step puts tensors on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -77,55 +78,9 @@ impl Default for ValidateOptions {
     }
 }
 
-/// A loader whose mapping pattern `--emulate` reproduces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Loader {
-    TransformersV5Mmap,
-    PerShardMmap,
-    FullRead,
-}
-
-impl Loader {
-    pub const ALL: [Loader; 3] = [
-        Loader::TransformersV5Mmap,
-        Loader::PerShardMmap,
-        Loader::FullRead,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Loader::TransformersV5Mmap => "transformers-v5-mmap",
-            Loader::PerShardMmap => "per-shard-mmap",
-            Loader::FullRead => "full-read",
-        }
-    }
-
-    /// Whether every shard stays in memory until the end.
-    pub fn keeps_all(self) -> bool {
-        !matches!(self, Loader::PerShardMmap)
-    }
-}
-
-impl fmt::Display for Loader {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Loader {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Loader::ALL
-            .into_iter()
-            .find(|l| l.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Loader::ALL.iter().map(|l| l.name()).collect();
-                format!("unknown loader {s:?}: use one of {}", names.join(", "))
-            })
-    }
-}
+/// A loader whose memory pattern `--emulate` reproduces: fit's own
+/// loaders, so both use one model.
+pub use crate::plan::fit::loader::Loader;
 
 #[cfg(test)]
 mod tests {
@@ -165,5 +120,6 @@ mod tests {
             );
         }
         assert!("transformers".parse::<Loader>().is_err());
+        assert_eq!("diffusers".parse::<Loader>().unwrap(), Loader::Diffusers);
     }
 }

@@ -144,8 +144,13 @@ fn fit_virtual_70b_per_loader_on_windows() {
     assert_eq!(max_s, s[0]);
     assert!(s[0] > 500 * MIB + 30 * LAYER && s[0] < 500 * MIB + 30 * LAYER + MIB);
 
-    let (r, code) = fit_json(&dir, &WINDOWS_32_8);
-    assert_eq!(code, 1, "nothing but reshard's loader fits");
+    let args = [
+        &WINDOWS_32_8[..],
+        &["--baseline", "0", "--pread-threads", "4"],
+    ]
+    .concat();
+    let (r, code) = fit_json(&dir, &args);
+    assert_eq!(code, 1, "only pread and reshard's loader fit");
     assert_eq!(
         r["budget"]["host_bytes"],
         40 * GIB,
@@ -158,14 +163,19 @@ fn fit_virtual_70b_per_loader_on_windows() {
     assert_eq!(today["tensor_max"], MAX_T_70B);
     let cuda = 512 * MIB;
     let cases = [
-        // sum(S) + max(S) + cuda
-        ("transformers-v5-mmap", sum_s + max_s + cuda),
-        // max(S) + 8 threads x 2 x 500 MiB + cuda
-        ("transformers-v5-pread", max_s + 8 * 2 * MAX_T_70B + cuda),
-        // 2 x max(S) + cuda
-        ("per-shard-mmap", 2 * max_s + cuda),
-        // sum(S) + cuda
-        ("full-read", sum_s + cuda),
+        // sum(S) + 26 MiB + max(S) (header view) + cuda
+        ("transformers-v5-mmap", sum_s + 26 * MIB + max_s + cuda),
+        // 26 MiB + 4 threads x (24 MiB + one 500 MiB tensor on the host) + cuda
+        (
+            "transformers-v5-pread",
+            26 * MIB + 4 * (24 * MIB + MAX_T_70B) + cuda,
+        ),
+        // 8 MiB + max(S) + max(S) (header view) + cuda
+        ("per-shard-mmap", 8 * MIB + 2 * max_s + cuda),
+        // one shard read whole + cuda
+        ("full-read", max_s + cuda),
+        // every shard mapped + max(S) (header view) + cuda
+        ("diffusers", sum_s + max_s + cuda),
         // min(64 MiB staging, 500 MiB) + cuda
         ("reshard", 64 * MIB + cuda),
     ];
@@ -209,10 +219,10 @@ fn fit_what_if_smaller_shards_lowers_per_shard_peak() {
     let peak = loader(after, "per-shard-mmap")["peak_commit"]
         .as_u64()
         .unwrap();
-    // 2 x max(S) + cuda, with max(S) at most 1 GiB of data plus a header.
-    assert_eq!(today, 2 * s[0] + 512 * MIB);
+    // 8 MiB + 2 x max(S) + cuda, with max(S) at most 1 GiB of data plus a header.
+    assert_eq!(today, 8 * MIB + 2 * s[0] + 512 * MIB);
     assert!(
-        peak <= 2 * (GIB + 64 * KIB) + 512 * MIB && peak < today,
+        peak <= 2 * (GIB + 64 * KIB) + 520 * MIB && peak < today,
         "{peak}"
     );
     // Text: both columns, side by side.
@@ -237,19 +247,24 @@ fn fit_recommends_resharding_and_says_what_it_cannot_help() {
     let dir = tmp.path().join("llama-70b");
     virtual_70b(&dir);
     let (r, _) = fit_json(&dir, &WINDOWS_32_8);
-    // 5GB shards (at most 4.66 GiB): per-shard 2 x 4.66 + 0.5 < 40 GiB and
-    // pread 4.66 + 7.8 + 0.5 GiB < 40 GiB; 5GB is the largest candidate, so
-    // the least change.
+    // 5GB shards (at most 4.66 GiB): per-shard 2 x 4.66 + 0.5 GiB plus the
+    // 976 MiB baseline < 40 GiB, and the loaders holding one shard fit too;
+    // pread fits already; 5GB is the largest candidate, so the least change.
     let rec = &r["recommendation"];
     assert_eq!(rec["max_shard_size_arg"], "5GB");
     assert_eq!(rec["dtype"], Value::Null);
     assert_eq!(
         rec["fits"],
-        json!(["transformers-v5-pread", "per-shard-mmap", "reshard"])
+        json!([
+            "transformers-v5-pread",
+            "per-shard-mmap",
+            "full-read",
+            "reshard"
+        ])
     );
     assert_eq!(
         r["not_helped_by_resharding"],
-        json!(["transformers-v5-mmap", "full-read"])
+        json!(["transformers-v5-mmap", "diffusers"])
     );
     let out = reshard()
         .arg("fit")
@@ -264,7 +279,13 @@ fn fit_recommends_resharding_and_says_what_it_cannot_help() {
         dir.display()
     );
     assert!(text.contains(&cmd), "{text}");
-    assert!(text.contains("transformers-v5-mmap: resharding cannot make it fit: its peak is the sum of all shards"), "{text}");
+    assert!(
+        text.contains(
+            "transformers-v5-mmap: resharding cannot make it fit: it keeps every shard mapped"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("baseline: 976.00 MiB"), "{text}");
     assert!(
         text.contains("commit limit    40.00 GiB (derived)"),
         "{text}"
@@ -332,7 +353,10 @@ fn fit_fixture_on_linux_with_exact_figures() {
     let sum_s: u64 = ck.files.iter().map(|f| f.size).sum();
     let max_s = ck.files.iter().map(|f| f.size).max().unwrap();
     let sum_t = ck.total_bytes();
-    let (r, code) = fit_json(&path, &["--os", "linux", "--ram", "1GiB"]);
+    let (r, code) = fit_json(
+        &path,
+        &["--os", "linux", "--ram", "1GiB", "--baseline", "0"],
+    );
     assert_eq!(code, 0);
     assert_eq!(r["fits"], true);
     assert_eq!(r["recommendation"], Value::Null);
@@ -345,32 +369,47 @@ fn fit_fixture_on_linux_with_exact_figures() {
     let full = loader(today, "full-read");
     assert_eq!(
         (&full["peak_rss_private"], &full["peak_commit"]),
-        (&json!(sum_s), &json!(sum_s))
+        (&json!(sum_t + max_s), &json!(sum_t + max_s))
     );
     let per = loader(today, "per-shard-mmap");
     assert_eq!(
         (&per["peak_rss_private"], &per["peak_rss_file"]),
-        (&json!(sum_t), &json!(max_s))
+        (&json!(sum_t + 8 * MIB), &json!(max_s))
     );
     let mmap = loader(today, "transformers-v5-mmap");
     assert_eq!(
         (&mmap["peak_rss_private"], &mmap["peak_rss_file"]),
-        (&json!(0), &json!(sum_s))
+        (&json!(26 * MIB), &json!(sum_s))
     );
+    // The baseline is judged on top: 977 MiB of RAM is then too little for
+    // the Python loaders, not for reshard's own.
+    let (r, code) = fit_json(&path, &["--os", "linux", "--ram", "977MiB"]);
+    assert_eq!(code, 1);
+    assert_eq!(loader(&r["today"], "full-read")["fits"], false);
+    assert_eq!(loader(&r["today"], "full-read")["baseline"], 976 * MIB);
+    assert_eq!(loader(&r["today"], "reshard")["fits"], true);
 }
 
 #[test]
 fn fit_fixture_recommends_bf16_for_f32() {
-    // Commit limit 900000 B, no GPU. transformers-v5-mmap needs
-    // sum(S) + max(S) = 878072 + 256128 today and about 2 x 441 KB in one
-    // bf16 shard: only the cast helps it.
+    // Commit limit 28300000 B, no GPU, no baseline. transformers-v5-mmap
+    // needs sum(S) + 26 MiB + max(S) = 878072 + 27262976 + 256128 today,
+    // more in one f32 shard, and about 26 MiB + 2 x 441 KB in one bf16
+    // shard: only the cast helps it.
     let path = fixture("tiny-llama-f32-sharded");
-    let args = ["--os", "windows", "--commit-limit", "900000"];
+    let args = [
+        "--os",
+        "windows",
+        "--commit-limit",
+        "28300000",
+        "--baseline",
+        "0",
+    ];
     let (r, code) = fit_json(&path, &args);
     assert_eq!(code, 1);
     assert_eq!(
         loader(&r["today"], "transformers-v5-mmap")["peak_commit"],
-        878_072 + 256_128
+        878_072 + 27_262_976 + 256_128
     );
     let rec = &r["recommendation"];
     assert_eq!(rec["dtype"], "BF16");
@@ -419,7 +458,9 @@ fn fit_help_lists_loaders() {
         "transformers-v5-pread",
         "per-shard-mmap",
         "full-read",
+        "diffusers",
         "reshard",
+        "--baseline",
     ] {
         assert!(text.contains(name), "{name} missing from --help");
     }

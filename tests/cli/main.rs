@@ -16,6 +16,7 @@ mod fuzz_corpus;
 mod hostile;
 mod inspect;
 mod layouts;
+mod loaders;
 mod parts;
 mod platform;
 mod proof;

@@ -85,6 +85,8 @@ fn options() -> FitOptions {
         threads: 4,
         window: 256 * MIB,
         cuda_overhead: 512 * MIB,
+        // The load's own arithmetic; the baseline has its own test.
+        baseline: 0,
         path: "llama".into(),
         ..FitOptions::default()
     }
@@ -106,24 +108,25 @@ fn windows_commit_per_loader_against_ram_plus_pagefile() {
     .unwrap();
     assert_eq!(r.budget.host_bytes, 14 * GIB);
     let cases = [
-        // sum(S) + max(S) + cuda = (10 GiB + 12 KiB) + (6 GiB + 4 KiB) + 512 MiB
-        //                        = 16.5 GiB + 16 KiB: 2.5 GiB + 16 KiB short.
+        // sum(S) + 26 MiB + max(S) (header view) + cuda
+        //   = (10 GiB + 12 KiB) + 26 MiB + (6 GiB + 4 KiB) + 512 MiB: 2.5 GiB + 26 MiB + 16 KiB short.
         (
             Loader::TransformersV5Mmap,
+            16 * GIB + 538 * MIB + 16 * KIB,
+            2 * GIB + 538 * MIB + 16 * KIB,
+        ),
+        // 26 MiB + 4 threads x (24 MiB + one 1 GiB tensor staged) + cuda: fits.
+        (Loader::TransformersV5Pread, 4 * GIB + 634 * MIB, 0),
+        // 8 MiB + max(S) + max(S) (header view) + cuda = 12.5 GiB + 8 MiB + 8 KiB: fits.
+        (Loader::PerShardMmap, 12 * GIB + 520 * MIB + 8 * KIB, 0),
+        // one shard read whole + cuda = 6.5 GiB + 4 KiB: fits.
+        (Loader::FullRead, 6 * GIB + 512 * MIB + 4 * KIB, 0),
+        // every shard mapped + max(S) (header view) + cuda: 2.5 GiB + 16 KiB short.
+        (
+            Loader::Diffusers,
             16 * GIB + 512 * MIB + 16 * KIB,
             2 * GIB + 512 * MIB + 16 * KIB,
         ),
-        // max(S) + threads x 2 x max(T) + cuda = 6 GiB + 4 KiB + 4 x 2 x 1 GiB + 512 MiB
-        //                                      = 14.5 GiB + 4 KiB: 0.5 GiB + 4 KiB short.
-        (
-            Loader::TransformersV5Pread,
-            14 * GIB + 512 * MIB + 4 * KIB,
-            512 * MIB + 4 * KIB,
-        ),
-        // 2 x max(S) + cuda = 12 GiB + 8 KiB + 512 MiB: fits.
-        (Loader::PerShardMmap, 12 * GIB + 512 * MIB + 8 * KIB, 0),
-        // sum(S) + cuda = 10 GiB + 12 KiB + 512 MiB: fits.
-        (Loader::FullRead, 10 * GIB + 512 * MIB + 12 * KIB, 0),
         // min(256 MiB, 1 GiB) + cuda = 768 MiB: fits.
         (Loader::Reshard, 768 * MIB, 0),
     ];
@@ -173,18 +176,22 @@ fn linux_checks_private_rss_against_available_ram() {
     assert_eq!(r.budget.host_kind, HostBudgetKind::AvailableRam);
     // (loader, private, file-backed)
     let cases = [
-        // all shards mapped and only read: page cache, nothing private.
-        (Loader::TransformersV5Mmap, 0, 10 * GIB + 12 * KIB),
-        // 4 x 2 x 1 GiB in flight + sum(T) on the host; one shard mapped.
+        // all shards mapped and only read: page cache; 26 MiB of its own.
+        (Loader::TransformersV5Mmap, 26 * MIB, 10 * GIB + 12 * KIB),
+        // sum(T) + 26 MiB + 4 threads x 24 MiB; no shard mapped.
         (
             Loader::TransformersV5Pread,
-            8 * GIB + 10 * GIB + 4 * KIB,
+            10 * GIB + 122 * MIB + 4 * KIB,
+            0,
+        ),
+        // sum(T) + 8 MiB on the host; one shard mapped.
+        (
+            Loader::PerShardMmap,
+            10 * GIB + 8 * MIB + 4 * KIB,
             6 * GIB + 4 * KIB,
         ),
-        // sum(T) on the host; one shard mapped.
-        (Loader::PerShardMmap, 10 * GIB + 4 * KIB, 6 * GIB + 4 * KIB),
-        // the whole state dict: sum(S).
-        (Loader::FullRead, 10 * GIB + 12 * KIB, 0),
+        // sum(T) + the largest shard's bytes.
+        (Loader::FullRead, 16 * GIB + 8 * KIB, 0),
         // 256 MiB staging + one shard on the CPU stand-in (max(S)).
         (Loader::Reshard, 256 * MIB + 6 * GIB + 4 * KIB, 0),
     ];
@@ -224,37 +231,71 @@ fn strict_overcommit_also_checks_commit() {
         Os::Linux,
     );
     let r = fit(&llama(), m, &options()).unwrap();
-    // Free commit = 12 - 2 = 10 GiB. transformers-v5-mmap commits sum(S) =
-    // 10 GiB + 12 KiB on Linux (no second view, no CUDA term): 12 KiB short.
+    // Free commit = 12 - 2 = 10 GiB. transformers-v5-mmap commits sum(S) +
+    // 26 MiB = 10 GiB + 26 MiB + 12 KiB on Linux (no second view, no CUDA
+    // term): 26 MiB + 12 KiB short.
     assert_eq!(r.budget.commit_bytes, Some(10 * GIB));
     let got = row(&r.today, Loader::TransformersV5Mmap);
     assert_eq!(
         (got.peak_commit, got.host_shortfall),
-        (10 * GIB + 12 * KIB, 12 * KIB)
+        (10 * GIB + 26 * MIB + 12 * KIB, 26 * MIB + 12 * KIB)
     );
     assert!(row(&r.today, Loader::PerShardMmap).fits);
 }
 
 #[test]
 fn recommends_the_largest_shards_that_fit_the_most_loaders() {
-    // Commit limit 11 GiB, 16 GiB GPU. Today: full-read (10.5 GiB + 12 KiB)
-    // and reshard fit; per-shard needs 2 x 6 GiB + 0.5 GiB.
-    // 5GB shards (max(S) <= 4.66 GiB): per-shard fits (<= 9.8 GiB), pread
-    // does not (4.66 + 8 + 0.5 > 11). 2GiB shards: one block each, so
-    // max(S) = 2 GiB + header; pread = 2 + 8 + 0.5 GiB + header fits too.
-    // transformers-v5-mmap needs at least sum(T) + max(T) + cuda =
-    // 10 + 1 + 0.5 GiB > 11 GiB whatever the shard size.
+    // Commit limit 11 GiB, 16 GiB GPU. Today pread (4.6 GiB), full-read
+    // (6.5 GiB) and reshard fit; per-shard needs 2 x 6 GiB + 0.5 GiB. 5GB
+    // shards (max(S) <= 4.66 GiB): per-shard fits (<= 9.9 GiB).
+    // transformers-v5-mmap and diffusers need at least sum(S) + max(S) +
+    // cuda > 11 GiB whatever the shard size.
     let r = fit(&llama(), windows(10 * GIB, GIB, Some(16 * GIB)), &options()).unwrap();
-    assert_eq!(r.today.fitting_host(), [Loader::FullRead, Loader::Reshard]);
+    assert_eq!(
+        r.today.fitting_host(),
+        [
+            Loader::TransformersV5Pread,
+            Loader::FullRead,
+            Loader::Reshard
+        ]
+    );
     let rec = r.recommendation.unwrap();
-    assert_eq!(rec.max_shard_size_arg, "2GiB");
+    assert_eq!(rec.max_shard_size_arg, "5GB");
     assert_eq!(rec.dtype, None);
     assert_eq!(
         rec.command,
-        "reshard convert llama OUT --max-shard-size 2GiB"
+        "reshard convert llama OUT --max-shard-size 5GB"
     );
-    assert_eq!(rec.still_not_fitting, [Loader::TransformersV5Mmap]);
-    assert_eq!(r.not_helped_by_resharding, [Loader::TransformersV5Mmap]);
+    assert_eq!(
+        rec.still_not_fitting,
+        [Loader::TransformersV5Mmap, Loader::Diffusers]
+    );
+    assert_eq!(
+        r.not_helped_by_resharding,
+        [Loader::TransformersV5Mmap, Loader::Diffusers]
+    );
+}
+
+#[test]
+fn the_baseline_is_added_to_python_loaders_only() {
+    let given = Given {
+        os: Some(Os::Linux),
+        ram: Some(64 * GIB),
+        ..Given::default()
+    };
+    let m = Machine::resolve(&given, &Detected::default(), Os::Linux);
+    let without = fit(&llama(), m.clone(), &options()).unwrap();
+    let mut o = options();
+    o.baseline = GIB;
+    let with = fit(&llama(), m, &o).unwrap();
+    assert_eq!(with.params.baseline, GIB);
+    for (a, b) in without.today.loaders.iter().zip(&with.today.loaders) {
+        let term = if b.loader == Loader::Reshard { 0 } else { GIB };
+        assert_eq!(b.baseline, term, "{}", b.loader);
+        // The peak is the load's; the baseline is judged on top of it.
+        assert_eq!(a.peak_commit, b.peak_commit, "{}", b.loader);
+        assert_eq!(b.host_needed, a.host_needed + term, "{}", b.loader);
+    }
 }
 
 #[test]
@@ -266,14 +307,14 @@ fn what_if_scenario_decides_the_verdict() {
         ..PlanOptions::default()
     });
     let r = fit(&llama(), windows(10 * GIB, GIB, Some(16 * GIB)), &o).unwrap();
-    // Today 2 x (6 GiB + 4 KiB) + 0.5 GiB > 11 GiB; with 1 GiB shards every
-    // tensor is alone: 2 x (1 GiB + header) + 0.5 GiB fits.
+    // Today 2 x (6 GiB + 4 KiB) + 8 MiB + 0.5 GiB > 11 GiB; with 1 GiB
+    // shards every tensor is alone: 2 x (1 GiB + header) + 8 MiB + 0.5 GiB fits.
     assert!(!r.today.all_fit());
     let after = r.what_if.as_ref().unwrap();
     assert_eq!(after.max_shard_size, Some(GIB));
     let peak = row(after, Loader::PerShardMmap).peak_commit;
     assert!(
-        peak > 2 * GIB + 512 * MIB && peak < 2 * GIB + 512 * MIB + 8 * KIB,
+        peak > 2 * GIB + 520 * MIB && peak < 2 * GIB + 520 * MIB + 8 * KIB,
         "{peak}"
     );
     // Every 1 GiB tensor alone, and the 4 KiB norm alone between two full

@@ -1,0 +1,521 @@
+//! Running a real loader in the user's own Python (`validate --loader
+//! python:NAME`), under the enforced commit budget, and measuring it from
+//! outside.
+//!
+//! The loader scripts ship inside reshard (`python/*.py`, prepended with
+//! `python/harness.py`); nothing is installed. The child imports its
+//! libraries, says `RESHARD-READY` on stderr and waits; the parent samples
+//! its commit then (the baseline: Python plus torch and the loader's
+//! library), puts [`crate::platform::ChildCommitLimit`] on it at baseline +
+//! budget (`RLIMIT_DATA` through `prlimit` on Linux, a Job Object on
+//! Windows), lets it load, and samples its commit and RSS every millisecond
+//! until it exits ([`crate::platform::process_memory`]). The child prints one
+//! JSON line on stdout: what it loaded and the library versions, or why not.
+//!
+//! Next to the measurement stands fit's prediction for the same checkpoint
+//! ([`crate::plan::fit::loader::peak`]), so a user sees both. Nothing here
+//! prints.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::str::FromStr;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::options::DeviceSpec;
+use crate::format::{self, FormatError};
+use crate::plan::fit::loader::{self as model, LoadParams, Os, Sizes};
+
+const HARNESS: &str = include_str!("python/harness.py");
+/// The line the harness writes on stderr once its imports are done.
+const READY: &str = "RESHARD-READY";
+/// How often the child's memory is sampled.
+const SAMPLE_EVERY: Duration = Duration::from_millis(1);
+
+/// A real loader `validate --loader python:NAME` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PythonLoader {
+    /// `from_pretrained` (mmap backend on Linux and macOS, pread on Windows).
+    Transformers,
+    /// `from_pretrained` with safetensors' pread backend, as on Windows.
+    TransformersPread,
+    /// `from_pretrained(disable_mmap=True)`: each shard read whole and
+    /// parsed with `safetensors.torch.load(bytes)`.
+    TransformersDisableMmap,
+    /// Empty model + per-shard `safetensors.torch.load_file` + `load_state_dict`.
+    Safetensors,
+    /// `DiffusionPipeline.from_pretrained` or one model class.
+    Diffusers,
+    /// `SentenceTransformer(path)`.
+    SentenceTransformers,
+}
+
+impl PythonLoader {
+    pub const ALL: [PythonLoader; 6] = [
+        PythonLoader::Transformers,
+        PythonLoader::TransformersPread,
+        PythonLoader::TransformersDisableMmap,
+        PythonLoader::Safetensors,
+        PythonLoader::Diffusers,
+        PythonLoader::SentenceTransformers,
+    ];
+
+    /// The NAME in `python:NAME`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PythonLoader::Transformers => "transformers",
+            PythonLoader::TransformersPread => "transformers-pread",
+            PythonLoader::TransformersDisableMmap => "transformers-disable-mmap",
+            PythonLoader::Safetensors => "safetensors",
+            PythonLoader::Diffusers => "diffusers",
+            PythonLoader::SentenceTransformers => "sentence-transformers",
+        }
+    }
+
+    /// The loader's script, harness first.
+    pub fn script(self) -> String {
+        let body = match self {
+            PythonLoader::Transformers
+            | PythonLoader::TransformersPread
+            | PythonLoader::TransformersDisableMmap => {
+                include_str!("python/transformers.py")
+            }
+            PythonLoader::Safetensors => include_str!("python/safetensors.py"),
+            PythonLoader::Diffusers => include_str!("python/diffusers.py"),
+            PythonLoader::SentenceTransformers => include_str!("python/sentence_transformers.py"),
+        };
+        format!("{HARNESS}\n{body}")
+    }
+
+    /// The row of fit's model this loader is, on `os`.
+    pub fn model(self, os: Os) -> model::Loader {
+        match self {
+            PythonLoader::Transformers | PythonLoader::SentenceTransformers => {
+                if os == Os::Windows {
+                    model::Loader::TransformersV5Pread
+                } else {
+                    model::Loader::TransformersV5Mmap
+                }
+            }
+            PythonLoader::TransformersPread => model::Loader::TransformersV5Pread,
+            PythonLoader::TransformersDisableMmap => model::Loader::FullRead,
+            PythonLoader::Safetensors => model::Loader::PerShardMmap,
+            PythonLoader::Diffusers => model::Loader::Diffusers,
+        }
+    }
+}
+
+impl fmt::Display for PythonLoader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "python:{}", self.name())
+    }
+}
+
+impl FromStr for PythonLoader {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let names = || {
+            let n: Vec<String> = PythonLoader::ALL.iter().map(|l| l.to_string()).collect();
+            n.join(", ")
+        };
+        let Some(name) = s.strip_prefix("python:") else {
+            return Err(format!("unknown loader {s:?}: use one of {}", names()));
+        };
+        PythonLoader::ALL
+            .into_iter()
+            .find(|l| l.name() == name)
+            .ok_or_else(|| format!("unknown loader {s:?}: use one of {}", names()))
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PythonOptions {
+    pub loader: PythonLoader,
+    /// The interpreter (`--python`, `RESHARD_PYTHON`, or `python`).
+    pub python: PathBuf,
+    pub device: DeviceSpec,
+    /// Commit the load may add above the baseline (enforced).
+    pub commit_budget: Option<u64>,
+    /// fit's baseline term to show with the prediction.
+    pub baseline: u64,
+}
+
+/// Why a real loader could not be run (exit 2), as opposed to a load that
+/// went over budget (a failed check in the report).
+#[derive(Debug, thiserror::Error)]
+pub enum PythonError {
+    #[error("cannot run python {}: install Python 3 or give --python PATH", .python.display())]
+    NoPython {
+        python: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} cannot import {module}: install it (pip install {install}) or give --python PATH", .python.display())]
+    Missing {
+        python: PathBuf,
+        module: String,
+        install: String,
+    },
+    #[error("{loader} failed to {stage} {}: {error}", .path.display())]
+    Failed {
+        loader: PythonLoader,
+        stage: String,
+        path: PathBuf,
+        error: String,
+    },
+    #[error("{loader} on {}: {reason}", .path.display())]
+    Protocol {
+        loader: PythonLoader,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("cannot limit the commit of the python process to {bytes} bytes")]
+    Limit {
+        bytes: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Format(#[from] FormatError),
+}
+
+/// fit's prediction for the same load.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prediction {
+    /// The row of fit's model (`transformers-v5-mmap`, ...).
+    pub loader: model::Loader,
+    /// Peak commit above the baseline.
+    pub peak_commit: u64,
+    /// fit's baseline term (`fit --baseline`).
+    pub baseline: u64,
+}
+
+/// What the real loader did, measured from outside.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PythonReport {
+    pub path: String,
+    /// `python:NAME`.
+    pub loader: String,
+    pub python: String,
+    pub device: String,
+    /// The library versions the child imported.
+    pub versions: BTreeMap<String, String>,
+    /// `VmData` or `PagefileUsage`.
+    pub commit_source: String,
+    /// Commit once the libraries were imported, before the load.
+    pub baseline: u64,
+    /// The largest commit sampled.
+    pub peak_commit: u64,
+    pub peak_above_baseline: u64,
+    /// Resident memory at the baseline and its peak (the OS's own peak
+    /// where it keeps one).
+    pub baseline_rss: u64,
+    pub peak_rss: u64,
+    pub samples: u64,
+    pub commit_budget: Option<u64>,
+    /// Tensors and bytes the loaded model holds (each storage once).
+    pub tensors: Option<u64>,
+    pub bytes: Option<u64>,
+    pub load_seconds: Option<f64>,
+    pub prediction: Prediction,
+    /// Why the check failed (over budget, out of memory).
+    pub failure: Option<String>,
+    pub passed: bool,
+}
+
+/// The line the child prints.
+#[derive(Debug, Deserialize)]
+struct Outcome {
+    outcome: String,
+    #[serde(default)]
+    module: String,
+    #[serde(default)]
+    install: String,
+    #[serde(default)]
+    stage: String,
+    #[serde(default)]
+    error: String,
+    tensors: Option<u64>,
+    bytes: Option<u64>,
+    seconds: Option<f64>,
+    #[serde(default)]
+    versions: BTreeMap<String, String>,
+}
+
+/// Runs `options.loader` on the checkpoint at `path` and measures it.
+pub fn run(path: &Path, options: &PythonOptions) -> Result<PythonReport, PythonError> {
+    let ck = format::open(path)?;
+    let shards: Vec<u64> = ck.files.iter().map(|f| f.size).collect();
+    let sizes = Sizes::new(&shards, ck.tensors.iter().map(|t| t.len));
+    let os = Os::current();
+    let row = options.loader.model(os);
+    let params = LoadParams {
+        gpu: options.device != DeviceSpec::Cpu,
+        ..LoadParams::calibrated(os)
+    };
+    let prediction = Prediction {
+        loader: row,
+        peak_commit: model::peak(row, &sizes, &params).commit,
+        baseline: options.baseline,
+    };
+    let device = match options.device {
+        DeviceSpec::Cpu => "cpu".to_string(),
+        DeviceSpec::Cuda(n) => format!("cuda:{n}"),
+    };
+    let mut child = Command::new(&options.python)
+        .arg("-c")
+        .arg(options.loader.script())
+        .arg(path)
+        .arg(&device)
+        .arg(options.loader.name())
+        .env("HF_HUB_OFFLINE", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| PythonError::NoPython {
+            python: options.python.clone(),
+            source: e,
+        })?;
+    let measured = supervise(&mut child, options.commit_budget);
+    let _ = child.kill();
+    let status = child.wait().ok();
+    let (stdout, stderr_tail) = (measured.stdout.join(), measured.stderr.join());
+    let stdout = stdout.unwrap_or_default();
+    let stderr_tail: Vec<String> = stderr_tail.unwrap_or_default();
+    let protocol = |reason: String| PythonError::Protocol {
+        loader: options.loader,
+        path: path.to_path_buf(),
+        reason,
+    };
+    if let Some(e) = measured.limit_error {
+        return Err(e);
+    }
+    let outcome = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .and_then(|l| serde_json::from_str::<Outcome>(l).ok());
+    let last_err = stderr_tail.last().cloned().unwrap_or_default();
+    let abnormal = status.as_ref().and_then(crate::platform::abnormal_exit);
+    let mut report = PythonReport {
+        path: path.display().to_string(),
+        loader: options.loader.to_string(),
+        python: options.python.display().to_string(),
+        device,
+        versions: BTreeMap::new(),
+        commit_source: crate::platform::COMMIT_SOURCE.to_string(),
+        baseline: measured.baseline,
+        peak_commit: measured.peak_commit,
+        peak_above_baseline: measured.peak_commit.saturating_sub(measured.baseline),
+        baseline_rss: measured.baseline_rss,
+        peak_rss: measured.peak_rss,
+        samples: measured.samples,
+        commit_budget: options.commit_budget,
+        tensors: None,
+        bytes: None,
+        load_seconds: None,
+        prediction,
+        failure: None,
+        passed: false,
+    };
+    let Some(o) = outcome else {
+        return match (abnormal, options.commit_budget, measured.ready) {
+            (Some(how), Some(b), true) => {
+                report.failure = Some(format!(
+                    "over budget: the loader was stopped ({how}) under a {} commit budget: {last_err}",
+                    crate::units::human(b)
+                ));
+                Ok(report)
+            }
+            _ => Err(protocol(format!(
+                "the python process ended ({}) without a result: {last_err}",
+                status.map_or("unknown status".into(), |s| s.to_string())
+            ))),
+        };
+    };
+    report.versions = o.versions;
+    match o.outcome.as_str() {
+        "missing" => Err(PythonError::Missing {
+            python: options.python.clone(),
+            module: o.module,
+            install: o.install,
+        }),
+        "loaded" => {
+            report.tensors = o.tensors;
+            report.bytes = o.bytes;
+            report.load_seconds = o.seconds;
+            if let Some(b) = options
+                .commit_budget
+                .filter(|&b| report.peak_above_baseline > b)
+            {
+                report.failure = Some(format!(
+                    "commit peaked at {} above baseline, over the {} budget",
+                    crate::units::human(report.peak_above_baseline),
+                    crate::units::human(b)
+                ));
+            }
+            report.passed = report.failure.is_none();
+            Ok(report)
+        }
+        "out_of_memory" if o.stage == "load" => {
+            let budget = options.commit_budget.map_or_else(
+                || "the machine's memory".to_string(),
+                |b| format!("a {} commit budget", crate::units::human(b)),
+            );
+            report.failure = Some(format!(
+                "over budget: the load ran out of {budget}: {}",
+                o.error
+            ));
+            Ok(report)
+        }
+        _ => Err(PythonError::Failed {
+            loader: options.loader,
+            stage: o.stage,
+            path: path.to_path_buf(),
+            error: o.error,
+        }),
+    }
+}
+
+/// What [`supervise`] measured, and the reader threads to join.
+struct Measured {
+    ready: bool,
+    baseline: u64,
+    peak_commit: u64,
+    baseline_rss: u64,
+    peak_rss: u64,
+    samples: u64,
+    limit_error: Option<PythonError>,
+    stdout: std::thread::JoinHandle<String>,
+    stderr: std::thread::JoinHandle<Vec<String>>,
+}
+
+/// Waits for the child's ready line, takes the baseline, limits the child,
+/// lets it load and samples it until it exits.
+fn supervise(child: &mut Child, budget: Option<u64>) -> Measured {
+    let (tx, rx) = mpsc::channel::<()>();
+    let stderr = child.stderr.take();
+    let stderr = std::thread::spawn(move || {
+        let mut tail: Vec<String> = Vec::new();
+        let Some(e) = stderr else { return tail };
+        for line in BufReader::new(e).lines() {
+            let Ok(line) = line else { break };
+            if line.trim() == READY {
+                let _ = tx.send(());
+            } else if !line.trim().is_empty() {
+                if tail.len() == 20 {
+                    tail.remove(0);
+                }
+                tail.push(line);
+            }
+        }
+        tail
+    });
+    let stdout = child.stdout.take();
+    let stdout = std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut o) = stdout {
+            let _ = o.read_to_string(&mut text);
+        }
+        text
+    });
+    let mut m = Measured {
+        ready: false,
+        baseline: 0,
+        peak_commit: 0,
+        baseline_rss: 0,
+        peak_rss: 0,
+        samples: 0,
+        limit_error: None,
+        stdout,
+        stderr,
+    };
+    // The sender is dropped when stderr closes: the child ended first.
+    if rx.recv().is_err() {
+        return m;
+    }
+    m.ready = true;
+    let now = crate::platform::process_memory(child);
+    m.baseline = now.commit.unwrap_or(0);
+    m.peak_commit = m.baseline;
+    m.baseline_rss = now.rss.unwrap_or(0);
+    // Held until the child has exited.
+    let mut _limit = None;
+    if let Some(b) = budget {
+        let bytes = m.baseline.saturating_add(b);
+        match crate::platform::ChildCommitLimit::set(child, bytes) {
+            Ok(l) => _limit = Some(l),
+            Err(e) => {
+                m.limit_error = Some(PythonError::Limit { bytes, source: e });
+                return m;
+            }
+        }
+    }
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(b"go\n");
+    }
+    loop {
+        let now = crate::platform::process_memory(child);
+        m.samples += 1;
+        m.peak_commit = m.peak_commit.max(now.commit.unwrap_or(0));
+        m.peak_commit = m.peak_commit.max(now.peak_commit.unwrap_or(0));
+        m.peak_rss = m
+            .peak_rss
+            .max(now.rss.unwrap_or(0))
+            .max(now.peak_rss.unwrap_or(0));
+        if !matches!(child.try_wait(), Ok(None)) {
+            break;
+        }
+        std::thread::sleep(SAMPLE_EVERY);
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_python_loader_names() {
+        for l in PythonLoader::ALL {
+            assert_eq!(l.to_string().parse::<PythonLoader>().unwrap(), l);
+        }
+        for bad in ["transformers", "python:", "python:vllm", "py:transformers"] {
+            assert!(bad.parse::<PythonLoader>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_script_starts_with_the_harness_and_ends_with_main() {
+        for l in PythonLoader::ALL {
+            let s = l.script();
+            assert!(s.starts_with(HARNESS), "{l}");
+            assert!(s.trim_end().ends_with("main(prepare, load)"), "{l}");
+        }
+    }
+
+    #[test]
+    fn transformers_is_the_mmap_row_except_on_windows() {
+        assert_eq!(
+            PythonLoader::Transformers.model(Os::Linux),
+            model::Loader::TransformersV5Mmap
+        );
+        assert_eq!(
+            PythonLoader::Transformers.model(Os::Windows),
+            model::Loader::TransformersV5Pread
+        );
+        assert_eq!(
+            PythonLoader::TransformersPread.model(Os::Linux),
+            model::Loader::TransformersV5Pread
+        );
+    }
+}
