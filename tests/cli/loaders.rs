@@ -101,10 +101,8 @@ fn checkpoints() -> Option<&'static Checkpoints> {
                 )
                 .success();
             }
-            // convert does not mirror the Pooling module's folder (yet).
-            if !root.join("st-64/1_Pooling").exists() {
-                copy_dir(&root.join("st/1_Pooling"), &root.join("st-64/1_Pooling"));
-            }
+            // convert mirrors the module folders sentence-transformers needs.
+            assert!(root.join("st-64/1_Pooling/config.json").is_file());
             Some(Checkpoints {
                 _dir: dir,
                 root,
