@@ -33,7 +33,8 @@ enum Command {
     /// Predict whether a checkpoint loads on a machine, per loader, and what conversion makes it.
     Fit(fit::Args),
     /// Convert every model under a folder, N at a time, within one window.
-    Batch(batch::Args),
+    // Boxed: its arguments (convert's, plus the batch options) are the largest.
+    Batch(Box<batch::Args>),
     /// Work with `batch --report` files: merge the reports of a run's parts.
     #[command(name = "batch-report")]
     BatchReport(batch_report::Args),
@@ -62,7 +63,7 @@ pub fn run() -> ExitStatus {
         Command::Inspect(args) => inspect::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Fit(args) => fit::run(args),
-        Command::Batch(args) => batch::run(args),
+        Command::Batch(args) => batch::run(*args),
         Command::BatchReport(args) => batch_report::run(args),
         Command::Validate(args) => validate::run(args),
         Command::ValidateChild => Ok(validate::run_child()),
