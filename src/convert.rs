@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::exec::{self, ExecError, ExecOptions, Reporter, WindowPool};
+use crate::exec::{self, CopyPath, ExecError, ExecOptions, Reporter, WindowPool};
 use crate::format::{Checkpoint, FormatError};
 use crate::plan::{Plan, PlanError, PlanOptions};
 use crate::write::lock::{DstLock, LockError};
@@ -27,7 +27,7 @@ use crate::write::manifest::{
 };
 use crate::write::owned::DstInventory;
 use crate::write::scope::{OutputScope, ScopeError, ScopeRules};
-use crate::write::shard::sha256_file;
+use crate::write::digest::{file_matches, DigestAlgo};
 use crate::write::{remove_stale_temps, sync_dir, write_atomic, WriteError};
 
 pub use self::other::SkippedFile;
@@ -52,6 +52,10 @@ pub struct ConvertOptions {
     /// Write expanded (stride-0) views however much they amplify
     /// (see [`crate::plan::check_expanded`]).
     pub allow_expanded: bool,
+    /// The shard digest recorded in the manifest (BLAKE3 unless `--sha256`).
+    pub digest: DigestAlgo,
+    /// How bytes that need no cast are moved (kernel copy where possible).
+    pub copy: CopyPath,
 }
 
 impl Default for ConvertOptions {
@@ -65,6 +69,8 @@ impl Default for ConvertOptions {
             single_file: false,
             within: None,
             allow_expanded: false,
+            digest: DigestAlgo::default(),
+            copy: CopyPath::default(),
         }
     }
 }
@@ -182,7 +188,10 @@ pub fn convert_with_pool(
             s.skipped_files = others.skipped;
             return Ok(s);
         }
-        dst::DstState::Resume(partial) => (verified_shards(dst, &plan, partial.shards), None),
+        dst::DstState::Resume(partial) => (
+            verified_shards(dst, &plan, partial.shards, options.digest),
+            None,
+        ),
         dst::DstState::Fresh { remove } => (Vec::new(), Some(remove)),
     };
     dst::check_space(dst, ck, &plan, &done, &others, doomed.as_ref())?;
@@ -232,6 +241,8 @@ pub fn convert_with_pool(
         cancel,
         skip: &|s| finished.contains(&s.file),
         on_shard: &record_shard,
+        digest: options.digest,
+        copy: options.copy,
     };
     let new = exec::execute(ck, &plan, dst, pool, &exec_options, reporter);
     reporter.finish();
@@ -289,18 +300,26 @@ fn summary(
     }
 }
 
-/// The shards of a partial run that are still on disk and intact.
-fn verified_shards(dst: &Path, plan: &Plan, recorded: Vec<ShardRecord>) -> Vec<ShardRecord> {
+/// The shards of a partial run that are still on disk and intact, and
+/// recorded with the digest this run records (a shard with the other one is
+/// rewritten, so a manifest holds one kind).
+fn verified_shards(
+    dst: &Path,
+    plan: &Plan,
+    recorded: Vec<ShardRecord>,
+    digest: DigestAlgo,
+) -> Vec<ShardRecord> {
     recorded
         .into_iter()
         .filter(|r| plan.shards.iter().any(|s| s.file == r.file))
+        .filter(|r| r.digest.algo() == digest)
         .filter(|r| {
             // A regular file under its own name: a symlink there is not a
             // shard reshard wrote, and is never read through.
             let path = dst.join(&r.file);
             std::fs::symlink_metadata(&path)
                 .is_ok_and(|m| m.file_type().is_file() && m.len() == r.size)
-                && sha256_file(&path).is_ok_and(|h| h == r.sha256)
+                && file_matches(&path, &r.digest)
         })
         .collect()
 }
