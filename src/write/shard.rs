@@ -69,6 +69,9 @@ pub fn header_bytes(
     Ok(out)
 }
 
+/// Bytes hashed by both hashes before moving on: well inside a core's L2.
+const HASH_BLOCK: usize = 256 << 10;
+
 /// A shard being written under its temporary name. Dropping it unfinished
 /// removes the temporary file.
 ///
@@ -178,8 +181,12 @@ impl ShardWriter {
         let file = self.file()?;
         let len_usize = usize::try_from(len).map_err(|_| io(std::io::Error::other("copy too large to map")))?;
         let map = crate::platform::MappedRange::map(file, from, len_usize).map_err(io)?;
-        self.hash.update(&map);
-        each(&map);
+        // Both hashes take each block while it is in the CPU's cache: one
+        // pass over memory instead of two.
+        for block in map.chunks(HASH_BLOCK) {
+            self.hash.update(block);
+            each(block);
+        }
         drop(map);
         crate::platform::start_writeback(self.file()?, from, len);
         self.hashed = self.written;
