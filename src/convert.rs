@@ -21,13 +21,13 @@ use serde::Serialize;
 use crate::exec::{self, CopyPath, ExecError, ExecOptions, Reporter, WindowPool};
 use crate::format::{Checkpoint, FormatError};
 use crate::plan::{Plan, PlanError, PlanOptions};
+use crate::write::digest::{file_matches, DigestAlgo};
 use crate::write::lock::{DstLock, LockError};
 use crate::write::manifest::{
     plan_id, Manifest, ManifestError, ShardRecord, SourceIdentity, MANIFEST, PARTIAL,
 };
 use crate::write::owned::DstInventory;
 use crate::write::scope::{OutputScope, ScopeError, ScopeRules};
-use crate::write::digest::{file_matches, DigestAlgo};
 use crate::write::{remove_stale_temps, sync_dir, write_atomic, WriteError};
 
 pub use self::other::SkippedFile;

@@ -9,11 +9,11 @@ use anyhow::Context;
 use reshard::cast::OverflowPolicy;
 use reshard::convert::{convert, ConvertOptions, ConvertSummary};
 use reshard::exec::CopyPath;
-use reshard::write::digest::DigestAlgo;
 use reshard::format::names::escape;
 use reshard::format::{self, Dtype};
 use reshard::plan::{Plan, PlanOptions};
 use reshard::units::{human, ByteSize};
+use reshard::write::digest::DigestAlgo;
 
 use reshard::validate::validate_with_budget;
 

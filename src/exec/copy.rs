@@ -42,8 +42,7 @@ pub enum CopyPath {
 /// dtype and is stored as one contiguous range.
 pub fn eligible(ck: &Checkpoint, shard: &ShardPlan) -> bool {
     shard.tensors.iter().all(|t| {
-        t.dtype == t.source_dtype
-            && matches!(ck.tensors[t.source].data, DataRef::Contiguous { .. })
+        t.dtype == t.source_dtype && matches!(ck.tensors[t.source].data, DataRef::Contiguous { .. })
     })
 }
 
@@ -146,14 +145,16 @@ mod tests {
     /// A two-tensor safetensors file (u8 and f32) in `dir`.
     fn source(dir: &Path) -> Checkpoint {
         let a: Vec<u8> = (0..50_000u32).map(|i| (i * 7 % 251) as u8).collect();
-        let b: Vec<u8> = (0..4_000u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let b: Vec<u8> = (0..4_000u32)
+            .flat_map(|i| (i as f32).to_le_bytes())
+            .collect();
         let header = serde_json::json!({
             "__metadata__": {"format": "pt"},
             "a": {"dtype": "U8", "shape": [50_000], "data_offsets": [0, 50_000]},
             "b": {"dtype": "F32", "shape": [4_000], "data_offsets": [50_000, 66_000]},
         });
         let mut json = serde_json::to_vec(&header).unwrap();
-        while json.len() % 8 != 0 {
+        while !json.len().is_multiple_of(8) {
             json.push(b' ');
         }
         let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
@@ -203,20 +204,34 @@ mod tests {
         };
         let pool = WindowPool::new(1 << 20);
         let got = copy_shard(
-            &reader, &ck, &plan, &plan.shards[0], &direct, &pool, 4096, &options, &NoReport,
+            &reader,
+            &ck,
+            &plan,
+            &plan.shards[0],
+            &direct,
+            &pool,
+            4096,
+            &options,
+            &NoReport,
         )
         .unwrap();
         assert_eq!(pool.in_use(), 0);
         assert_eq!(pool.peak(), 4096);
         if crate::platform::Os::current() == crate::platform::Os::Linux {
-            assert!(got.is_some(), "copy_file_range refused on the test file system");
+            assert!(
+                got.is_some(),
+                "copy_file_range refused on the test file system"
+            );
         }
         let slow = run(&ck, &tmp.path().join("slow"), CopyPath::ReadWrite);
         let auto = run(&ck, &tmp.path().join("auto"), CopyPath::Auto);
         assert_eq!(auto, slow);
         let file = &plan.shards[0].file;
         let want = std::fs::read(tmp.path().join("slow").join(file)).unwrap();
-        assert_eq!(std::fs::read(tmp.path().join("auto").join(file)).unwrap(), want);
+        assert_eq!(
+            std::fs::read(tmp.path().join("auto").join(file)).unwrap(),
+            want
+        );
         if let Some(record) = got {
             assert_eq!(record, slow[0]);
             assert_eq!(std::fs::read(direct.join(file)).unwrap(), want);

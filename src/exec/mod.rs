@@ -90,7 +90,15 @@ pub fn execute(
                 let mut copied = None;
                 if !refused.load(Ordering::Relaxed) && copy::eligible(ck, shard) {
                     copied = copy::copy_shard(
-                        &reader, ck, plan, shard, dst, pool, buffer as u64, options, reporter,
+                        &reader,
+                        ck,
+                        plan,
+                        shard,
+                        dst,
+                        pool,
+                        buffer as u64,
+                        options,
+                        reporter,
                     )?;
                     if copied.is_none() {
                         refused.store(true, Ordering::Relaxed);
@@ -98,7 +106,9 @@ pub fn execute(
                 }
                 let record = match copied {
                     Some(record) => record,
-                    None => buffered_shard(&reader, ck, plan, shard, dst, pool, buffer, options, reporter)?,
+                    None => buffered_shard(
+                        &reader, ck, plan, shard, dst, pool, buffer, options, reporter,
+                    )?,
                 };
                 (options.on_shard)(&record)?;
                 Ok(record)

@@ -45,7 +45,8 @@ pub fn start_writeback(_file: &File, _offset: u64, _len: u64) {}
 #[cfg(target_os = "linux")]
 pub fn copy_range(src: &File, offset: u64, dst: &File, len: u64) -> io::Result<u64> {
     use std::os::fd::AsRawFd;
-    let mut off_in = i64::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut off_in =
+        i64::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // One call moves at most 1 GiB: the kernel caps it near 2 GiB anyway.
     let len = usize::try_from(len.min(1 << 30)).unwrap_or(1 << 30);
     loop {
@@ -86,7 +87,14 @@ pub fn copy_range(_src: &File, _offset: u64, _dst: &File, _len: u64) -> io::Resu
 pub fn is_copy_unsupported(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::ENOSYS | libc::EPERM | libc::EXDEV | libc::EINVAL | libc::EOPNOTSUPP | libc::EBADF)
+        Some(
+            libc::ENOSYS
+                | libc::EPERM
+                | libc::EXDEV
+                | libc::EINVAL
+                | libc::EOPNOTSUPP
+                | libc::EBADF
+        )
     )
 }
 
@@ -294,10 +302,16 @@ mod tests {
     #[test]
     fn kernel_copy_refusals_fall_back_and_real_failures_do_not() {
         for errno in [libc::EXDEV, libc::EINVAL, libc::ENOSYS, libc::EOPNOTSUPP] {
-            assert!(is_copy_unsupported(&io::Error::from_raw_os_error(errno)), "{errno}");
+            assert!(
+                is_copy_unsupported(&io::Error::from_raw_os_error(errno)),
+                "{errno}"
+            );
         }
         for errno in [libc::ENOSPC, libc::EIO, libc::EDQUOT] {
-            assert!(!is_copy_unsupported(&io::Error::from_raw_os_error(errno)), "{errno}");
+            assert!(
+                !is_copy_unsupported(&io::Error::from_raw_os_error(errno)),
+                "{errno}"
+            );
         }
     }
 

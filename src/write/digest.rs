@@ -18,8 +18,6 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use super::shard::hex;
-
 /// Which algorithm a shard digest uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -122,6 +120,17 @@ pub fn digest_file(path: &Path, algo: DigestAlgo) -> std::io::Result<ShardDigest
 /// the algorithm `expected` names). An unreadable file does not.
 pub fn file_matches(path: &Path, expected: &ShardDigest) -> bool {
     digest_file(path, expected.algo()).is_ok_and(|d| d == *expected)
+}
+
+/// Lower-case hex of a digest.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 #[cfg(test)]

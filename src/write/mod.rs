@@ -75,7 +75,11 @@ pub const TEMP_SUFFIX: &str = ".reshard-tmp";
 pub fn create_temp(tmp: &Path) -> io::Result<File> {
     // Readable too: a shard copied in the kernel is hashed from a read-only
     // mapping of what was written.
-    File::options().read(true).write(true).create_new(true).open(tmp)
+    File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(tmp)
 }
 
 /// Writes `bytes` to `dir/name` atomically: temp file, fsync, rename.

@@ -7,6 +7,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+pub use super::digest::hex;
 use super::digest::{DigestAlgo, ShardDigest, ShardHasher};
 use super::{create_temp, temp_path, WriteError};
 use crate::plan::ShardPlan;
@@ -161,7 +162,10 @@ impl ShardWriter {
     /// appended.
     pub fn copy_in_kernel(&mut self, src: &File, offset: u64, len: u64) -> std::io::Result<u64> {
         super::failpoint::step();
-        let file = self.file.as_ref().ok_or_else(|| std::io::Error::other("shard already finished"))?;
+        let file = self
+            .file
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("shard already finished"))?;
         let n = crate::platform::copy_range(src, offset, file, len)?;
         self.written += n;
         Ok(n)
@@ -179,7 +183,8 @@ impl ShardWriter {
         }
         let io = |e| WriteError::io(&self.final_path, e);
         let file = self.file()?;
-        let len_usize = usize::try_from(len).map_err(|_| io(std::io::Error::other("copy too large to map")))?;
+        let len_usize =
+            usize::try_from(len).map_err(|_| io(std::io::Error::other("copy too large to map")))?;
         let map = crate::platform::MappedRange::map(file, from, len_usize).map_err(io)?;
         // Both hashes take each block while it is in the CPU's cache: one
         // pass over memory instead of two.
@@ -242,15 +247,4 @@ impl Drop for ShardWriter {
             let _ = std::fs::remove_file(&self.tmp_path);
         }
     }
-}
-
-/// Lower-case hex of a digest.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
 }

@@ -51,7 +51,10 @@ fn blake3_is_the_default_and_sha256_is_what_sha256sum_prints() {
     for (a, b) in shards.iter().zip(ms["shards"].as_array().unwrap()) {
         let file = a["file"].as_str().unwrap();
         let bytes = std::fs::read(b3.join(file)).unwrap();
-        assert_eq!(a["blake3"].as_str().unwrap(), blake3::hash(&bytes).to_hex().as_str());
+        assert_eq!(
+            a["blake3"].as_str().unwrap(),
+            blake3::hash(&bytes).to_hex().as_str()
+        );
         assert!(a.get("sha256").is_none(), "{a}");
         assert_eq!(b["sha256"].as_str().unwrap(), sha256sum(&sha.join(file)));
         assert!(b.get("blake3").is_none(), "{b}");
@@ -78,7 +81,11 @@ fn a_manifest_from_before_blake3_still_validates_and_resumes() {
         obj.remove("blake3");
         obj.insert("sha256".into(), sha256sum(&dst.join(&file)).into());
     }
-    std::fs::write(dst.join("reshard.json"), serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    std::fs::write(
+        dst.join("reshard.json"),
+        serde_json::to_vec_pretty(&m).unwrap(),
+    )
+    .unwrap();
     let (code, text) = validate_text(&dst);
     assert_eq!(code, 0, "{text}");
     // A rerun finds the old manifest up to date instead of failing to read it.
@@ -89,8 +96,16 @@ fn a_manifest_from_before_blake3_still_validates_and_resumes() {
         .args(["--no-progress", SMALL[0], SMALL[1]])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("up to date"), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("up to date"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     // And the old digest is still checked: a flipped byte fails.
     let victim = dst.join(m["shards"][0]["file"].as_str().unwrap());
     let mut bytes = std::fs::read(&victim).unwrap();
@@ -129,12 +144,23 @@ fn validate_detects_a_flipped_byte_under_each_digest() {
 #[test]
 fn kernel_copy_and_forced_read_write_give_identical_shards() {
     let tmp = tempfile::tempdir().unwrap();
-    for fixture_name in ["tiny-llama-f32-sharded", "tiny-moe-sharded", "tiny-llama-bin"] {
+    for fixture_name in [
+        "tiny-llama-f32-sharded",
+        "tiny-moe-sharded",
+        "tiny-llama-bin",
+    ] {
         let src = fixture(fixture_name);
         let fast = tmp.path().join(format!("{fixture_name}-fast"));
         let slow = tmp.path().join(format!("{fixture_name}-slow"));
         // A window smaller than the largest tensor: big tensors go in chunks.
-        let args = ["--max-shard-size", "100KiB", "--window", "64KiB", "--threads", "2"];
+        let args = [
+            "--max-shard-size",
+            "100KiB",
+            "--window",
+            "64KiB",
+            "--threads",
+            "2",
+        ];
         convert(&src, &fast, &args).success();
         let mut slow_args = args.to_vec();
         slow_args.push("--no-kernel-copy");
