@@ -29,9 +29,11 @@ BASE=${BENCH_BASE:-}
 PY=${BENCH_PYTHON:-/var/cache/reshard/venv-loaders/bin/python}
 WINDOW=256MiB
 cargo build --release --quiet --bin reshard --example synth
-BIN=$PWD/target/release/reshard
-SYNTH=$PWD/target/release/examples/synth
 rm -rf "$WORK" && mkdir -p "$WORK"
+# Copies, so a rebuild during the run does not change what is measured.
+cp target/release/reshard target/release/examples/synth "$WORK/"
+BIN=$WORK/reshard
+SYNTH=$WORK/synth
 trap 'rm -rf "$WORK"' EXIT
 
 can_drop=0
