@@ -178,3 +178,79 @@ fn kernel_copy_and_forced_read_write_give_identical_shards() {
         assert_eq!(code, 0, "{fixture_name}: {text}");
     }
 }
+
+/// A run killed after some shards: a rerun keeps them (their BLAKE3 checks
+/// out), and a rerun with `--sha256` rewrites them, so one manifest never
+/// mixes digests.
+#[test]
+fn resume_after_a_kill_checks_the_recorded_digest() {
+    let src = fixture("tiny-llama-f32-sharded");
+    let args = [
+        "--no-progress",
+        "--threads",
+        "1",
+        "--window",
+        "16KiB",
+        "--max-shard-size",
+        "120KB",
+    ];
+    let cmd = |dst: &Path, extra: &[&str]| {
+        let mut c = std::process::Command::new(assert_cmd::cargo::cargo_bin("reshard"));
+        c.arg("convert").arg(&src).arg(dst).args(args).args(extra);
+        c
+    };
+    // Kill at a write step after at least one shard is recorded.
+    let killed = |dst: &Path| {
+        for step in [40, 80, 160] {
+            let _ = std::fs::remove_dir_all(dst);
+            let Some(mut child) = crate::crash::spawn_paused(cmd(dst, &[]), step, None) else {
+                break;
+            };
+            child.kill().unwrap();
+            child.wait().unwrap();
+            let partial = dst.join(".reshard-partial.json");
+            let Ok(text) = std::fs::read(&partial) else {
+                continue;
+            };
+            let m: serde_json::Value = serde_json::from_slice(&text).unwrap();
+            if m["shards"].as_array().is_some_and(|s| !s.is_empty()) {
+                assert!(m["shards"][0].get("blake3").is_some(), "{m}");
+                return;
+            }
+        }
+        panic!("no write step left a finished shard");
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("out");
+    killed(&dst);
+    let out = cmd(&dst, &[]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("resumed: kept"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(validate_text(&dst).0, 0);
+
+    killed(&dst);
+    let out = cmd(&dst, &["--sha256"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("resumed: kept"));
+    for s in manifest(&dst)["shards"].as_array().unwrap() {
+        let file = s["file"].as_str().unwrap();
+        assert_eq!(
+            s["sha256"].as_str().unwrap(),
+            sha256sum(&dst.join(file)),
+            "{file}"
+        );
+    }
+    assert_eq!(validate_text(&dst).0, 0);
+}
