@@ -8,6 +8,7 @@
 #   scripts/bench.sh                       # 1, 2 and 4 GB, warm and cold cache
 #   BENCH_SIZES="1GB" BENCH_CACHE=warm scripts/bench.sh
 #   BENCH_BASE=/tmp/reshard-old scripts/bench.sh   # adds rows for an older binary
+#   BENCH_JOBS="convert cast" scripts/bench.sh      # a subset of the jobs
 #
 # Rows per size: bf16 and f32 sources converted into 512 MB shards,
 # validate --device cpu of that output, f32 -> bf16, and (1 GB only) bf16
@@ -27,6 +28,8 @@ WORK=${BENCH_DIR:-/tmp}/reshard-bench
 OUT=${BENCH_OUT:-$WORK.md}
 BASE=${BENCH_BASE:-}
 PY=${BENCH_PYTHON:-/var/cache/reshard/venv-loaders/bin/python}
+JOBS=" ${BENCH_JOBS:-convert validate cast shards100 python} "
+want() { [[ "$JOBS" == *" $1 "* ]]; }
 WINDOW=256MiB
 cargo build --release --quiet --bin reshard --example synth
 rm -rf "$WORK" && mkdir -p "$WORK"
@@ -119,19 +122,23 @@ for size in $SIZES; do
       for b in "${bins[@]}"; do
         name=${b%%:*} exe=${b#*:}
         tag=""; [ -n "$BASE" ] && tag=" ($name)"
-        job "$cache" "$size $dtype convert$tag" "$src" "$(convert_cmd "$exe" "$src" "$WORK/out" "")" "rm -rf '$WORK/out'"
-        convert_cmd "$exe" "$src" "$WORK/out" "" | sh > /dev/null
-        job "$cache" "$size $dtype validate --device cpu$tag" "$src" "'$exe' validate '$WORK/out' --device cpu" "true"
-        rm -rf "$WORK/out"
-        if [ "$dtype" = f32 ]; then
+        if want convert; then
+          job "$cache" "$size $dtype convert$tag" "$src" "$(convert_cmd "$exe" "$src" "$WORK/out" "")" "rm -rf '$WORK/out'"
+        fi
+        if want validate; then
+          convert_cmd "$exe" "$src" "$WORK/out" "" | sh > /dev/null
+          job "$cache" "$size $dtype validate --device cpu$tag" "$src" "'$exe' validate '$WORK/out' --device cpu" "true"
+          rm -rf "$WORK/out"
+        fi
+        if [ "$dtype" = f32 ] && want cast; then
           job "$cache" "$size f32 -> bf16$tag" "$src" "$(convert_cmd "$exe" "$src" "$WORK/out" "--dtype bf16")" "rm -rf '$WORK/out'"
         fi
-        if [ "$size" = 1GB ] && [ "$dtype" = bf16 ]; then
+        if [ "$size" = 1GB ] && [ "$dtype" = bf16 ] && want shards100; then
           job "$cache" "$size bf16 into 100 MB shards$tag" "$src" \
             "'$exe' convert '$src' '$WORK/out' --no-progress --window $WINDOW --max-shard-size 100MB && sync" "rm -rf '$WORK/out'"
         fi
       done
-      if [ "$dtype" = f32 ] && [ -x "$PY" ]; then
+      if [ "$dtype" = f32 ] && [ -x "$PY" ] && want python; then
         job "$cache" "$size f32 Python safetensors+numpy" "$src" "'$PY' '$WORK/py_reshard.py' '$src' '$WORK/py' && sync" "rm -rf '$WORK/py'"
       fi
     done
