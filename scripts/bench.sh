@@ -1,115 +1,161 @@
 #!/usr/bin/env bash
-# Regenerates docs/performance.md: reshard against the copy floor (cp -r +
-# sync of the same source, measured in the same run) on synthetic Llama-shaped
-# checkpoints. Wall time from /usr/bin/time, peak RSS from its %M.
+# reshard against the copy floor: every job is paired with a `cp -r` + `sync`
+# of the same source, run just before it, BENCH_RUNS times (default 5); each
+# row gives medians of wall seconds and CPU seconds (user + sys, from
+# /usr/bin/time) of the job and of its paired copies, and the ratios.
+# Synthetic Llama-shaped checkpoints (examples/synth.rs), two source files.
 #
-#   scripts/bench.sh                 # 1, 2 and 4 GB, bf16 and f32
-#   BENCH_SIZES="1GB" scripts/bench.sh
+#   scripts/bench.sh                       # 1, 2 and 4 GB, warm and cold cache
+#   BENCH_SIZES="1GB" BENCH_CACHE=warm scripts/bench.sh
+#   BENCH_BASE=/tmp/reshard-old scripts/bench.sh   # adds rows for an older binary
+#   BENCH_JOBS="convert cast" scripts/bench.sh      # a subset of the jobs
 #
-# Needs ~5x the largest size in free disk under BENCH_DIR (default /tmp).
-# Page caches are dropped before every measurement when we may (root).
+# Rows per size: bf16 and f32 sources converted into 512 MB shards,
+# validate --device cpu of that output, f32 -> bf16, and (1 GB only) bf16
+# into 100 MB shards; a Python row (safetensors + numpy: per-tensor read and
+# save_file) on the f32 source with BENCH_PYTHON (default: the test venv).
+# Warm cache: the source is read once before the pairs. Cold: page caches are
+# dropped before every measured command, which needs root; without it the
+# cold rows are skipped and the output says so.
+# Needs about 3x the largest size free under BENCH_DIR (default /tmp);
+# everything is deleted at the end. Results go to stdout and BENCH_OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZES=${BENCH_SIZES:-"1GB 2GB 4GB"}
+CACHES=${BENCH_CACHE:-"warm cold"}
+RUNS=${BENCH_RUNS:-5}
 WORK=${BENCH_DIR:-/tmp}/reshard-bench
+OUT=${BENCH_OUT:-$WORK.md}
+BASE=${BENCH_BASE:-}
+PY=${BENCH_PYTHON:-/var/cache/reshard/venv-loaders/bin/python}
+JOBS=" ${BENCH_JOBS:-convert validate cast shards100 python} "
+want() { [[ "$JOBS" == *" $1 "* ]]; }
 WINDOW=256MiB
-OUT=${BENCH_OUT:-docs/performance.md}
 cargo build --release --quiet --bin reshard --example synth
-BIN=target/release/reshard
-SYNTH=target/release/examples/synth
 rm -rf "$WORK" && mkdir -p "$WORK"
+# Copies, so a rebuild during the run does not change what is measured.
+cp target/release/reshard target/release/examples/synth "$WORK/"
+BIN=$WORK/reshard
+SYNTH=$WORK/synth
+trap 'rm -rf "$WORK"' EXIT
 
-drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
-# measure NAME CMD...: runs CMD after dropping caches, appends "seconds rss_kb".
-measure() {
-  drop_caches
-  /usr/bin/time -f "%e %M" -o "$WORK/time" "$@" > "$WORK/stdout" 2> "$WORK/stderr" || { cat "$WORK/stderr"; exit 1; }
-  cat "$WORK/time"
-}
-# The best per-tensor Python reshard: one safe_open per shard, one tensor at a time.
+can_drop=0
+if sync && echo 3 2>/dev/null > /proc/sys/vm/drop_caches; then can_drop=1; fi
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+
 cat > "$WORK/py_reshard.py" <<'PY'
-import sys, os, json, torch
+# The per-tensor Python reshard a user would write: one safe_open per file,
+# one tensor at a time, save_file per 512 MB shard.
+import json, os, sys
 from safetensors import safe_open
-from safetensors.torch import save_file
-src, dst, cast = sys.argv[1], sys.argv[2], len(sys.argv) > 3
+from safetensors.numpy import save_file
+src, dst = sys.argv[1], sys.argv[2]
 os.makedirs(dst, exist_ok=True)
 idx = json.load(open(os.path.join(src, "model.safetensors.index.json")))["weight_map"]
 shard, size, n, limit = {}, 0, 0, 512 * 10**6
 def flush():
     global shard, size, n
     if shard:
-        n += 1; save_file(shard, os.path.join(dst, f"model-{n:05d}.safetensors"), metadata={"format": "pt"})
+        n += 1
+        save_file(shard, os.path.join(dst, f"model-{n:05d}.safetensors"), metadata={"format": "pt"})
     shard, size = {}, 0
 for f in sorted(set(idx.values())):
-    with safe_open(os.path.join(src, f), framework="pt") as st:
+    with safe_open(os.path.join(src, f), framework="np") as st:
         for k in st.keys():
             t = st.get_tensor(k)
-            if cast: t = t.to(torch.bfloat16)
-            if size + t.nbytes > limit: flush()
-            shard[k] = t; size += t.nbytes
+            if size + t.nbytes > limit:
+                flush()
+            shard[k] = t
+            size += t.nbytes
 flush()
 PY
 
-rows=()
-row() { rows+=("$1"); }
-have_python=0
-python3 -c "import torch, safetensors" 2>/dev/null && have_python=1
+# timed CACHE CMD...: prints "wall cpu rss_kb" of CMD (run by sh -c).
+timed() {
+  local cache=$1; shift
+  [ "$cache" = cold ] && drop_caches
+  /usr/bin/time -f "%e %U %S %M" -o "$WORK/time" sh -c "$1" > "$WORK/stdout" 2> "$WORK/stderr" \
+    || { cat "$WORK/stderr" >&2; exit 1; }
+  awk '{ printf "%s %.2f %s\n", $1, $2 + $3, $4 }' "$WORK/time"
+}
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
+rows=()
+# job CACHE LABEL SRC CMD CLEANUP: RUNS pairs of (cp -r + sync, CMD), CLEANUP after each.
+job() {
+  local cache=$1 label=$2 src=$3 cmd=$4 cleanup=$5
+  : > "$WORK/job" && : > "$WORK/cp"
+  for _ in $(seq "$RUNS"); do
+    timed "$cache" "cp -r '$src' '$WORK/copy' && sync" >> "$WORK/cp"
+    rm -rf "$WORK/copy"
+    timed "$cache" "$cmd" >> "$WORK/job"
+    sh -c "$cleanup"
+  done
+  local jw jc jr cw cc ratios
+  jw=$(cut -d' ' -f1 "$WORK/job" | median); jc=$(cut -d' ' -f2 "$WORK/job" | median)
+  jr=$(cut -d' ' -f3 "$WORK/job" | sort -g | tail -1)
+  cw=$(cut -d' ' -f1 "$WORK/cp" | median); cc=$(cut -d' ' -f2 "$WORK/cp" | median)
+  # The wall ratio is the median of the paired ratios.
+  ratios=$(paste -d' ' "$WORK/job" "$WORK/cp" | awk '{ printf "%.3f\n", $1 / $4 }' | median)
+  local cpu_ratio
+  cpu_ratio=$(awk -v a="$jc" -v b="$cc" 'BEGIN { if (b > 0) printf "%.1f", a / b; else print "-" }')
+  local row="| $label | $cache | $jw | $jc | $cw | $cc | $(printf %.2f "$ratios") | $cpu_ratio | $(awk -v k="$jr" 'BEGIN { printf "%.0f", k / 1024 }') |"
+  rows+=("$row")
+  echo "$row"
+}
+
+convert_cmd() { # BIN SRC DST EXTRA
+  echo "'$1' convert '$2' '$3' --no-progress --window $WINDOW --max-shard-size 512MB $4 && sync"
+}
+
+echo "| job | cache | wall s | CPU s | cp wall s | cp CPU s | wall / cp | CPU / cp | peak RSS MiB |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for size in $SIZES; do
   for dtype in bf16 f32; do
     src="$WORK/src-$size-$dtype"
     $SYNTH "$src" --size "$size" --dtype "$dtype" --shards 2 > /dev/null
-    bytes=$(du -sb "$src" | cut -f1)
-    read -r t_cp rss_cp < <(measure sh -c "cp -r '$src' '$WORK/copy' && sync")
-    rm -rf "$WORK/copy"
-    rate() { awk -v b="$bytes" -v t="$1" 'BEGIN { printf "%.2f", b / t / 1e9 }'; }
-    ratio() { awk -v a="$1" -v b="$t_cp" 'BEGIN { printf "%.2f", a / b }'; }
-    mib() { awk -v k="$1" 'BEGIN { printf "%.0f", k / 1024 }'; }
-    row "| $size $dtype | cp -r + sync (copy floor) | $t_cp | $(rate "$t_cp") | 1.00 | $(mib "$rss_cp") |"
-
-    read -r t rss < <(measure sh -c "'$BIN' convert '$src' '$WORK/out' --no-progress --window $WINDOW --max-shard-size 512MB && sync")
-    row "| $size $dtype | reshard convert | $t | $(rate "$t") | $(ratio "$t") | $(mib "$rss") |"
-
-    if "$BIN" validate --help > /dev/null 2>&1; then
-      read -r t rss < <(measure "$BIN" validate "$WORK/out" --device cpu)
-      row "| $size $dtype | reshard validate --device cpu | $t | $(rate "$t") | $(ratio "$t") | $(mib "$rss") |"
-    fi
-    rm -rf "$WORK/out"
-
-    if [ "$dtype" = f32 ]; then
-      read -r t rss < <(measure sh -c "'$BIN' convert '$src' '$WORK/out' --no-progress --window $WINDOW --max-shard-size 512MB --dtype bf16 && sync")
-      row "| $size $dtype | reshard convert --dtype bf16 | $t | $(rate "$t") | $(ratio "$t") | $(mib "$rss") |"
-      rm -rf "$WORK/out"
-    fi
-    if [ $have_python = 1 ]; then
-      read -r t rss < <(measure sh -c "python3 '$WORK/py_reshard.py' '$src' '$WORK/py' && sync")
-      row "| $size $dtype | Python safetensors per-tensor reshard | $t | $(rate "$t") | $(ratio "$t") | $(mib "$rss") |"
-      rm -rf "$WORK/py"
-    fi
+    for cache in $CACHES; do
+      if [ "$cache" = cold ] && [ $can_drop = 0 ]; then continue; fi
+      [ "$cache" = warm ] && cat "$src"/* > /dev/null
+      bins=("new:$BIN")
+      [ -n "$BASE" ] && bins+=("before:$BASE")
+      for b in "${bins[@]}"; do
+        name=${b%%:*} exe=${b#*:}
+        tag=""; [ -n "$BASE" ] && tag=" ($name)"
+        if want convert; then
+          job "$cache" "$size $dtype convert$tag" "$src" "$(convert_cmd "$exe" "$src" "$WORK/out" "")" "rm -rf '$WORK/out'"
+        fi
+        if want validate; then
+          convert_cmd "$exe" "$src" "$WORK/out" "" | sh > /dev/null
+          job "$cache" "$size $dtype validate --device cpu$tag" "$src" "'$exe' validate '$WORK/out' --device cpu" "true"
+          rm -rf "$WORK/out"
+        fi
+        if [ "$dtype" = f32 ] && want cast; then
+          job "$cache" "$size f32 -> bf16$tag" "$src" "$(convert_cmd "$exe" "$src" "$WORK/out" "--dtype bf16")" "rm -rf '$WORK/out'"
+        fi
+        if [ "$size" = 1GB ] && [ "$dtype" = bf16 ] && want shards100; then
+          job "$cache" "$size bf16 into 100 MB shards$tag" "$src" \
+            "'$exe' convert '$src' '$WORK/out' --no-progress --window $WINDOW --max-shard-size 100MB && sync" "rm -rf '$WORK/out'"
+        fi
+      done
+      if [ "$dtype" = f32 ] && [ -x "$PY" ] && want python; then
+        job "$cache" "$size f32 Python safetensors+numpy" "$src" "'$PY' '$WORK/py_reshard.py' '$src' '$WORK/py' && sync" "rm -rf '$WORK/py'"
+      fi
+    done
     rm -rf "$src"
   done
 done
 
 {
-  echo "# Performance"
+  echo "Measured by \`scripts/bench.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'): $(nproc) cores"
+  echo "($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); SHA extensions: $(grep -q sha_ni /proc/cpuinfo && echo yes || echo no)),"
+  echo "$(free -g | awk '/Mem:/ {print $2}') GiB RAM; load after the run: $(uptime | sed 's/.*load average: //'). Medians of $RUNS paired runs."
+  [ $can_drop = 0 ] && echo "Cold-cache rows skipped: dropping page caches needs root."
   echo
-  echo "Measured by \`scripts/bench.sh\` on $(date -u +%Y-%m-%d): $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $(free -g | awk '/Mem:/ {print $2}') GiB RAM, a shared and noisy virtual disk."
-  echo "Synthetic Llama-shaped checkpoints (\`cargo run --release --example synth\`), two source shards each;"
-  echo "output shards of 512 MB, \`--window $WINDOW\`. Page caches dropped before every row."
-  echo "Ratio = wall time / wall time of \`cp -r\` + \`sync\` of the same source folder in the same run."
-  echo
-  echo "| checkpoint | job | seconds | GB/s (source bytes) | ratio vs copy | peak RSS MiB |"
-  echo "|---|---|---|---|---|---|"
+  echo "| job | cache | wall s | CPU s | cp wall s | cp CPU s | wall / cp | CPU / cp | peak RSS MiB |"
+  echo "|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
-  echo
-  echo "How to read it: \\`cp\\` copies inside the kernel (copy_file_range), so it never brings a byte into user space;"
-  echo "reshard must, to hash every byte (sha256 per shard, xxh3 per tensor) and to cast. Targets: convert at most 1.2x"
-  echo "the copy floor, f32 -> bf16 at most 0.8x (it writes half the bytes), peak RSS at most --window + 64 MiB."
-  echo "\\`validate --device cpu\\` holds one shard in host memory as a stand-in for the GPU, so its RSS is about the largest shard."
-  echo
-  if [ $have_python = 0 ]; then
-    echo "The Python comparison rows are missing: torch is not installed on this machine (the issue quotes ~5x the copy time and 1.6 GB RSS on 2.2 GB for the per-tensor safetensors reshard)."
-  fi
 } > "$OUT.tmp"
 mv "$OUT.tmp" "$OUT"
+echo
 cat "$OUT"

@@ -20,16 +20,16 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::exec::{self, ExecError, ExecOptions, Reporter, WindowPool};
+use crate::exec::{self, CopyPath, ExecError, ExecOptions, Reporter, WindowPool};
 use crate::format::{Checkpoint, FormatError};
 use crate::plan::{Plan, PlanError, PlanOptions};
+use crate::write::digest::{file_matches, DigestAlgo};
 use crate::write::lock::{DstLock, LockError};
 use crate::write::manifest::{
     plan_id, Manifest, ManifestError, ShardRecord, SourceIdentity, MANIFEST, PARTIAL,
 };
 use crate::write::owned::DstInventory;
 use crate::write::scope::{OutputScope, ScopeError, ScopeRules};
-use crate::write::shard::sha256_file;
 use crate::write::{remove_stale_temps, sync_dir, write_atomic, WriteError};
 
 pub use self::layout::{convert_layout, convert_split, ComponentSummary};
@@ -68,6 +68,10 @@ pub struct ConvertOptions {
     /// Weight sets (layout folders, split components) written in their own
     /// dtype whatever `plan.dtype` says (`--keep-dtype-preset vae`).
     pub keep_components: Vec<String>,
+    /// The shard digest recorded in the manifest (BLAKE3 unless `--sha256`).
+    pub digest: DigestAlgo,
+    /// How bytes that need no cast are moved (kernel copy where possible).
+    pub copy: CopyPath,
 }
 
 impl Default for ConvertOptions {
@@ -85,6 +89,8 @@ impl Default for ConvertOptions {
             allow_expanded: false,
             id_salt: None,
             keep_components: Vec::new(),
+            digest: DigestAlgo::default(),
+            copy: CopyPath::default(),
         }
     }
 }
@@ -226,7 +232,10 @@ pub fn convert_with_pool(
             s.copied_as_is = others.copied_as_is;
             return Ok(s);
         }
-        dst::DstState::Resume(partial) => (verified_shards(dst, &plan, partial.shards), None),
+        dst::DstState::Resume(partial) => (
+            verified_shards(dst, &plan, partial.shards, options.digest),
+            None,
+        ),
         dst::DstState::Fresh { remove } => (Vec::new(), Some(remove)),
     };
     dst::check_space(dst, ck, &plan, &done, &others, doomed.as_ref())?;
@@ -277,6 +286,8 @@ pub fn convert_with_pool(
         cancel,
         skip: &|s| finished.contains(&s.file),
         on_shard: &record_shard,
+        digest: options.digest,
+        copy: options.copy,
     };
     let new = exec::execute(ck, &plan, dst, pool, &exec_options, reporter);
     reporter.finish();
@@ -337,18 +348,26 @@ fn summary(
     }
 }
 
-/// The shards of a partial run that are still on disk and intact.
-fn verified_shards(dst: &Path, plan: &Plan, recorded: Vec<ShardRecord>) -> Vec<ShardRecord> {
+/// The shards of a partial run that are still on disk and intact, and
+/// recorded with the digest this run records (a shard with the other one is
+/// rewritten, so a manifest holds one kind).
+fn verified_shards(
+    dst: &Path,
+    plan: &Plan,
+    recorded: Vec<ShardRecord>,
+    digest: DigestAlgo,
+) -> Vec<ShardRecord> {
     recorded
         .into_iter()
         .filter(|r| plan.shards.iter().any(|s| s.file == r.file))
+        .filter(|r| r.digest.algo() == digest)
         .filter(|r| {
             // A regular file under its own name: a symlink there is not a
             // shard reshard wrote, and is never read through.
             let path = dst.join(&r.file);
             std::fs::symlink_metadata(&path)
                 .is_ok_and(|m| m.file_type().is_file() && m.len() == r.size)
-                && sha256_file(&path).is_ok_and(|h| h == r.sha256)
+                && file_matches(&path, &r.digest)
         })
         .collect()
 }

@@ -10,10 +10,12 @@ use reshard::cast::OverflowPolicy;
 use reshard::convert::{convert, convert_layout, ConvertOptions, ConvertSummary};
 use reshard::exec::WindowPool;
 use reshard::format::layout as layouts;
+use reshard::exec::CopyPath;
 use reshard::format::names::escape;
 use reshard::format::{self, Dtype};
 use reshard::plan::{Plan, PlanOptions};
 use reshard::units::{human, ByteSize};
+use reshard::write::digest::DigestAlgo;
 
 use reshard::validate::validate_with_budget;
 
@@ -104,6 +106,17 @@ pub struct ConvertArgs {
     /// plain codes instead of refusing them.
     #[arg(long)]
     pub allow_unscaled: bool,
+    /// Record each shard's sha256 in reshard.json (what `sha256sum` prints
+    /// and Hub LFS object ids are) instead of its BLAKE3, which costs a
+    /// fraction of the CPU.
+    #[arg(long)]
+    pub sha256: bool,
+    /// Read and write every byte through buffers instead of copying tensors
+    /// that need no cast inside the kernel (copy_file_range, Linux). Kernel
+    /// copies already fall back by themselves where a file system refuses
+    /// them.
+    #[arg(long)]
+    pub no_kernel_copy: bool,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -160,6 +173,16 @@ impl ConvertArgs {
                 .iter()
                 .flat_map(|p| p.components().iter().map(|c| c.to_string()))
                 .collect(),
+            digest: if self.sha256 {
+                DigestAlgo::Sha256
+            } else {
+                DigestAlgo::Blake3
+            },
+            copy: if self.no_kernel_copy {
+                CopyPath::ReadWrite
+            } else {
+                CopyPath::Auto
+            },
         }
     }
 }
@@ -369,7 +392,7 @@ fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
     }
     for sh in &s.manifest.shards {
         if verbose {
-            let _ = writeln!(o, "  {}  {}  sha256 {}", sh.file, human(sh.size), sh.sha256);
+            let _ = writeln!(o, "  {}  {}  {}", sh.file, human(sh.size), sh.digest);
         }
         for t in &sh.tensors {
             if let Some(c) = &t.cast {

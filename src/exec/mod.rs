@@ -3,9 +3,12 @@
 //!
 //! Shards are written in parallel (rayon, `--threads`), each by one worker
 //! holding one buffer for the whole shard, so memory in flight is at most the
-//! window. Large tensors stream through in chunks. The executor writes shards
-//! only; the index and manifest are the caller's commit step.
+//! window. Large tensors stream through in chunks. A shard that needs no cast
+//! takes the kernel-copy path ([`copy`]) where the platform allows it. The
+//! executor writes shards only; the index and manifest are the caller's
+//! commit step.
 
+pub mod copy;
 pub mod reporter;
 pub mod window;
 
@@ -22,10 +25,12 @@ use crate::format::read::SourceReader;
 use crate::format::strided::GATHER_MAX;
 use crate::format::{Checkpoint, DataRef, FormatError};
 use crate::plan::{Plan, ShardPlan};
+use crate::write::digest::DigestAlgo;
 use crate::write::manifest::{CastRecord, ShardRecord, TensorRecord};
 use crate::write::shard::{header_bytes, ShardWriter};
 use crate::write::WriteError;
 
+pub use self::copy::CopyPath;
 pub use self::reporter::{NoReport, Reporter};
 pub use self::window::{WindowBuf, WindowPool, WindowTooSmall};
 
@@ -60,6 +65,10 @@ pub struct ExecOptions<'a> {
     pub skip: &'a (dyn Fn(&ShardPlan) -> bool + Sync),
     /// Called from the worker as each shard is committed.
     pub on_shard: &'a (dyn Fn(&ShardRecord) -> Result<(), WriteError> + Sync),
+    /// The shard digest to record.
+    pub digest: DigestAlgo,
+    /// How bytes that need no cast are moved.
+    pub copy: CopyPath,
 }
 
 /// Writes the shards of `plan` that `options.skip` does not rule out into
@@ -76,27 +85,34 @@ pub fn execute(
     let todo: Vec<&ShardPlan> = plan.shards.iter().filter(|s| !(options.skip)(s)).collect();
     let workers = options.threads.clamp(1, todo.len().max(1));
     let buffer = buffer_len(pool.budget(), workers as u64, plan);
+    // Set once the kernel refuses a copy: the other shards go buffered too.
+    let refused = AtomicBool::new(options.copy == CopyPath::ReadWrite);
     let run = || {
         todo.par_iter()
             .map(|shard| {
-                // A shard with a strided view takes a third buffer's worth of
-                // the window for gathering the view's storage in memory.
-                let count = if has_strided(ck, shard) { 3 } else { 2 };
-                let mut bufs =
-                    pool.acquire_many((buffer / count).min(shard_need(ck, shard)), count)?;
-                let gather = (count == 3).then(|| bufs.pop()).flatten();
-                let record = write_shard(
-                    &reader,
-                    ck,
-                    plan,
-                    shard,
-                    dst,
-                    bufs,
-                    gather.as_deref().map_or(0, <[u8]>::len),
-                    options,
-                    reporter,
-                )?;
-                drop(gather);
+                let mut copied = None;
+                if !refused.load(Ordering::Relaxed) && copy::eligible(ck, shard) {
+                    copied = copy::copy_shard(
+                        &reader,
+                        ck,
+                        plan,
+                        shard,
+                        dst,
+                        pool,
+                        buffer as u64,
+                        options,
+                        reporter,
+                    )?;
+                    if copied.is_none() {
+                        refused.store(true, Ordering::Relaxed);
+                    }
+                }
+                let record = match copied {
+                    Some(record) => record,
+                    None => buffered_shard(
+                        &reader, ck, plan, shard, dst, pool, buffer, options, reporter,
+                    )?,
+                };
                 (options.on_shard)(&record)?;
                 Ok(record)
             })
@@ -107,6 +123,37 @@ pub fn execute(
         Ok(tp) => tp.install(run),
         Err(_) => run(),
     }
+}
+
+/// Writes one shard through buffers from `pool` ([`write_shard`]).
+#[allow(clippy::too_many_arguments)]
+fn buffered_shard(
+    reader: &SourceReader,
+    ck: &Checkpoint,
+    plan: &Plan,
+    shard: &ShardPlan,
+    dst: &Path,
+    pool: &WindowPool,
+    buffer: usize,
+    options: &ExecOptions<'_>,
+    reporter: &dyn Reporter,
+) -> Result<ShardRecord, ExecError> {
+    // A shard with a strided view takes a third buffer's worth of the
+    // window for gathering the view's storage in memory.
+    let count = if has_strided(ck, shard) { 3 } else { 2 };
+    let mut bufs = pool.acquire_many((buffer / count).min(shard_need(ck, shard)), count)?;
+    let gather = (count == 3).then(|| bufs.pop()).flatten();
+    write_shard(
+        reader,
+        ck,
+        plan,
+        shard,
+        dst,
+        bufs,
+        gather.as_deref().map_or(0, <[u8]>::len),
+        options,
+        reporter,
+    )
 }
 
 /// Each worker's buffer: an equal share of the window, at most MAX_CHUNK of
@@ -168,8 +215,8 @@ struct Filled<'p> {
 }
 
 /// Writes one shard in two stages that overlap: this thread reads, casts and
-/// checksums chunk N+1 while a scoped writer thread hashes (sha256) and
-/// writes chunk N. Two buffers circulate between them, so memory stays at the
+/// checksums chunk N+1 while a scoped writer thread takes the shard digest
+/// of chunk N and writes it. Two buffers circulate between them, so memory stays at the
 /// two buffers the pool lent.
 #[allow(clippy::too_many_arguments)]
 fn write_shard(
@@ -185,7 +232,8 @@ fn write_shard(
 ) -> Result<ShardRecord, ExecError> {
     let path = dst.join(&shard.file);
     let header = header_bytes(&path, shard, &plan.metadata)?;
-    let mut writer = ShardWriter::create(dst, &shard.file, &header, shard.data_len)?;
+    let mut writer =
+        ShardWriter::create(dst, &shard.file, &header, shard.data_len, options.digest)?;
     reporter.shard_started(&shard.file);
     let (to_writer, filled) = mpsc::sync_channel::<Filled<'_>>(bufs.len());
     let (to_reader, free) = mpsc::sync_channel::<WindowBuf<'_>>(bufs.len());
@@ -222,7 +270,7 @@ fn write_shard(
     Ok(ShardRecord {
         file: finished.file,
         size: finished.size,
-        sha256: finished.sha256,
+        digest: finished.digest,
         tensors: records,
     })
 }

@@ -72,7 +72,25 @@ impl WindowPool {
         len: usize,
         count: usize,
     ) -> Result<Vec<WindowBuf<'_>>, WindowTooSmall> {
-        let requested = (len as u64).saturating_mul(count as u64);
+        self.wait_for((len as u64).saturating_mul(count as u64))?;
+        Ok((0..count)
+            .map(|_| WindowBuf {
+                pool: self,
+                buf: vec![0u8; len],
+            })
+            .collect())
+    }
+
+    /// `len` bytes of the budget without a buffer, for memory the caller
+    /// holds another way (a mapping of the output whose resident pages
+    /// count in RSS), waiting until the budget allows it.
+    pub fn reserve(&self, len: u64) -> Result<Reservation<'_>, WindowTooSmall> {
+        self.wait_for(len)?;
+        Ok(Reservation { pool: self, len })
+    }
+
+    /// Blocks until `requested` more bytes fit the budget, then counts them.
+    fn wait_for(&self, requested: u64) -> Result<(), WindowTooSmall> {
         if requested > self.budget {
             return Err(WindowTooSmall {
                 requested,
@@ -88,13 +106,7 @@ impl WindowPool {
         }
         state.in_use += requested;
         state.peak = state.peak.max(state.in_use);
-        drop(state);
-        Ok((0..count)
-            .map(|_| WindowBuf {
-                pool: self,
-                buf: vec![0u8; len],
-            })
-            .collect())
+        Ok(())
     }
 
     fn release(&self, len: u64) {
@@ -102,6 +114,29 @@ impl WindowPool {
         state.in_use -= len;
         drop(state);
         self.freed.notify_all();
+    }
+}
+
+/// Bytes of a [`WindowPool`]'s budget held without a buffer; returned
+/// when dropped.
+pub struct Reservation<'a> {
+    pool: &'a WindowPool,
+    len: u64,
+}
+
+impl Reservation<'_> {
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.pool.release(self.len);
     }
 }
 
@@ -143,6 +178,16 @@ mod tests {
         drop(a);
         assert_eq!(pool.in_use(), 0);
         assert_eq!(pool.peak(), 60);
+    }
+
+    #[test]
+    fn a_reservation_counts_against_the_budget() {
+        let pool = WindowPool::new(100);
+        let r = pool.reserve(70).unwrap();
+        assert_eq!(pool.in_use(), 70);
+        assert!(pool.reserve(101).is_err());
+        drop(r);
+        assert_eq!(pool.in_use(), 0);
     }
 
     #[test]

@@ -117,6 +117,11 @@ impl SourceReader {
         })
     }
 
+    /// The open handle of file `index` of the checkpoint, and its path.
+    pub fn file(&self, index: usize) -> (&File, &Path) {
+        (&self.files[index], &self.paths[index])
+    }
+
     /// A sequential reader over a tensor's contiguous little-endian bytes,
     /// whatever its layout on disk. Reads exactly `tensor.len` bytes.
     ///

@@ -9,6 +9,8 @@
 //!   ([`canonicalize`]),
 //! * durability of a folder's entries ([`sync_dir`]) and early writeback of
 //!   written pages ([`start_writeback`]),
+//! * copies inside the kernel ([`copy_range`]: `copy_file_range` on Linux)
+//!   and read-only shared mappings of a file range ([`MappedRange`]),
 //! * the machine's memory and commit figures ([`memory_status`]),
 //! * private memory charged to this process ([`PrivateMemory`]),
 //! * this process's commit charge ([`commit_usage`], [`COMMIT_SOURCE`]) and
@@ -115,6 +117,55 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 /// no such call, or it fails, the pages are written at `sync_all`.
 pub fn start_writeback(file: &File, offset: u64, len: u64) {
     imp::start_writeback(file, offset, len)
+}
+
+/// Copies up to `len` bytes from `src` at `offset` to `dst` at its current
+/// position (advancing it) inside the kernel, without bringing them into
+/// user space: `copy_file_range` on Linux. Returns the bytes copied; 0 means
+/// `src` has none at `offset` (or, on some file systems, that the kernel
+/// declined: the caller checks the length). Elsewhere, and where the file
+/// system refuses, an error for which [`is_copy_unsupported`] holds: the
+/// caller reads and writes instead.
+pub fn copy_range(src: &File, offset: u64, dst: &File, len: u64) -> io::Result<u64> {
+    imp::copy_range(src, offset, dst, len)
+}
+
+/// Whether `e`, from [`copy_range`], means that kernel copies are refused
+/// for these files (so reading and writing would work), not that the copy
+/// itself failed (a full disk, an I/O error).
+pub fn is_copy_unsupported(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::Unsupported || imp::is_copy_unsupported(e)
+}
+
+/// A read-only, shared mapping of `len` bytes of a file from `offset`:
+/// its pages are the page cache's, nothing is copied and nothing is charged
+/// as commit (never copy-on-write). Resident pages count in the process's
+/// RSS while it lives, so callers keep it as short as their window allows.
+pub struct MappedRange(Option<memmap2::Mmap>);
+
+impl MappedRange {
+    /// Maps `[offset, offset + len)` of `file`, which must be open for
+    /// reading. `len == 0` maps nothing.
+    #[allow(unsafe_code)]
+    pub fn map(file: &File, offset: u64, len: usize) -> io::Result<MappedRange> {
+        if len == 0 {
+            return Ok(MappedRange(None));
+        }
+        let mut options = memmap2::MmapOptions::new();
+        options.offset(offset).len(len);
+        // SAFETY: a read-only shared mapping: reshard never writes through
+        // it. Its only callers map ranges of their own output file (a
+        // temporary name no other process writes), so the bytes cannot change
+        // or be truncated away under the mapping while it lives.
+        unsafe { options.map(file) }.map(|m| MappedRange(Some(m)))
+    }
+}
+
+impl std::ops::Deref for MappedRange {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.0.as_deref().unwrap_or(&[])
+    }
 }
 
 /// What the running machine reports about its memory; `None` where it

@@ -6,12 +6,10 @@
 //! records what each file and tensor should hash to. [`ShardCheck`] hashes a
 //! shard's bytes as the load step streams them, so each file is read once.
 
-use sha2::{Digest, Sha256};
-
 use super::report::Failure;
 use crate::format::{Checkpoint, Finding, FormatError};
+use crate::write::digest::{DigestAlgo, ShardHasher};
 use crate::write::manifest::{Manifest, ShardRecord, TensorRecord};
-use crate::write::shard::hex;
 
 /// Turns the errors of [`crate::format::open`] that mean "a tensor is
 /// missing or listed twice" into failures; other errors stay errors.
@@ -174,10 +172,12 @@ impl<'a> Expected<'a> {
     }
 }
 
-/// The sha256 of one shard, fed with its bytes in file order.
+/// The digest of one shard (with the algorithm its record names: BLAKE3,
+/// or sha256 in older manifests and with `--sha256`), fed with its bytes in
+/// file order.
 pub struct ShardCheck<'a> {
     record: Option<&'a ShardRecord>,
-    sha: Sha256,
+    hash: ShardHasher,
     /// Bytes hashed so far: the file position the next bytes must start at.
     pub pos: u64,
 }
@@ -187,7 +187,7 @@ impl<'a> ShardCheck<'a> {
     pub fn new(record: Option<&'a ShardRecord>) -> ShardCheck<'a> {
         ShardCheck {
             record,
-            sha: Sha256::new(),
+            hash: ShardHasher::new(record.map_or(DigestAlgo::Blake3, |r| r.digest.algo())),
             pos: 0,
         }
     }
@@ -200,20 +200,20 @@ impl<'a> ShardCheck<'a> {
     /// Hashes the next bytes of the file.
     pub fn update(&mut self, bytes: &[u8]) {
         if self.record.is_some() {
-            self.sha.update(bytes);
+            self.hash.update(bytes);
             self.pos += bytes.len() as u64;
         }
     }
 
-    /// Compares the sha256 of everything hashed with the manifest's.
+    /// Compares the digest of everything hashed with the manifest's.
     pub fn finish(self, failures: &mut Vec<Failure>) {
         if let Some(record) = self.record {
-            let actual = hex(&self.sha.finalize());
-            if actual != record.sha256 {
+            let actual = self.hash.finish();
+            if actual != record.digest {
                 failures.push(Failure::ShardChecksum {
                     file: record.file.clone(),
-                    expected: record.sha256.clone(),
-                    actual,
+                    expected: record.digest.to_string(),
+                    actual: actual.to_string(),
                 });
             }
         }
@@ -245,22 +245,31 @@ mod tests {
     }
 
     #[test]
-    fn shard_check_compares_sha256() {
-        let record = ShardRecord {
-            file: "a.safetensors".into(),
-            size: 3,
-            sha256: hex(&Sha256::digest(b"abc")),
-            tensors: vec![],
-        };
-        let mut ok = ShardCheck::new(Some(&record));
-        ok.update(b"ab");
-        ok.update(b"c");
-        let mut failures = vec![];
-        ok.finish(&mut failures);
-        assert!(failures.is_empty());
-        let mut bad = ShardCheck::new(Some(&record));
-        bad.update(b"abd");
-        bad.finish(&mut failures);
-        assert!(matches!(&failures[..], [Failure::ShardChecksum { .. }]));
+    fn shard_check_uses_the_recorded_algorithm() {
+        for algo in [DigestAlgo::Blake3, DigestAlgo::Sha256] {
+            let mut h = ShardHasher::new(algo);
+            h.update(b"abc");
+            let record = ShardRecord {
+                file: "a.safetensors".into(),
+                size: 3,
+                digest: h.finish(),
+                tensors: vec![],
+            };
+            let mut ok = ShardCheck::new(Some(&record));
+            ok.update(b"ab");
+            ok.update(b"c");
+            let mut failures = vec![];
+            ok.finish(&mut failures);
+            assert!(failures.is_empty(), "{algo:?}: {failures:?}");
+            let mut bad = ShardCheck::new(Some(&record));
+            bad.update(b"abd");
+            bad.finish(&mut failures);
+            match &failures[..] {
+                [Failure::ShardChecksum { expected, .. }] => {
+                    assert!(expected.starts_with(algo.name()), "{expected}")
+                }
+                other => panic!("{algo:?}: {other:?}"),
+            }
+        }
     }
 }

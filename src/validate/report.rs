@@ -153,7 +153,7 @@ impl fmt::Display for Failure {
             Failure::UnlistedTensor { tensor, file, reason } => write!(f, "{file}: tensor {tensor:?} {reason}"),
             Failure::MissingShard { file } => write!(f, "{file}: listed in reshard.json but not found"),
             Failure::ShardChecksum { file, expected, actual } => {
-                write!(f, "{file}: sha256 is {actual}, reshard.json says {expected}")
+                write!(f, "{file}: its digest is {actual}, reshard.json says {expected}")
             }
             Failure::ShardSize { file, expected, actual } => {
                 write!(f, "{file}: {actual} bytes, reshard.json says {expected}")

@@ -3,7 +3,7 @@
 //!
 //! The same structure, with only the finished shards, is kept in
 //! `.reshard-partial.json` while a conversion runs: a rerun keeps the shards
-//! it lists (after checking their sha256) and writes the rest. The partial
+//! it lists (after checking their digest) and writes the rest. The partial
 //! manifest also lists every name the run is going to write (`planned`), so
 //! a later run can clean up after it without touching anything else.
 //!
@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::digest::ShardDigest;
 use crate::cast::CastStats;
 use crate::format::read::read_regular;
 use crate::format::{Checkpoint, Dtype, Format, FormatError, SourceFile};
@@ -70,12 +71,15 @@ pub struct CastRecord {
     pub stats: CastStats,
 }
 
-/// One shard as written; `sha256sum FILE` must print `sha256`.
+/// One shard as written. Its digest is recorded under the algorithm's name
+/// (`"blake3": HEX`, or `"sha256": HEX` with `--sha256` and in manifests
+/// from before BLAKE3; `sha256sum FILE` prints the latter).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardRecord {
     pub file: String,
     pub size: u64,
-    pub sha256: String,
+    #[serde(flatten)]
+    pub digest: ShardDigest,
     pub tensors: Vec<TensorRecord>,
 }
 

@@ -6,6 +6,7 @@
 //! a complete file under its final name or a temporary one that a rerun
 //! removes.
 
+pub mod digest;
 pub mod failpoint;
 pub mod index;
 pub mod lock;
@@ -72,7 +73,13 @@ pub const TEMP_SUFFIX: &str = ".reshard-tmp";
 /// Creates a temporary file that must not exist yet: never opens (and so
 /// never truncates) a file or a symlink's target someone left at the name.
 pub fn create_temp(tmp: &Path) -> io::Result<File> {
-    File::options().write(true).create_new(true).open(tmp)
+    // Readable too: a shard copied in the kernel is hashed from a read-only
+    // mapping of what was written.
+    File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(tmp)
 }
 
 /// Writes `bytes` to `dir/name` atomically: temp file, fsync, rename.

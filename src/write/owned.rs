@@ -184,7 +184,7 @@ mod tests {
                 .map(|f| crate::write::manifest::ShardRecord {
                     file: f.to_string(),
                     size: 1,
-                    sha256: String::new(),
+                    digest: crate::write::digest::ShardDigest::Blake3(String::new()),
                     tensors: Vec::new(),
                 })
                 .collect(),

@@ -1,13 +1,14 @@
-//! One output shard: header built from the plan, data streamed in, sha256
-//! computed on the bytes as they are written, then fsync and rename.
+//! One output shard: header built from the plan, data streamed in (or
+//! copied in the kernel), its digest ([`super::digest`]) computed on the
+//! bytes written, then fsync and rename.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
-
+pub use super::digest::hex;
+use super::digest::{DigestAlgo, ShardDigest, ShardHasher};
 use super::{create_temp, temp_path, WriteError};
 use crate::plan::ShardPlan;
 
@@ -69,14 +70,26 @@ pub fn header_bytes(
     Ok(out)
 }
 
+/// Bytes hashed by both hashes before moving on: well inside a core's L2.
+const HASH_BLOCK: usize = 256 << 10;
+
 /// A shard being written under its temporary name. Dropping it unfinished
 /// removes the temporary file.
+///
+/// Bytes come in two ways: [`ShardWriter::write`] from a buffer (hashed on
+/// the way), or [`ShardWriter::copy_in_kernel`] from a source file without
+/// passing through user space, then [`ShardWriter::hash_copied`], which
+/// hashes them from a read-only shared mapping of the shard itself (the
+/// page cache the copy just filled), so the digest is of what was written.
 pub struct ShardWriter {
     final_path: PathBuf,
     tmp_path: PathBuf,
     file: Option<File>,
-    sha: Sha256,
+    hash: ShardHasher,
     written: u64,
+    /// Bytes hashed so far; below `written` only between a kernel copy and
+    /// its [`ShardWriter::hash_copied`].
+    hashed: u64,
     expected: u64,
 }
 
@@ -85,7 +98,7 @@ pub struct ShardWriter {
 pub struct FinishedShard {
     pub file: String,
     pub size: u64,
-    pub sha256: String,
+    pub digest: ShardDigest,
 }
 
 impl ShardWriter {
@@ -95,6 +108,7 @@ impl ShardWriter {
         name: &str,
         header: &[u8],
         data_len: u64,
+        algo: DigestAlgo,
     ) -> Result<ShardWriter, WriteError> {
         let final_path = dir.join(name);
         let tmp_path = temp_path(dir, name);
@@ -103,33 +117,101 @@ impl ShardWriter {
             final_path,
             tmp_path,
             file: Some(file),
-            sha: Sha256::new(),
+            hash: ShardHasher::new(algo),
             written: 0,
+            hashed: 0,
             expected: header.len() as u64 + data_len,
         };
         w.write(header)?;
         Ok(w)
     }
 
-    /// Appends bytes, hashing them on the way.
-    pub fn write(&mut self, bytes: &[u8]) -> Result<(), WriteError> {
-        super::failpoint::step();
-        self.sha.update(bytes);
-        let file = self.file.as_mut().ok_or_else(|| {
+    /// The path the shard gets when finished (for error messages).
+    pub fn path(&self) -> &Path {
+        &self.final_path
+    }
+
+    fn file(&self) -> Result<&File, WriteError> {
+        self.file.as_ref().ok_or_else(|| {
             WriteError::io(
                 &self.final_path,
                 std::io::Error::other("shard already finished"),
             )
-        })?;
+        })
+    }
+
+    /// Appends bytes, hashing them on the way.
+    pub fn write(&mut self, bytes: &[u8]) -> Result<(), WriteError> {
+        super::failpoint::step();
+        self.check_hashed()?;
+        self.hash.update(bytes);
+        let mut file = self.file()?;
         file.write_all(bytes)
             .map_err(|e| WriteError::io(&self.final_path, e))?;
         crate::platform::start_writeback(file, self.written, bytes.len() as u64);
         self.written += bytes.len() as u64;
+        self.hashed = self.written;
         Ok(())
+    }
+
+    /// Appends up to `len` bytes of `src` from `offset`, copied inside the
+    /// kernel; returns how many (0: `src` has no bytes at `offset`). The
+    /// bytes are hashed by the next [`ShardWriter::hash_copied`]. An error
+    /// for which [`crate::platform::is_copy_unsupported`] holds means this
+    /// file system or platform refuses kernel copies, and nothing was
+    /// appended.
+    pub fn copy_in_kernel(&mut self, src: &File, offset: u64, len: u64) -> std::io::Result<u64> {
+        super::failpoint::step();
+        let file = self
+            .file
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("shard already finished"))?;
+        let n = crate::platform::copy_range(src, offset, file, len)?;
+        self.written += n;
+        Ok(n)
+    }
+
+    /// Hashes the bytes appended by [`ShardWriter::copy_in_kernel`] since
+    /// the last hash, reading them through a read-only shared mapping of the
+    /// shard, and passes them to `each` as well; then starts their
+    /// writeback. The mapping is as long as those bytes, so the caller
+    /// bounds it by how much it copies between two calls.
+    pub fn hash_copied(&mut self, each: &mut dyn FnMut(&[u8])) -> Result<(), WriteError> {
+        let (from, len) = (self.hashed, self.written - self.hashed);
+        if len == 0 {
+            return Ok(());
+        }
+        let io = |e| WriteError::io(&self.final_path, e);
+        let file = self.file()?;
+        let len_usize =
+            usize::try_from(len).map_err(|_| io(std::io::Error::other("copy too large to map")))?;
+        let map = crate::platform::MappedRange::map(file, from, len_usize).map_err(io)?;
+        // Both hashes take each block while it is in the CPU's cache: one
+        // pass over memory instead of two.
+        for block in map.chunks(HASH_BLOCK) {
+            self.hash.update(block);
+            each(block);
+        }
+        drop(map);
+        crate::platform::start_writeback(self.file()?, from, len);
+        self.hashed = self.written;
+        Ok(())
+    }
+
+    fn check_hashed(&self) -> Result<(), WriteError> {
+        if self.hashed == self.written {
+            Ok(())
+        } else {
+            Err(WriteError::io(
+                &self.final_path,
+                std::io::Error::other("copied bytes were not hashed"),
+            ))
+        }
     }
 
     /// Checks the length, flushes to disk and renames to the final name.
     pub fn finish(mut self) -> Result<FinishedShard, WriteError> {
+        self.check_hashed()?;
         if self.written != self.expected {
             return Err(WriteError::WrongLength {
                 path: self.final_path.clone(),
@@ -145,7 +227,7 @@ impl ShardWriter {
         super::failpoint::step();
         std::fs::rename(&self.tmp_path, &self.final_path)
             .map_err(|e| WriteError::io(&self.final_path, e))?;
-        let sha = std::mem::take(&mut self.sha);
+        let hash = std::mem::replace(&mut self.hash, ShardHasher::new(DigestAlgo::Sha256));
         Ok(FinishedShard {
             file: self
                 .final_path
@@ -153,7 +235,7 @@ impl ShardWriter {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
             size: self.written,
-            sha256: hex(&sha.finalize()),
+            digest: hash.finish(),
         })
     }
 }
@@ -165,31 +247,4 @@ impl Drop for ShardWriter {
             let _ = std::fs::remove_file(&self.tmp_path);
         }
     }
-}
-
-/// Lower-case hex of a digest.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
-}
-
-/// sha256 of a whole file, read in bounded chunks (used to verify shards a
-/// killed run finished, before a resume keeps them).
-pub fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut f = File::open(path)?;
-    let mut sha = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = std::io::Read::read(&mut f, &mut buf)?;
-        if n == 0 {
-            break;
-        }
-        sha.update(&buf[..n]);
-    }
-    Ok(hex(&sha.finalize()))
 }

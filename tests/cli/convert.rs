@@ -301,7 +301,7 @@ fn rerun_is_up_to_date_and_changed_options_need_overwrite() {
 }
 
 #[test]
-fn manifest_records_sha256_of_each_shard_and_checksums_of_tensors() {
+fn manifest_records_blake3_of_each_shard_and_checksums_of_tensors() {
     let tmp = tempfile::tempdir().unwrap();
     let dst = tmp.path().join("out");
     convert(
@@ -316,12 +316,12 @@ fn manifest_records_sha256_of_each_shard_and_checksums_of_tensors() {
     assert!(shards.len() > 1);
     let mut tensors = 0;
     for s in shards {
-        use sha2::Digest;
         let bytes = std::fs::read(dst.join(s["file"].as_str().unwrap())).unwrap();
         assert_eq!(
-            s["sha256"].as_str().unwrap(),
-            hex(&sha2::Sha256::digest(&bytes))
+            s["blake3"].as_str().unwrap(),
+            blake3::hash(&bytes).to_hex().as_str()
         );
+        assert!(s.get("sha256").is_none(), "{s}");
         assert_eq!(s["size"].as_u64().unwrap(), bytes.len() as u64);
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
         for t in s["tensors"].as_array().unwrap() {

@@ -56,7 +56,7 @@ fn start_paused(
 }
 
 /// [`start_paused`] for a prepared command.
-fn spawn_paused(
+pub fn spawn_paused(
     mut cmd: Command,
     step: u64,
     release: Option<&Path>,

@@ -10,6 +10,7 @@ mod cast;
 mod common;
 mod convert;
 mod crash;
+mod digest;
 mod docs_examples;
 mod fit;
 mod fuzz_corpus;

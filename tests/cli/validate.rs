@@ -178,7 +178,10 @@ fn corrupted_outputs_fail_naming_the_file_and_tensor() {
         text.contains(&format!("{file}: tensor \"{}\": xxh3", victim.name)),
         "{text}"
     );
-    assert!(text.contains(&format!("{file}: sha256")), "{text}");
+    assert!(
+        text.contains(&format!("{file}: its digest is blake3")),
+        "{text}"
+    );
 
     // A wrong checksum in the manifest.
     let wrong = tmp.path().join("wrong-manifest");
@@ -193,7 +196,7 @@ fn corrupted_outputs_fail_naming_the_file_and_tensor() {
             }
         }
     }
-    manifest["shards"][0]["sha256"] = "00".repeat(32).into();
+    manifest["shards"][0]["blake3"] = "00".repeat(32).into();
     std::fs::write(
         &manifest_path,
         serde_json::to_vec_pretty(&manifest).unwrap(),
@@ -210,7 +213,7 @@ fn corrupted_outputs_fail_naming_the_file_and_tensor() {
         "{text}"
     );
     assert!(
-        text.contains("model-00001-of-00004.safetensors: sha256"),
+        text.contains("model-00001-of-00004.safetensors: its digest is blake3"),
         "{text}"
     );
 
