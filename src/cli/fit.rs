@@ -163,21 +163,46 @@ impl Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
-    let ck =
-        format::open(&args.path).with_context(|| format!("cannot read {}", args.path.display()))?;
+    let (ck, composite) =
+        open(&args.path).with_context(|| format!("cannot read {}", args.path.display()))?;
     let machine = args.machine.machine();
     let report = fit::fit(&ck, machine, &args.options())
         .with_context(|| format!("cannot judge {}", args.path.display()))?;
     if args.json {
         printer::json(&report)?;
     } else {
-        printer::text(&render(&args.path.display().to_string(), &report))?;
+        let mut path = args.path.display().to_string();
+        if let Some(what) = composite {
+            path = format!("{path} ({what})");
+        }
+        printer::text(&render(&path, &report))?;
     }
     Ok(if report.fits {
         ExitStatus::Ok
     } else {
         ExitStatus::CheckFailed
     })
+}
+
+/// The checkpoint fit judges: a plain model as it is; a pipeline or a
+/// sentence-transformers folder as all its weight sets together, which is
+/// what its library holds once it has loaded them one after another.
+/// The second value describes a composite folder for the report's heading.
+fn open(
+    path: &std::path::Path,
+) -> Result<(format::Checkpoint, Option<String>), format::FormatError> {
+    if path.is_dir() {
+        let layout = format::layout::detect(path)?;
+        if layout.is_composite() {
+            let what = format!(
+                "{}: its {} weight sets together, as its library holds them once loaded",
+                layout.kind.describe(),
+                layout.sets.len()
+            );
+            return Ok((layout.open_combined()?, Some(what)));
+        }
+    }
+    Ok((format::open(path)?, None))
 }
 
 fn figure(f: Option<Figure>) -> String {

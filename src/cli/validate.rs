@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
+use reshard::format::layout::{self, LayoutKind};
+use reshard::format::names::escape;
 use reshard::units::{human, ByteSize};
 use reshard::validate::python::{self, PythonLoader, PythonOptions, PythonReport};
 use reshard::validate::{self, DeviceSpec, Loader, ValidateOptions, ValidateReport};
@@ -92,6 +94,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     if let Some(loader) = args.loader {
         return run_python(&args, loader);
     }
+    if let Some(status) = run_layout(&args)? {
+        return Ok(status);
+    }
     let options = args.to_options();
     let report = validate::validate_with_budget(&args.path, &options)
         .with_context(|| format!("cannot validate {}", args.path.display()))?;
@@ -105,6 +110,84 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     } else {
         ExitStatus::CheckFailed
     })
+}
+
+/// One weight set's report in a composite folder's `--json`.
+#[derive(serde::Serialize)]
+struct ComponentReport {
+    /// Its folder under the model root (`.` for the root).
+    component: String,
+    report: ValidateReport,
+}
+
+#[derive(serde::Serialize)]
+struct LayoutReport {
+    path: String,
+    kind: LayoutKind,
+    passed: bool,
+    components: Vec<ComponentReport>,
+}
+
+/// A pipeline or sentence-transformers folder (as `convert` writes it):
+/// each weight set validated on its own, as its library loads it, against
+/// the same set of `--against` when given. `None` for a plain model.
+fn run_layout(args: &Args) -> anyhow::Result<Option<ExitStatus>> {
+    if !args.path.is_dir() {
+        return Ok(None);
+    }
+    let layout = layout::detect(&args.path)
+        .with_context(|| format!("cannot validate {}", args.path.display()))?;
+    if !layout.is_composite() {
+        return Ok(None);
+    }
+    let mut components = Vec::with_capacity(layout.sets.len());
+    for set in &layout.sets {
+        let dir = layout.dir_of(set);
+        let mut options = args.to_options();
+        options.against = args.against.as_ref().map(|a| layout::join_rel(a, &set.rel));
+        let report = validate::validate_with_budget(&dir, &options)
+            .with_context(|| format!("cannot validate {}", dir.display()))?;
+        components.push(ComponentReport {
+            component: set.label().to_string(),
+            report,
+        });
+    }
+    let passed = components.iter().all(|c| c.report.passed);
+    if args.json {
+        printer::json(&LayoutReport {
+            path: args.path.display().to_string(),
+            kind: layout.kind,
+            passed,
+            components,
+        })?;
+    } else {
+        let mut o = format!(
+            "{}: {}, {} weight sets, each validated on its own\n",
+            escape(&args.path.display().to_string()),
+            layout.kind.describe(),
+            components.len()
+        );
+        for c in &components {
+            let _ = writeln!(o, "\n[{}]", escape(&c.component));
+            o.push_str(&render(&c.report));
+        }
+        let failed: Vec<&str> = components
+            .iter()
+            .filter(|c| !c.report.passed)
+            .map(|c| c.component.as_str())
+            .collect();
+        if failed.is_empty() {
+            let _ = writeln!(o, "\nall {} weight sets passed", components.len());
+        } else {
+            let _ = writeln!(o, "\nfailed: {}", failed.join(", "));
+        }
+        printer::text(&o)?;
+    }
+    Ok(Some(if passed {
+        ExitStatus::Ok
+    } else {
+        ExitStatus::CheckFailed
+    }))
 }
 
 /// `--loader python:NAME`: the real loader, measured.
@@ -208,7 +291,7 @@ pub fn run_child() -> ExitStatus {
 pub fn render(r: &ValidateReport) -> String {
     let mut o = String::new();
     let checks = if r.manifest {
-        "sha256 and xxh3 checked against reshard.json"
+        "shard digests (as reshard.json records them: BLAKE3 or sha256) and xxh3 checked against reshard.json"
     } else {
         "no reshard.json: bytes read back, not checksummed"
     };

@@ -214,6 +214,58 @@ impl ModelLayout {
     }
 }
 
+impl ModelLayout {
+    /// True when the folder is more than one plain model: several weight
+    /// sets, or a root that holds none of its own (a pipeline).
+    pub fn is_composite(&self) -> bool {
+        !(self.kind == LayoutKind::Model && self.sets.len() == 1 && self.sets[0].rel.is_empty())
+    }
+
+    /// Every weight set opened and joined into one checkpoint, as a library
+    /// holds the model once it has loaded it component by component: the
+    /// files of all sets, and their tensors named `REL/NAME` (the root's
+    /// unprefixed). For `fit`, which judges what the whole load costs; the
+    /// result is not for writing (its tensors live under several folders).
+    pub fn open_combined(&self) -> Result<super::Checkpoint, FormatError> {
+        let mut combined: Option<super::Checkpoint> = None;
+        for set in &self.sets {
+            let ck = super::open(&self.dir_of(set))?;
+            let Some(all) = combined.as_mut() else {
+                let mut first = ck;
+                prefix_names(&mut first, &set.rel);
+                first.dir = self.root.clone();
+                combined = Some(first);
+                continue;
+            };
+            let mut ck = ck;
+            prefix_names(&mut ck, &set.rel);
+            let offset = all.files.len();
+            all.files.extend(ck.files);
+            all.tensors.extend(ck.tensors.into_iter().map(|mut t| {
+                t.file += offset;
+                t
+            }));
+            all.findings.extend(ck.findings);
+            for (k, v) in ck.metadata {
+                all.metadata.entry(k).or_insert(v);
+            }
+            all.layout = super::Layout::Loose;
+        }
+        combined.ok_or_else(|| FormatError::NoCheckpoint {
+            path: self.root.clone(),
+        })
+    }
+}
+
+fn prefix_names(ck: &mut super::Checkpoint, rel: &str) {
+    if rel.is_empty() {
+        return;
+    }
+    for t in &mut ck.tensors {
+        t.name = format!("{rel}/{}", t.name);
+    }
+}
+
 fn exists(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok()
 }

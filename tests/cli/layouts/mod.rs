@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use crate::common::{convert, copy_dir, copy_fixture, python, reshard};
 
+mod judge;
 mod single_file;
 
 /// Every file under `dir`, as `/`-separated relative paths.
