@@ -8,9 +8,9 @@ use anyhow::Context;
 
 use reshard::cast::OverflowPolicy;
 use reshard::convert::{convert, convert_layout, ConvertOptions, ConvertSummary};
+use reshard::exec::CopyPath;
 use reshard::exec::WindowPool;
 use reshard::format::layout as layouts;
-use reshard::exec::CopyPath;
 use reshard::format::names::escape;
 use reshard::format::{self, Dtype};
 use reshard::plan::{Plan, PlanOptions};
