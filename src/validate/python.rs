@@ -377,12 +377,15 @@ pub fn run(path: &Path, options: &PythonOptions) -> Result<PythonReport, PythonE
             ));
             Ok(report)
         }
-        _ => Err(PythonError::Failed {
+        "failed" | "out_of_memory" => Err(PythonError::Failed {
             loader: options.loader,
             stage: o.stage,
             path: path.to_path_buf(),
             error: o.error,
         }),
+        other => Err(protocol(format!(
+            "the result line has outcome {other:?}, not one reshard knows"
+        ))),
     }
 }
 

@@ -336,4 +336,21 @@ fn output_that_is_not_utf8_does_not_lose_the_result() {
         text.contains("\"tensors\": 3") || text.contains("\"tensors\":3"),
         "{text}"
     );
+    // A result line of an outcome the harness never writes is exit 2 saying
+    // so (it was "failed to  PATH: ", stage and error empty).
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\nprintf 'RESHARD-READY\\n' >&2\nread go\nprintf '{\"outcome\": \"weird\"}\\n'\n",
+    )
+    .unwrap();
+    let out = reshard()
+        .args(["validate", "--loader", "python:transformers", "--python"])
+        .arg(&fake)
+        .arg(fixture("tiny-llama"))
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("outcome \"weird\""), "{err}");
 }
