@@ -59,14 +59,12 @@ pub enum SplitError {
         "{file}: tensor {tensor:?} is its component prefix alone; there is no name left to write"
     )]
     EmptyName { file: String, tensor: String },
-    #[error("{file}: tensor {tensor:?} puts component {name:?} under prefix {second:?}, but {first:?} already names component {other:?}; pass --component-prefix to give them different folder names")]
+    #[error("{file}: tensor {tensor:?} {clash}; pass --component-prefix to give them different folder names")]
     NameClash {
         file: String,
         tensor: String,
-        name: String,
-        other: String,
-        first: String,
-        second: String,
+        /// Which component and prefix it would join, and which is there.
+        clash: String,
     },
 }
 
@@ -166,10 +164,10 @@ pub fn split(
             return Err(SplitError::NameClash {
                 file,
                 tensor: t.name.clone(),
-                name: key.name.clone(),
-                other: other.clone(),
-                first: c.prefix.clone(),
-                second: key.prefix.clone(),
+                clash: format!(
+                    "puts component {:?} under prefix {:?}, but {:?} already names component {other:?}",
+                    key.name, key.prefix, c.prefix
+                ),
             });
         }
         let entry = parts.entry(key.name.clone()).or_insert_with(|| {
