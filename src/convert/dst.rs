@@ -2,7 +2,8 @@
 //!
 //! The rules, in order (DST is locked and listed by the caller):
 //!
-//! 1. `reshard.json` of this exact plan: up to date, nothing is written.
+//! 1. `reshard.json` of this exact plan: up to date, nothing is written;
+//!    if a shard it records is missing or not its recorded size, resumed.
 //! 2. Foreign weight files (weights or indexes no manifest records): refused,
 //!    `--overwrite` or not; reshard never deletes them and a loader could
 //!    mix them with its output.
@@ -43,7 +44,18 @@ pub fn decide(
     overwrite: bool,
 ) -> Result<DstState, ConvertError> {
     if let Some(m) = inv.manifest.as_ref().filter(|m| m.plan_id == id) {
-        return Ok(DstState::UpToDate(m.clone()));
+        // A shard gone, or of another size than recorded (truncated, a
+        // link put there): resume, which rewrites every shard that fails
+        // its digest, rather than call a damaged output up to date.
+        let intact = m.shards.iter().all(|r| {
+            std::fs::symlink_metadata(dst.join(&r.file))
+                .is_ok_and(|f| f.file_type().is_file() && f.len() == r.size)
+        });
+        return Ok(if intact {
+            DstState::UpToDate(m.clone())
+        } else {
+            DstState::Resume(m.clone())
+        });
     }
     let foreign = inv.foreign_weights();
     if !foreign.is_empty() {

@@ -59,6 +59,13 @@ pub enum SplitError {
         "{file}: tensor {tensor:?} is its component prefix alone; there is no name left to write"
     )]
     EmptyName { file: String, tensor: String },
+    #[error("{file}: tensor {tensor:?} {clash}; pass --component-prefix to give them different folder names")]
+    NameClash {
+        file: String,
+        tensor: String,
+        /// Which component and prefix it would join, and which is there.
+        clash: String,
+    },
 }
 
 impl std::str::FromStr for ComponentPrefix {
@@ -148,6 +155,21 @@ pub fn split(
                 t.name.clone(),
             ),
         };
+        // One folder, one prefix: two prefixes under one name would write
+        // two tensors under one stripped name (and record one prefix), and
+        // names equal but for case are one folder on Windows and macOS.
+        if let Some((other, (c, _))) = parts.iter().find(|(n, (c, _))| {
+            n.eq_ignore_ascii_case(&key.name) && (**n != key.name || c.prefix != key.prefix)
+        }) {
+            return Err(SplitError::NameClash {
+                file,
+                tensor: t.name.clone(),
+                clash: format!(
+                    "puts component {:?} under prefix {:?}, but {:?} already names component {other:?}",
+                    key.name, key.prefix, c.prefix
+                ),
+            });
+        }
         let entry = parts.entry(key.name.clone()).or_insert_with(|| {
             let mut part = ck.clone();
             part.tensors = Vec::new();

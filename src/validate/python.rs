@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
@@ -377,12 +377,15 @@ pub fn run(path: &Path, options: &PythonOptions) -> Result<PythonReport, PythonE
             ));
             Ok(report)
         }
-        _ => Err(PythonError::Failed {
+        "failed" | "out_of_memory" => Err(PythonError::Failed {
             loader: options.loader,
             stage: o.stage,
             path: path.to_path_buf(),
             error: o.error,
         }),
+        other => Err(protocol(format!(
+            "the result line has outcome {other:?}, not one reshard knows"
+        ))),
     }
 }
 
@@ -399,6 +402,40 @@ struct Measured {
     stderr: std::thread::JoinHandle<Vec<String>>,
 }
 
+/// Longest result line kept from the child's stdout.
+const MAX_RESULT_LINE: usize = 1 << 20;
+/// Longest stderr line kept (the last 20 are shown when the load fails).
+const MAX_STDERR_LINE: usize = 4096;
+
+/// Calls `f` with every line of `r`, decoded lossily and cut to `max`
+/// bytes, until `r` ends. Reads everything, so the child never blocks on
+/// a full pipe or dies writing to a closed one; a line that is not UTF-8
+/// (a library's Latin-1 message) or never ends costs at most `max` bytes.
+fn each_line(mut r: impl Read, max: usize, mut f: impl FnMut(String)) {
+    let mut line = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        for part in buf[..n].split_inclusive(|&b| b == b'\n') {
+            let body = part.strip_suffix(b"\n").unwrap_or(part);
+            let room = max.saturating_sub(line.len());
+            line.extend_from_slice(&body[..body.len().min(room)]);
+            if part.ends_with(b"\n") {
+                f(String::from_utf8_lossy(&line).into_owned());
+                line.clear();
+            }
+        }
+    }
+    if !line.is_empty() {
+        f(String::from_utf8_lossy(&line).into_owned());
+    }
+}
+
 /// Waits for the child's ready line, takes the baseline, limits the child,
 /// lets it load and samples it until it exits.
 fn supervise(child: &mut Child, budget: Option<u64>) -> Measured {
@@ -407,8 +444,7 @@ fn supervise(child: &mut Child, budget: Option<u64>) -> Measured {
     let stderr = std::thread::spawn(move || {
         let mut tail: Vec<String> = Vec::new();
         let Some(e) = stderr else { return tail };
-        for line in BufReader::new(e).lines() {
-            let Ok(line) = line else { break };
+        each_line(e, MAX_STDERR_LINE, |line| {
             if line.trim() == READY {
                 let _ = tx.send(());
             } else if !line.trim().is_empty() {
@@ -417,16 +453,21 @@ fn supervise(child: &mut Child, budget: Option<u64>) -> Measured {
                 }
                 tail.push(line);
             }
-        }
+        });
         tail
     });
     let stdout = child.stdout.take();
     let stdout = std::thread::spawn(move || {
-        let mut text = String::new();
-        if let Some(mut o) = stdout {
-            let _ = o.read_to_string(&mut text);
+        // Only the last JSON line is the result; the rest is not kept.
+        let mut last = String::new();
+        if let Some(o) = stdout {
+            each_line(o, MAX_RESULT_LINE, |line| {
+                if line.trim_start().starts_with('{') {
+                    last = line;
+                }
+            });
         }
-        text
+        last
     });
     let mut m = Measured {
         ready: false,
@@ -501,6 +542,14 @@ mod tests {
             assert!(s.starts_with(HARNESS), "{l}");
             assert!(s.trim_end().ends_with("main(prepare, load)"), "{l}");
         }
+    }
+
+    #[test]
+    fn lines_are_read_lossily_and_cut_to_the_limit() {
+        let input: &[u8] = b"caf\xe9\nxxxxxxxxxx\n{\"a\": 1}\nno end";
+        let mut lines = Vec::new();
+        each_line(input, 8, |l| lines.push(l));
+        assert_eq!(lines, ["caf\u{fffd}", "xxxxxxxx", "{\"a\": 1}", "no end"]);
     }
 
     #[test]

@@ -254,3 +254,40 @@ fn resume_after_a_kill_checks_the_recorded_digest() {
     }
     assert_eq!(validate_text(&dst).0, 0);
 }
+
+/// A finished output whose shard was truncated (or removed) since is not
+/// "up to date": a rerun rewrites that shard alone, and the output
+/// validates again.
+#[test]
+fn a_truncated_or_missing_shard_is_rewritten_not_called_up_to_date() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixture("tiny-llama-f32-sharded");
+    let dst = tmp.path().join("dst");
+    convert(&src, &dst, &SMALL).success();
+    let shards: Vec<String> = manifest(&dst)["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["file"].as_str().unwrap().to_string())
+        .collect();
+    assert!(shards.len() > 2, "{shards:?}");
+    let intact = std::fs::read(dst.join(&shards[0])).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dst.join(&shards[1]))
+        .unwrap();
+    f.set_len(1000).unwrap();
+    drop(f);
+    std::fs::remove_file(dst.join(&shards[2])).unwrap();
+    let out = convert(&src, &dst, &SMALL).success();
+    let o = out.get_output();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!said.contains("up to date"), "{said}");
+    assert_eq!(validate_text(&dst).0, 0, "{}", validate_text(&dst).1);
+    assert_eq!(std::fs::read(dst.join(&shards[0])).unwrap(), intact);
+    assert!(!dst.join(".reshard-partial.json").exists());
+}

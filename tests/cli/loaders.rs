@@ -294,3 +294,63 @@ fn a_missing_python_or_library_is_exit_2_naming_what_to_install() {
         );
     }
 }
+
+/// A loader whose libraries print bytes that are not UTF-8 (a Latin-1
+/// path) on stderr before the ready line and on stdout before the result
+/// still gives its result; the readers once stopped there and the load was
+/// "ended without a result" (stdout) or killed before it began (stderr).
+#[cfg(unix)]
+#[test]
+fn output_that_is_not_utf8_does_not_lose_the_result() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = tmp.path().join("python");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\nprintf 'caf\\351\\n' >&2\nprintf 'RESHARD-READY\\n' >&2\nread go\n\
+         printf 'caf\\351\\n'\nprintf '{\"outcome\": \"loaded\", \"tensors\": 3, \"bytes\": 12}\\n'\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = reshard()
+        .args([
+            "validate",
+            "--json",
+            "--loader",
+            "python:transformers",
+            "--python",
+        ])
+        .arg(&fake)
+        .arg(fixture("tiny-llama"))
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("\"tensors\": 3") || text.contains("\"tensors\":3"),
+        "{text}"
+    );
+    // A result line of an outcome the harness never writes is exit 2 saying
+    // so (it was "failed to  PATH: ", stage and error empty).
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\nprintf 'RESHARD-READY\\n' >&2\nread go\nprintf '{\"outcome\": \"weird\"}\\n'\n",
+    )
+    .unwrap();
+    let out = reshard()
+        .args(["validate", "--loader", "python:transformers", "--python"])
+        .arg(&fake)
+        .arg(fixture("tiny-llama"))
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("outcome \"weird\""), "{err}");
+}

@@ -417,6 +417,40 @@ fn an_unclear_quantization_is_refused() {
         .stderr(predicates::str::contains("ambiguous quantization"));
 }
 
+/// An MXFP4 weight of no values but 2^62 rows (`[1, 2^62, 0, 16]`, which
+/// the header allows: zero bytes) is written at once; it once looped over
+/// its 2^62 empty rows and never finished.
+#[test]
+fn an_mxfp4_weight_of_no_values_does_not_hang() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let rows = 1u64 << 62;
+    write_safetensors(
+        &src.join("model.safetensors"),
+        &json!({
+            "e_blocks": {"dtype": "U8", "shape": [1, rows, 0, 16], "data_offsets": [0, 0]},
+            "e_scales": {"dtype": "U8", "shape": [1, rows, 0], "data_offsets": [0, 0]},
+        }),
+        &[],
+    );
+    let config = json!({"quantization_config": {"quant_method": "mxfp4"}});
+    std::fs::write(src.join("config.json"), config.to_string()).unwrap();
+    let dst = tmp.path().join("dst");
+    reshard()
+        .args(["convert", "--no-progress", "--dtype", "bf16"])
+        .arg(&src)
+        .arg(&dst)
+        .timeout(Duration::from_secs(60))
+        .assert()
+        .success();
+    let (dtype, shape, bytes) = read_tensor(&dst, "e");
+    assert_eq!(
+        (dtype.as_str(), shape, bytes.len()),
+        ("BF16", vec![1, 0, rows], 0)
+    );
+}
+
 /// FP8 -> bf16 of a 64 MiB weight (128 MiB out) within a 16 MiB window.
 #[test]
 fn dequantizing_stays_within_the_window() {

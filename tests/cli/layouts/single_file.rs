@@ -233,3 +233,40 @@ fn split_components_writes_one_file_per_component_whose_union_is_the_input() {
         stderr(&out)
     );
 }
+
+/// Two prefixes naming one component (`model.diffusion_model.` and
+/// `text_encoders.unet.` are both `unet`), or names equal but for case (one
+/// folder on Windows), are refused with exit 2 naming the tensor: they once
+/// stripped two tensors to one name and panicked writing the header.
+#[test]
+fn split_components_refuses_two_prefixes_for_one_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (i, (a, b)) in [
+        ("model.diffusion_model.a", "text_encoders.unet.a"),
+        ("text_encoders.Clip.a", "text_encoders.clip.b"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let src = tmp.path().join(format!("s{i}.safetensors"));
+        crate::common::write_safetensors(
+            &src,
+            &serde_json::json!({
+                a: {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+                b: {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]},
+            }),
+            &[1, 2],
+        );
+        let out = reshard()
+            .args(["convert", "--no-progress", "--split-components"])
+            .arg(&src)
+            .arg(tmp.path().join(format!("o{i}")))
+            .assert()
+            .code(2);
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!("s{i}.safetensors")) && err.contains(b),
+            "{err}"
+        );
+    }
+}
