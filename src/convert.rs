@@ -7,6 +7,10 @@
 //! [`OutputScope`], the names inside DST by [`DstInventory`] (only what
 //! reshard's own manifests record is ever removed), one run at a time by
 //! [`DstLock`], and the free space by [`dst::check_space`].
+//!
+//! [`convert_gated`] lets a caller hold the commit: `batch --verify-source`
+//! hashes the source on its own threads while the shards are written, and
+//! the output is committed only once that check has passed.
 
 mod dst;
 mod layout;
@@ -131,7 +135,23 @@ pub enum ConvertError {
     Split(#[from] split::SplitError),
     #[error("{}: {reason}", .path.display())]
     DstSubfolder { path: PathBuf, reason: &'static str },
+    /// The [`BeforeCommit`] check refused: the shards this run wrote were
+    /// removed again and nothing was committed.
+    #[error("{}: not committed", .dst.display())]
+    NotCommitted {
+        dst: PathBuf,
+        #[source]
+        source: GateError,
+    },
 }
+
+/// Why a [`BeforeCommit`] check refused.
+pub type GateError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What [`convert_gated`] waits on before it removes anything an earlier
+/// run left in DST and before it commits. It may block (until a check on
+/// another thread is done); an error keeps the output uncommitted.
+pub type BeforeCommit<'a> = &'a (dyn Fn() -> Result<(), GateError> + Sync);
 
 /// What a conversion did.
 #[derive(Debug, Clone, Serialize)]
@@ -189,6 +209,28 @@ pub fn convert_with_pool(
     reporter: &dyn Reporter,
     cancel: &AtomicBool,
 ) -> Result<ConvertSummary, ConvertError> {
+    convert_gated(ck, dst, options, pool, reporter, cancel, &|| Ok(()))
+}
+
+/// As [`convert_with_pool`], asking `before_commit` first where the run
+/// would remove what an earlier run left in DST, and again after the shards
+/// are written, before the other files, the index and the manifest. When it
+/// refuses, the shards this run wrote are removed (the partial manifest
+/// stops recording them first), so DST holds no output a rerun could call
+/// up to date and nothing this run did not write is gone.
+pub fn convert_gated(
+    ck: &Checkpoint,
+    dst: &Path,
+    options: &ConvertOptions,
+    pool: &WindowPool,
+    reporter: &dyn Reporter,
+    cancel: &AtomicBool,
+    before_commit: BeforeCommit,
+) -> Result<ConvertSummary, ConvertError> {
+    let not_committed = |source| ConvertError::NotCommitted {
+        dst: dst.to_path_buf(),
+        source,
+    };
     let started = Instant::now();
     let rules = ScopeRules {
         single_file: options.single_file,
@@ -240,6 +282,10 @@ pub fn convert_with_pool(
     };
     dst::check_space(dst, ck, &plan, &done, &others, doomed.as_ref())?;
     if let Some(doomed) = &doomed {
+        if !doomed.is_empty() || inventory.manifest.is_some() {
+            // An earlier run's output stays until the check has passed.
+            before_commit().map_err(not_committed)?;
+        }
         dst::clear(dst, &inventory, doomed, &lock)?;
     }
     let resumed = done.len();
@@ -291,12 +337,20 @@ pub fn convert_with_pool(
     };
     let new = exec::execute(ck, &plan, dst, pool, &exec_options, reporter);
     reporter.finish();
-    manifest.shards.extend(new?);
+    let new = new?;
+    ck.check_unchanged()?;
+    if let Err(source) = before_commit() {
+        let partial = progress
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        dst::forget(dst, &partial, &new, &lock)?;
+        return Err(not_committed(source));
+    }
+    manifest.shards.extend(new);
     // Shards in plan order, whatever order the workers finished in.
     let position = |f: &str| plan.shards.iter().position(|s| s.file == f);
     manifest.shards.sort_by_key(|s| position(&s.file));
 
-    ck.check_unchanged()?;
     manifest.copied_files = other::copy(&others.files, dst, config.as_deref())?;
     sync_dir(dst)?;
     if let Some(index) = &plan.index_file {

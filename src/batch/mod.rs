@@ -14,6 +14,10 @@
 //!
 //! Failures are per model: an error in one job becomes that model's `failed`
 //! line and the other jobs go on (unless `fail_fast`).
+//!
+//! `--verify-source` runs beside each job, not before it (see [`verify`]):
+//! a conversion is committed only once its source has verified, and a
+//! source that fails fails the model whatever the job did.
 
 pub mod discover;
 pub mod part;
@@ -27,7 +31,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::convert::{convert_with_pool, ConvertError, ConvertOptions};
+use crate::convert::{convert_gated, ConvertError, ConvertOptions, GateError};
 use crate::exec::{Reporter, WindowPool};
 use crate::format::discover::resolve_hf_cache;
 use crate::format::FormatError;
@@ -41,7 +45,7 @@ pub use self::part::{part_of, BadPart, Balance, Part};
 pub use self::report::{
     error_chain, merge, BatchReport, MergeError, MergedReport, ModelResult, Status, Totals,
 };
-pub use self::verify::{verify_snapshot, Verified, VerifyError};
+pub use self::verify::{verify_snapshot, Gate, Verified, VerifyError};
 
 /// What each model's job does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -74,7 +78,8 @@ pub struct BatchOptions {
     pub mode: Mode,
     /// Models run at once.
     pub jobs: usize,
-    /// Check HF cache blobs against their sha256 names before each job.
+    /// Check HF cache blobs against their sha256 names alongside each job;
+    /// a conversion commits only once they passed.
     pub verify_source: bool,
     /// Start no new job after the first failure.
     pub fail_fast: bool,
@@ -111,6 +116,8 @@ pub enum ModelError {
     Validate(#[from] ValidateError),
     #[error("validation failed: {failures}")]
     Invalid { failures: String },
+    #[error("the source verification stopped unexpectedly")]
+    VerifyPanicked,
 }
 
 /// What a job that succeeded did.
@@ -215,8 +222,10 @@ pub fn run_batch(
         .collect()
 }
 
-/// One model's job: verify the source if asked, then run `mode`. Never
-/// fails: an error becomes the result's `failed` status and reason.
+/// One model's job: run `mode`, and if asked verify the source on other
+/// threads at the same time. Never fails: an error becomes the result's
+/// `failed` status and reason; a failed verification is the reason whatever
+/// the job did (a conversion waits for it and is not committed).
 ///
 /// `fit` and `validate` need their options in [`BatchOptions`]; without
 /// them the model fails with [`mode_not_wired`].
@@ -228,24 +237,43 @@ pub fn run_model(
     reporter: &dyn Reporter,
 ) -> ModelResult {
     let started = Instant::now();
-    let mut verified_files = None;
-    let mut job = || -> Result<Outcome, ModelError> {
-        if ctx.verify_source {
-            verified_files = Some(verify_model_source(model)?.files);
+    let gate = Gate::default();
+    let (outcome, verified) = std::thread::scope(|s| {
+        let verifying = ctx.verify_source.then(|| {
+            s.spawn(|| {
+                let _fail = gate.fail_on_drop();
+                let started = Instant::now();
+                let result = verify_model_source(model, ctx.convert.threads, ctx.cancel);
+                gate.open(result.is_ok());
+                result.map(|v| (v, started.elapsed()))
+            })
+        });
+        let outcome = run_mode(
+            model,
+            mode,
+            ctx,
+            reporter,
+            verifying.as_ref().map(|_| &gate),
+        );
+        let verified = verifying.map(|h| {
+            gate.wait();
+            h.join().unwrap_or(Err(ModelError::VerifyPanicked))
+        });
+        (outcome, verified)
+    });
+    let mut verify = None;
+    let outcome = match verified {
+        Some(Err(e)) => Err(e),
+        Some(Ok((v, took))) => {
+            verify = Some(VerifyRecord {
+                files: v.files,
+                seconds: took.as_secs_f64(),
+                waited_seconds: gate.waited().as_secs_f64(),
+            });
+            outcome
         }
-        match mode {
-            Mode::Convert => convert_model(model, ctx, reporter),
-            Mode::Fit => match ctx.fit {
-                Some(job) => fit_model(model, job, ctx),
-                None => mode_not_wired(mode),
-            },
-            Mode::Validate => match ctx.validate {
-                Some(options) => validate_model(model, options),
-                None => mode_not_wired(mode),
-            },
-        }
+        None => outcome,
     };
-    let outcome = job();
     let (status, reason, bytes, resumed_shards, notes) = match outcome {
         Ok(o) => (o.status, None, o.bytes, o.resumed_shards, o.notes),
         Err(e) => (Status::Failed, Some(error_chain(&e)), 0, 0, Vec::new()),
@@ -259,9 +287,41 @@ pub fn run_model(
         reason,
         bytes,
         resumed_shards,
-        verified_files,
+        verified_files: verify.map(|v| v.files),
+        verify_seconds: verify.map(|v| v.seconds),
+        verify_waited_seconds: verify.map(|v| v.waited_seconds),
         notes,
         seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// A verification that passed, as the result records it.
+#[derive(Debug, Clone, Copy)]
+struct VerifyRecord {
+    files: usize,
+    seconds: f64,
+    waited_seconds: f64,
+}
+
+/// `mode`'s own work on one model; a conversion waits on `gate` (the
+/// source verification, if one runs) before it commits.
+fn run_mode(
+    model: &Model,
+    mode: Mode,
+    ctx: &JobContext,
+    reporter: &dyn Reporter,
+    gate: Option<&Gate>,
+) -> Result<Outcome, ModelError> {
+    match mode {
+        Mode::Convert => convert_model(model, ctx, reporter, gate),
+        Mode::Fit => match ctx.fit {
+            Some(job) => fit_model(model, job, ctx),
+            None => mode_not_wired(mode),
+        },
+        Mode::Validate => match ctx.validate {
+            Some(options) => validate_model(model, options),
+            None => mode_not_wired(mode),
+        },
     }
 }
 
@@ -271,18 +331,34 @@ pub fn mode_not_wired(mode: Mode) -> Result<Outcome, ModelError> {
     Err(ModelError::ModeNotWired { mode })
 }
 
-/// Converts one model into its output folder through the shared pool.
+/// Converts one model into its output folder through the shared pool,
+/// committing only once `gate` (if any) has opened as passed.
 pub fn convert_model(
     model: &Model,
     ctx: &JobContext,
     reporter: &dyn Reporter,
+    gate: Option<&Gate>,
 ) -> Result<Outcome, ModelError> {
     let ck = crate::format::open(&model.source)?;
     let mut options = ctx.convert.clone();
     options.overwrite |= converted_from(&model.output, &model.source);
     options.copy_other_files = true;
     options.single_file = false;
-    let summary = convert_with_pool(&ck, &model.output, &options, ctx.pool, reporter, ctx.cancel)?;
+    let before_commit = || -> Result<(), GateError> {
+        match gate {
+            Some(gate) if !gate.wait() => Err("the source failed --verify-source".into()),
+            _ => Ok(()),
+        }
+    };
+    let summary = convert_gated(
+        &ck,
+        &model.output,
+        &options,
+        ctx.pool,
+        reporter,
+        ctx.cancel,
+        &before_commit,
+    )?;
     Ok(Outcome {
         status: if summary.up_to_date {
             Status::UpToDate
@@ -372,14 +448,19 @@ pub fn converted_from(dst: &Path, source: &Path) -> bool {
     manifest.source.root.as_deref() == Some(root.display().to_string().as_str())
 }
 
-/// `--verify-source` for one model: its HF cache snapshot's blobs. Folders
-/// outside the cache have nothing to check against (0 files).
-pub fn verify_model_source(model: &Model) -> Result<Verified, ModelError> {
+/// `--verify-source` for one model: its HF cache snapshot's blobs, on up
+/// to `threads` threads. Folders outside the cache have nothing to check
+/// against (0 files).
+pub fn verify_model_source(
+    model: &Model,
+    threads: usize,
+    cancel: &AtomicBool,
+) -> Result<Verified, ModelError> {
     if !model.hf_cache {
         return Ok(Verified::default());
     }
     let snapshot = resolve_hf_cache(&model.source)?;
-    Ok(verify_snapshot(&snapshot)?)
+    Ok(verify_snapshot(&snapshot, threads, cancel)?)
 }
 
 /// The result line of a discovery skip.
@@ -394,6 +475,8 @@ pub fn skipped_result(s: &Skipped, part_count: u64) -> ModelResult {
         bytes: 0,
         resumed_shards: 0,
         verified_files: None,
+        verify_seconds: None,
+        verify_waited_seconds: None,
         notes: Vec::new(),
         seconds: 0.0,
     }
@@ -410,6 +493,8 @@ fn not_run(model: &Model, part: u64, reason: &str) -> ModelResult {
         bytes: 0,
         resumed_shards: 0,
         verified_files: None,
+        verify_seconds: None,
+        verify_waited_seconds: None,
         notes: Vec::new(),
         seconds: 0.0,
     }

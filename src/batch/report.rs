@@ -61,6 +61,15 @@ pub struct ModelResult {
     /// Files checked against their HF blob names (`--verify-source`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verified_files: Option<usize>,
+    /// Seconds the `--verify-source` hash took, on its own threads while
+    /// the job ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_seconds: Option<f64>,
+    /// Of those, the seconds the job waited for it after its own work (a
+    /// conversion before its commit): about `verify_seconds` minus the
+    /// job's own time when the hash is the longer, 0 when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_waited_seconds: Option<f64>,
     /// What the job wants the user to know (files not copied, and why).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -458,6 +467,8 @@ mod tests {
             bytes,
             resumed_shards: 0,
             verified_files: None,
+            verify_seconds: None,
+            verify_waited_seconds: None,
             notes: Vec::new(),
             seconds: 0.5,
         }

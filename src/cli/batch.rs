@@ -62,8 +62,9 @@ pub struct Args {
     #[arg(long, value_name = "N", conflicts_with_all = ["part", "dry_run"],
           value_parser = clap::value_parser!(u64).range(1..=MAX_PLAN_PARTS))]
     plan_parts: Option<u64>,
-    /// Before converting a Hugging Face cache model, check that every blob's
-    /// content still hashes to its sha256 name.
+    /// Check that every blob of a Hugging Face cache model still hashes to
+    /// its sha256 name, alongside the job (a conversion is committed only
+    /// once the check passed).
     #[arg(long)]
     verify_source: bool,
     /// What to do with each model.
@@ -448,6 +449,9 @@ fn render_report(r: &BatchReport, quiet: bool) -> String {
         for note in &m.notes {
             let _ = writeln!(o, "  note: {note}");
         }
+        if let Some(line) = verify_line(m) {
+            let _ = writeln!(o, "  {line}");
+        }
     }
     if quiet {
         return o;
@@ -468,6 +472,18 @@ fn render_report(r: &BatchReport, quiet: bool) -> String {
         human(r.window)
     );
     o
+}
+
+/// What `--verify-source` did for `m`, when it checked any file: how long
+/// the hash took beside the job and how long the job waited for it.
+fn verify_line(m: &ModelResult) -> Option<String> {
+    let files = m.verified_files.filter(|&n| n > 0)?;
+    Some(format!(
+        "verified {files} source file{} by sha256 in {:.2} s alongside the job, which waited {:.2} s for it",
+        if files == 1 { "" } else { "s" },
+        m.verify_seconds.unwrap_or_default(),
+        m.verify_waited_seconds.unwrap_or_default()
+    ))
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use crate::plan::Plan;
 use crate::write::lock::DstLock;
 use crate::write::manifest::{Manifest, ShardRecord, MANIFEST, PARTIAL};
 use crate::write::owned::{reclaimable, remove_names, DstInventory};
-use crate::write::{write_atomic, WriteError};
+use crate::write::{sync_dir, write_atomic, WriteError};
 
 pub enum DstState {
     UpToDate(Manifest),
@@ -114,6 +114,24 @@ pub fn clear(
         }
     }
     remove_names(dst, doomed, lock)
+}
+
+/// Takes back the shards this run `wrote` when it may not commit: the
+/// partial manifest stops recording them first (each stays a planned name,
+/// so a run killed in between still removes it), then they are removed.
+/// Shards an earlier run finished are kept, as after any failed run.
+pub fn forget(
+    dst: &Path,
+    partial: &Manifest,
+    wrote: &[ShardRecord],
+    lock: &DstLock,
+) -> Result<(), WriteError> {
+    let names: BTreeSet<String> = wrote.iter().map(|r| r.file.clone()).collect();
+    let mut record = partial.clone();
+    record.shards.retain(|r| !names.contains(&r.file));
+    write_atomic(dst, PARTIAL, &record.to_json())?;
+    remove_names(dst, &names, lock)?;
+    sync_dir(dst)
 }
 
 /// Refuses early when the output cannot fit: the shards still to write

@@ -5,6 +5,7 @@
 //! huggingface_hub (see tests/fixtures/SOURCES.md), not by reshard.
 
 mod batch;
+mod batch_verify;
 mod budgets;
 mod cast;
 mod common;
