@@ -1,10 +1,10 @@
 //! The CPU device: host memory standing in for device memory, through the
 //! same [`Device`] code path a GPU takes.
 //!
-//! Unlike a GPU it frees each shard's allocations when the shard is done (it
-//! stands in for a loader that hands the shard on), so its own commit peak is
-//! the staging buffer plus the largest shard. `--vram-budget` still counts
-//! device bytes cumulatively, as a GPU would hold them.
+//! Unlike a GPU it releases each shard's allocations when the shard is done
+//! (it stands in for a loader that hands the shard on), so its own commit
+//! peak is the staging buffer plus the largest shard. `--vram-budget` still
+//! counts device bytes cumulatively, as a GPU would hold them.
 //!
 //! Staging and "device" allocations are [`PrivateMemory`] (private
 //! anonymous mappings, `VirtualAlloc` on Windows), not `malloc`: they are
@@ -14,10 +14,16 @@
 //! allocation is fallible, so under a commit limit one past the budget is an
 //! error value, not an abort.
 
+use xxhash_rust::xxh3::xxh3_64;
+
 use crate::platform::PrivateMemory;
 
-use super::{Device, DeviceError};
+use super::{Device, DeviceError, PARALLEL_MIN};
 use crate::validate::report::DeviceInfo;
+
+/// Bytes read into staging at a time: small enough that staging and the
+/// destination stay in a core's L2 while both hashes and the copy run.
+const FILL_LEN: usize = 1 << 20;
 
 pub struct CpuDevice {
     staging_len: usize,
@@ -97,6 +103,43 @@ impl Device for CpuDevice {
         Ok(())
     }
 
+    fn upload_beside(
+        &mut self,
+        alloc: Option<usize>,
+        offset: u64,
+        len: usize,
+        beside: &mut (dyn FnMut(&[u8]) + Send),
+    ) -> Result<(), DeviceError> {
+        let staging = self
+            .staging
+            .as_deref()
+            .ok_or_else(|| DeviceError::Driver("staging buffer not allocated".into()))?;
+        let src = staging.get(..len).ok_or_else(|| {
+            DeviceError::Driver(format!("{len} bytes are more than the staging buffer"))
+        })?;
+        let Some(alloc) = alloc else {
+            beside(src);
+            return Ok(());
+        };
+        let dst = self
+            .allocs
+            .get_mut(alloc)
+            .and_then(|a| {
+                let o = usize::try_from(offset).ok()?;
+                a.get_mut(o..o.checked_add(len)?)
+            })
+            .ok_or_else(|| {
+                DeviceError::Driver(format!("upload past the end of allocation {alloc}"))
+            })?;
+        if len >= PARALLEL_MIN {
+            rayon::join(|| beside(src), || dst.copy_from_slice(src));
+        } else {
+            beside(src);
+            dst.copy_from_slice(src);
+        }
+        Ok(())
+    }
+
     fn download(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError> {
         let (Some(staging), Some(src)) = (self.staging.as_deref_mut(), self.allocs.get(alloc))
         else {
@@ -110,6 +153,21 @@ impl Device for CpuDevice {
             })?;
         staging[..len].copy_from_slice(src);
         Ok(())
+    }
+
+    fn readback_hash(&mut self, alloc: usize, len: u64) -> Result<u64, DeviceError> {
+        let bytes = self
+            .allocs
+            .get(alloc)
+            .and_then(|a| a.get(..usize::try_from(len).ok()?))
+            .ok_or_else(|| {
+                DeviceError::Driver(format!("readback past the end of allocation {alloc}"))
+            })?;
+        Ok(xxh3_64(bytes))
+    }
+
+    fn fill_len(&self, staging_len: usize) -> usize {
+        staging_len.min(FILL_LEN)
     }
 
     fn end_shard(&mut self) {
@@ -141,6 +199,57 @@ mod tests {
         assert_eq!(d.held(), 6);
         d.end_shard();
         assert_eq!(d.held(), 0);
+    }
+
+    #[test]
+    fn readback_hashes_the_device_copy_not_staging() {
+        let mut d = CpuDevice::new(4);
+        d.prepare().unwrap();
+        let h = d.alloc(6).unwrap();
+        d.staging().unwrap().copy_from_slice(b"abcd");
+        d.upload(h, 0, 4).unwrap();
+        d.staging().unwrap()[..2].copy_from_slice(b"ef");
+        d.upload(h, 4, 2).unwrap();
+        // Staging now holds other bytes: the readback must not look there.
+        d.staging().unwrap().copy_from_slice(b"zzzz");
+        let in_place = d.readback_hash(h, 6).unwrap();
+        assert_eq!(in_place, xxh3_64(b"abcdef"));
+        // The same figure as the default, through staging (two pieces).
+        assert_eq!(
+            super::super::readback_via_staging(&mut d, h, 6).unwrap(),
+            in_place
+        );
+        assert!(d.readback_hash(h, 7).is_err());
+        assert!(d.readback_hash(h + 1, 1).is_err());
+    }
+
+    #[test]
+    fn upload_beside_copies_the_bytes_it_shows_beside() {
+        let len = 3 * PARALLEL_MIN;
+        let mut d = CpuDevice::new(len);
+        d.prepare().unwrap();
+        let h = d.alloc(len as u64 + 10).unwrap();
+        for (i, b) in d.staging().unwrap().iter_mut().enumerate() {
+            *b = (i * 7 % 251) as u8;
+        }
+        let expected = xxh3_64(&d.staging().unwrap()[..len]);
+        let mut seen = 0;
+        let mut beside = |b: &[u8]| seen = xxh3_64(b);
+        d.upload_beside(Some(h), 10, len, &mut beside).unwrap();
+        assert_eq!(seen, expected);
+        d.download(h, 10, len).unwrap();
+        assert_eq!(xxh3_64(d.staging().unwrap()), expected);
+        // Without an allocation only `beside` runs; past the end is an error.
+        let mut calls = 0;
+        d.upload_beside(None, 0, 8, &mut |_: &[u8]| calls += 1)
+            .unwrap();
+        assert_eq!(calls, 1);
+        assert!(d
+            .upload_beside(Some(h), 11, len, &mut |_: &[u8]| {})
+            .is_err());
+        assert!(d
+            .upload_beside(Some(h), 0, len + 1, &mut |_: &[u8]| {})
+            .is_err());
     }
 
     #[test]
