@@ -6,6 +6,17 @@
 //! peak is the staging buffer plus the largest shard. `--vram-budget` still
 //! counts device bytes cumulatively, as a GPU would hold them.
 //!
+//! Released allocations are kept as spares, as a caching allocator keeps
+//! them, and a later allocation of exactly the same length takes one (the
+//! layers of a checkpoint repeat their shapes), so the next shard does not
+//! fault in fresh pages for every byte. Spares never raise the peak: before
+//! new memory is mapped, spares are returned to the system until what is
+//! held plus what is spare plus the new allocation fits in the most this
+//! device ever had committed, or none are left; so the commit is never more
+//! than the largest shard, as without spares. A reused allocation holds the
+//! previous shard's bytes until the upload overwrites them, so the readback
+//! still tells an upload that did not happen from one that did.
+//!
 //! Staging and "device" allocations are [`PrivateMemory`] (private
 //! anonymous mappings, `VirtualAlloc` on Windows), not `malloc`: they are
 //! committed when made and returned to the system exactly when dropped, so
@@ -29,7 +40,12 @@ pub struct CpuDevice {
     staging_len: usize,
     staging: Option<PrivateMemory>,
     allocs: Vec<PrivateMemory>,
+    /// Released allocations, kept for reuse (see the module doc).
+    spare: Vec<PrivateMemory>,
     held: u64,
+    spare_bytes: u64,
+    /// The most `held + spare_bytes` has been.
+    most_committed: u64,
 }
 
 impl CpuDevice {
@@ -38,8 +54,28 @@ impl CpuDevice {
             staging_len,
             staging: None,
             allocs: Vec::new(),
+            spare: Vec::new(),
             held: 0,
+            spare_bytes: 0,
+            most_committed: 0,
         }
+    }
+
+    /// An allocation of exactly `len` (> 0) bytes: a spare of that length,
+    /// or new memory after returning spares as the module doc says.
+    fn take(&mut self, len: usize) -> Result<PrivateMemory, DeviceError> {
+        if let Some(k) = self.spare.iter().position(|m| m.len() == len) {
+            self.spare_bytes -= len as u64;
+            return Ok(self.spare.swap_remove(k));
+        }
+        let wanted = self.held + len as u64;
+        while wanted + self.spare_bytes > self.most_committed {
+            let Some(m) = self.spare.pop() else { break };
+            self.spare_bytes -= m.len() as u64;
+        }
+        let m = anon(len)?;
+        self.most_committed = self.most_committed.max(wanted + self.spare_bytes);
+        Ok(m)
     }
 }
 
@@ -83,8 +119,9 @@ impl Device for CpuDevice {
         let len = usize::try_from(len).map_err(|_| oom())?;
         // The handle table grows first, so its growth cannot fail later.
         self.allocs.try_reserve(1).map_err(|_| oom())?;
-        self.allocs.push(anon(len.max(1))?);
-        self.held += len as u64;
+        let memory = self.take(len.max(1))?;
+        self.held += memory.len() as u64;
+        self.allocs.push(memory);
         Ok(self.allocs.len() - 1)
     }
 
@@ -171,6 +208,12 @@ impl Device for CpuDevice {
     }
 
     fn end_shard(&mut self) {
+        // The spare list grows first, so keeping the memory cannot fail;
+        // if it cannot grow, the memory goes back to the system.
+        if self.spare.try_reserve(self.allocs.len()).is_ok() {
+            self.spare_bytes += self.held;
+            self.spare.append(&mut self.allocs);
+        }
         self.allocs = Vec::new();
         self.held = 0;
     }
@@ -250,6 +293,55 @@ mod tests {
         assert!(d
             .upload_beside(Some(h), 0, len + 1, &mut |_: &[u8]| {})
             .is_err());
+    }
+
+    #[test]
+    fn a_released_allocation_of_the_same_length_is_reused() {
+        let mut d = CpuDevice::new(4);
+        d.prepare().unwrap();
+        let h = d.alloc(4).unwrap();
+        d.staging().unwrap().copy_from_slice(b"wxyz");
+        d.upload(h, 0, 4).unwrap();
+        d.end_shard();
+        assert_eq!(d.held(), 0);
+        // The next shard's allocation of that length is the same memory:
+        // it still holds the last shard's bytes (so the readback of a
+        // missed upload would not match the file).
+        let h = d.alloc(4).unwrap();
+        assert_eq!(d.readback_hash(h, 4).unwrap(), xxh3_64(b"wxyz"));
+        // Another length is fresh, zeroed memory.
+        let g = d.alloc(3).unwrap();
+        assert_eq!(d.readback_hash(g, 3).unwrap(), xxh3_64(&[0, 0, 0]));
+    }
+
+    #[test]
+    fn spares_never_commit_more_than_the_largest_shard() {
+        let shards: [&[u64]; 5] = [
+            &[100, 100],
+            &[60, 60, 60],
+            &[100, 30, 100],
+            &[10],
+            &[300, 100],
+        ];
+        let mut d = CpuDevice::new(4);
+        let mut largest = 0u64;
+        for lens in shards {
+            largest = largest.max(lens.iter().sum());
+            for &len in lens {
+                d.alloc(len).unwrap();
+                let committed = d.held + d.spare_bytes;
+                let sum: u64 = d
+                    .allocs
+                    .iter()
+                    .chain(&d.spare)
+                    .map(|m| m.len() as u64)
+                    .sum();
+                assert_eq!(committed, sum, "the books match the memory");
+                assert!(committed <= largest, "{committed} > {largest} at {lens:?}");
+            }
+            d.end_shard();
+        }
+        assert_eq!(d.most_committed, 400);
     }
 
     #[test]
