@@ -72,8 +72,9 @@ pub trait Device {
     fn fill_len(&self, staging_len: usize) -> usize {
         staging_len
     }
-    /// The shard is loaded: the CPU stand-in hands it on (frees it); a GPU
-    /// keeps it, as a loader would.
+    /// The shard is loaded: the CPU stand-in hands it on (releases its
+    /// allocations, keeping them for reuse within the same peak, see
+    /// [`cpu`]); a GPU keeps it, as a loader would.
     fn end_shard(&mut self);
     /// Device bytes held now.
     fn held(&self) -> u64;
