@@ -158,11 +158,10 @@ pub(crate) fn run(
             let mut device =
                 device::open(options.device, device::staging_len(options.staging, &ck))?;
             report.device = device.info();
-            if options.against.is_some() {
-                // cast_parallel may use rayon: start its threads before the
-                // baseline so their stacks are not counted as load.
-                ledger.add_thread_stacks(against::warm_threads());
-            }
+            // The load hashes on rayon threads (and cast_parallel may use
+            // them): start them before the baseline so their stacks are not
+            // counted as load.
+            ledger.add_thread_stacks(against::warm_threads());
             before_load(ledger)?;
             own::run(
                 &ck,

@@ -195,7 +195,7 @@ pub fn run(
             let file_hash = stream_tensor(&reader, t, device, alloc, &mut check)?;
             expect.check_tensor(ck, i, file_hash, &mut report.failures);
             if let Some(h) = alloc {
-                if readback_hash(device, h, t.len)? != file_hash {
+                if device.readback_hash(h, t.len).map_err(device_err)? != file_hash {
                     report.fail(Failure::Readback {
                         file: name.clone(),
                         tensor: t.name.clone(),
@@ -255,11 +255,13 @@ fn hash_raw(
     Ok(())
 }
 
-/// Bytes both hashes take in turn: well inside a core's L2.
-const HASH_BLOCK: usize = 256 << 10;
-
 /// Streams a tensor's bytes through staging (and to the device when
 /// `alloc` is given); returns the xxh3 of the file bytes.
+///
+/// Each fill of staging is at most [`Device::fill_len`]; the shard digest
+/// and the xxh3 take it on two threads at once, beside the upload
+/// ([`Device::upload_beside`]: on the CPU stand-in the copy is a third
+/// task, and rayon spreads the three over the cores there are).
 fn stream_tensor(
     reader: &SourceReader,
     t: &crate::format::Tensor,
@@ -271,37 +273,32 @@ fn stream_tensor(
     let mut hash = Xxh3::new();
     let mut done = 0u64;
     while done < t.len {
+        let cap = device.staging().map_err(device_err)?.len();
+        let fill = device.fill_len(cap).clamp(1, cap.max(1));
         let staging = device.staging().map_err(device_err)?;
         let n = usize::try_from(t.len - done)
             .unwrap_or(usize::MAX)
-            .min(staging.len());
+            .min(fill);
         reader.read_chunk(t, &mut stream, &mut staging[..n])?;
-        // Both hashes take each block while it is in the CPU's cache.
-        for block in staging[..n].chunks(HASH_BLOCK) {
-            hash.update(block);
-            check.update(block);
-        }
-        if let Some(h) = alloc {
-            device.upload(h, done, n).map_err(device_err)?;
-        }
+        let mut hashes = |bytes: &[u8]| {
+            if check.active() && bytes.len() >= PARALLEL_MIN {
+                rayon::join(|| check.update(bytes), || hash.update(bytes));
+            } else {
+                check.update(bytes);
+                hash.update(bytes);
+            }
+        };
+        device
+            .upload_beside(alloc, done, n, &mut hashes)
+            .map_err(device_err)?;
         done += n as u64;
     }
     Ok(hash.digest())
 }
 
-/// The xxh3 of `len` bytes read back from a device allocation via staging.
-fn readback_hash(device: &mut dyn Device, alloc: usize, len: u64) -> Result<u64, ValidateError> {
-    let mut hash = Xxh3::new();
-    let mut done = 0u64;
-    while done < len {
-        let cap = device.staging().map_err(device_err)?.len();
-        let n = usize::try_from(len - done).unwrap_or(usize::MAX).min(cap);
-        device.download(alloc, done, n).map_err(device_err)?;
-        hash.update(&device.staging().map_err(device_err)?[..n]);
-        done += n as u64;
-    }
-    Ok(hash.digest())
-}
+/// Fills smaller than this are hashed on one thread: handing them to
+/// another costs more than it saves.
+const PARALLEL_MIN: usize = super::device::PARALLEL_MIN;
 
 #[cfg(test)]
 mod tests {
@@ -366,6 +363,183 @@ mod tests {
             ("model.embed_tokens.weight", 1, 2),
         ]);
         assert_eq!(shard_order(&c), vec![2, 1, 0]);
+    }
+
+    use crate::validate::device::cpu::CpuDevice;
+    use crate::validate::report::DeviceInfo;
+    use crate::write::digest::{DigestAlgo, ShardHasher};
+    use crate::write::manifest::ShardRecord;
+
+    /// The CPU device, except that after allocation `corrupt` of a shard is
+    /// uploaded, its first byte in device memory is flipped.
+    struct Corrupting {
+        inner: CpuDevice,
+        corrupt: Option<usize>,
+    }
+
+    impl Device for Corrupting {
+        fn info(&self) -> DeviceInfo {
+            self.inner.info()
+        }
+        fn prepare(&mut self) -> Result<(), DeviceError> {
+            self.inner.prepare()
+        }
+        fn staging(&mut self) -> Result<&mut [u8], DeviceError> {
+            self.inner.staging()
+        }
+        fn alloc(&mut self, len: u64) -> Result<usize, DeviceError> {
+            self.inner.alloc(len)
+        }
+        fn upload(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError> {
+            self.inner.upload(alloc, offset, len)
+        }
+        fn upload_beside(
+            &mut self,
+            alloc: Option<usize>,
+            offset: u64,
+            len: usize,
+            beside: &mut (dyn FnMut(&[u8]) + Send),
+        ) -> Result<(), DeviceError> {
+            self.inner.upload_beside(alloc, offset, len, beside)?;
+            if let Some(h) = alloc.filter(|&h| Some(h) == self.corrupt && offset == 0) {
+                // Staging still holds the byte just uploaded to offset 0.
+                self.inner.staging()?[0] ^= 0xff;
+                self.inner.upload(h, 0, 1)?;
+            }
+            Ok(())
+        }
+        fn download(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError> {
+            self.inner.download(alloc, offset, len)
+        }
+        fn readback_hash(&mut self, alloc: usize, len: u64) -> Result<u64, DeviceError> {
+            self.inner.readback_hash(alloc, len)
+        }
+        fn fill_len(&self, staging_len: usize) -> usize {
+            self.inner.fill_len(staging_len)
+        }
+        fn end_shard(&mut self) {
+            self.inner.end_shard()
+        }
+        fn held(&self) -> u64 {
+            self.inner.held()
+        }
+    }
+
+    fn load_fixture(corrupt: Option<usize>) -> ValidateReport {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
+        let c = crate::format::open(&path).unwrap();
+        let options = ValidateOptions::default();
+        let mut report = ValidateReport::new(&path, &options);
+        let expect = Expected::new(&c, None, &mut report.failures);
+        let mut device = Corrupting {
+            inner: CpuDevice::new(staging_len(options.staging, &c)),
+            corrupt,
+        };
+        report.device = device.info();
+        let mut ledger = CommitLedger::start();
+        let order = shard_order(&c);
+        run(
+            &c,
+            &order,
+            &mut device,
+            &options,
+            &expect,
+            &mut ledger,
+            &mut report,
+        )
+        .unwrap();
+        report
+    }
+
+    #[test]
+    fn a_corrupted_device_copy_fails_the_readback() {
+        let sound = load_fixture(None);
+        assert!(sound.failures.is_empty(), "{:?}", sound.failures);
+        assert!(sound.bytes_loaded > 0);
+        let report = load_fixture(Some(1));
+        match &report.failures[..] {
+            [Failure::Readback { file, device, .. }] => {
+                assert_eq!(
+                    (file.as_str(), device.as_str()),
+                    ("model.safetensors", "cpu")
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A safetensors file of one `U8` tensor per length, with the bytes
+    /// `i * 31 % 253` throughout.
+    fn write_safetensors(path: &std::path::Path, lens: &[u64]) {
+        let mut header = serde_json::Map::new();
+        let mut at = 0u64;
+        for (i, &len) in lens.iter().enumerate() {
+            header.insert(
+                format!("t{i}"),
+                serde_json::json!({"dtype": "U8", "shape": [len], "data_offsets": [at, at + len]}),
+            );
+            at += len;
+        }
+        let mut json = serde_json::Value::Object(header).to_string();
+        while !json.len().is_multiple_of(8) {
+            json.push(' ');
+        }
+        let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(json.as_bytes());
+        bytes.extend((0..at).map(|i| (i * 31 % 253) as u8));
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    #[test]
+    fn hashing_beside_the_upload_gives_the_whole_file_digest() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("model.safetensors");
+        // Several fills of a CPU device (1 MiB), one short of a fill, and
+        // one below the size hashed on two threads.
+        write_safetensors(&file, &[(3 << 20) + 5, 100 << 10, 7]);
+        let c = crate::format::open(dir.path()).unwrap();
+        let whole = std::fs::read(&file).unwrap();
+        let reader = SourceReader::open(&c).unwrap();
+        for algo in [DigestAlgo::Blake3, DigestAlgo::Sha256] {
+            let mut h = ShardHasher::new(algo);
+            h.update(&whole);
+            let mut record = ShardRecord {
+                file: "model.safetensors".into(),
+                size: whole.len() as u64,
+                digest: h.finish(),
+                tensors: vec![],
+            };
+            for flip in [false, true] {
+                if flip {
+                    // A digest the bytes do not have must fail.
+                    let mut h = ShardHasher::new(algo);
+                    h.update(b"other bytes");
+                    record.digest = h.finish();
+                }
+                let mut device = CpuDevice::new(staging_len(64 << 20, &c));
+                device.prepare().unwrap();
+                let raw = File::open(&file).unwrap();
+                let mut check = ShardCheck::new(Some(&record));
+                let mut tensors: Vec<usize> = (0..c.tensors.len()).collect();
+                tensors.sort_by_key(|&i| c.tensors[i].offset());
+                for i in tensors {
+                    let t = &c.tensors[i];
+                    hash_raw(&mut device, &raw, &file, &mut check, t.offset()).unwrap();
+                    let alloc = device.alloc(t.len).unwrap();
+                    let xxh =
+                        stream_tensor(&reader, t, &mut device, Some(alloc), &mut check).unwrap();
+                    let start = t.offset() as usize;
+                    let want = xxhash_rust::xxh3::xxh3_64(&whole[start..start + t.len as usize]);
+                    assert_eq!(xxh, want, "{}", t.name);
+                    assert_eq!(device.readback_hash(alloc, t.len).unwrap(), want);
+                }
+                hash_raw(&mut device, &raw, &file, &mut check, record.size).unwrap();
+                let mut failures = vec![];
+                check.finish(&mut failures);
+                assert_eq!(failures.is_empty(), !flip, "{algo:?}: {failures:?}");
+            }
+        }
     }
 
     #[test]

@@ -1,10 +1,21 @@
 //! The CPU device: host memory standing in for device memory, through the
 //! same [`Device`] code path a GPU takes.
 //!
-//! Unlike a GPU it frees each shard's allocations when the shard is done (it
-//! stands in for a loader that hands the shard on), so its own commit peak is
-//! the staging buffer plus the largest shard. `--vram-budget` still counts
-//! device bytes cumulatively, as a GPU would hold them.
+//! Unlike a GPU it releases each shard's allocations when the shard is done
+//! (it stands in for a loader that hands the shard on), so its own commit
+//! peak is the staging buffer plus the largest shard. `--vram-budget` still
+//! counts device bytes cumulatively, as a GPU would hold them.
+//!
+//! Released allocations are kept as spares, as a caching allocator keeps
+//! them, and a later allocation of exactly the same length takes one (the
+//! layers of a checkpoint repeat their shapes), so the next shard does not
+//! fault in fresh pages for every byte. Spares never raise the peak: before
+//! new memory is mapped, spares are returned to the system until what is
+//! held plus what is spare plus the new allocation fits in the most this
+//! device ever had committed, or none are left; so the commit is never more
+//! than the largest shard, as without spares. A reused allocation holds the
+//! previous shard's bytes until the upload overwrites them, so the readback
+//! still tells an upload that did not happen from one that did.
 //!
 //! Staging and "device" allocations are [`PrivateMemory`] (private
 //! anonymous mappings, `VirtualAlloc` on Windows), not `malloc`: they are
@@ -14,16 +25,27 @@
 //! allocation is fallible, so under a commit limit one past the budget is an
 //! error value, not an abort.
 
+use xxhash_rust::xxh3::xxh3_64;
+
 use crate::platform::PrivateMemory;
 
-use super::{Device, DeviceError};
+use super::{Device, DeviceError, PARALLEL_MIN};
 use crate::validate::report::DeviceInfo;
+
+/// Bytes read into staging at a time: small enough that staging and the
+/// destination stay in a core's L2 while both hashes and the copy run.
+const FILL_LEN: usize = 1 << 20;
 
 pub struct CpuDevice {
     staging_len: usize,
     staging: Option<PrivateMemory>,
     allocs: Vec<PrivateMemory>,
+    /// Released allocations, kept for reuse (see the module doc).
+    spare: Vec<PrivateMemory>,
     held: u64,
+    spare_bytes: u64,
+    /// The most `held + spare_bytes` has been.
+    most_committed: u64,
 }
 
 impl CpuDevice {
@@ -32,8 +54,28 @@ impl CpuDevice {
             staging_len,
             staging: None,
             allocs: Vec::new(),
+            spare: Vec::new(),
             held: 0,
+            spare_bytes: 0,
+            most_committed: 0,
         }
+    }
+
+    /// An allocation of exactly `len` (> 0) bytes: a spare of that length,
+    /// or new memory after returning spares as the module doc says.
+    fn take(&mut self, len: usize) -> Result<PrivateMemory, DeviceError> {
+        if let Some(k) = self.spare.iter().position(|m| m.len() == len) {
+            self.spare_bytes -= len as u64;
+            return Ok(self.spare.swap_remove(k));
+        }
+        let wanted = self.held + len as u64;
+        while wanted + self.spare_bytes > self.most_committed {
+            let Some(m) = self.spare.pop() else { break };
+            self.spare_bytes -= m.len() as u64;
+        }
+        let m = anon(len)?;
+        self.most_committed = self.most_committed.max(wanted + self.spare_bytes);
+        Ok(m)
     }
 }
 
@@ -77,8 +119,9 @@ impl Device for CpuDevice {
         let len = usize::try_from(len).map_err(|_| oom())?;
         // The handle table grows first, so its growth cannot fail later.
         self.allocs.try_reserve(1).map_err(|_| oom())?;
-        self.allocs.push(anon(len.max(1))?);
-        self.held += len as u64;
+        let memory = self.take(len.max(1))?;
+        self.held += memory.len() as u64;
+        self.allocs.push(memory);
         Ok(self.allocs.len() - 1)
     }
 
@@ -97,6 +140,43 @@ impl Device for CpuDevice {
         Ok(())
     }
 
+    fn upload_beside(
+        &mut self,
+        alloc: Option<usize>,
+        offset: u64,
+        len: usize,
+        beside: &mut (dyn FnMut(&[u8]) + Send),
+    ) -> Result<(), DeviceError> {
+        let staging = self
+            .staging
+            .as_deref()
+            .ok_or_else(|| DeviceError::Driver("staging buffer not allocated".into()))?;
+        let src = staging.get(..len).ok_or_else(|| {
+            DeviceError::Driver(format!("{len} bytes are more than the staging buffer"))
+        })?;
+        let Some(alloc) = alloc else {
+            beside(src);
+            return Ok(());
+        };
+        let dst = self
+            .allocs
+            .get_mut(alloc)
+            .and_then(|a| {
+                let o = usize::try_from(offset).ok()?;
+                a.get_mut(o..o.checked_add(len)?)
+            })
+            .ok_or_else(|| {
+                DeviceError::Driver(format!("upload past the end of allocation {alloc}"))
+            })?;
+        if len >= PARALLEL_MIN {
+            rayon::join(|| beside(src), || dst.copy_from_slice(src));
+        } else {
+            beside(src);
+            dst.copy_from_slice(src);
+        }
+        Ok(())
+    }
+
     fn download(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError> {
         let (Some(staging), Some(src)) = (self.staging.as_deref_mut(), self.allocs.get(alloc))
         else {
@@ -112,7 +192,28 @@ impl Device for CpuDevice {
         Ok(())
     }
 
+    fn readback_hash(&mut self, alloc: usize, len: u64) -> Result<u64, DeviceError> {
+        let bytes = self
+            .allocs
+            .get(alloc)
+            .and_then(|a| a.get(..usize::try_from(len).ok()?))
+            .ok_or_else(|| {
+                DeviceError::Driver(format!("readback past the end of allocation {alloc}"))
+            })?;
+        Ok(xxh3_64(bytes))
+    }
+
+    fn fill_len(&self, staging_len: usize) -> usize {
+        staging_len.min(FILL_LEN)
+    }
+
     fn end_shard(&mut self) {
+        // The spare list grows first, so keeping the memory cannot fail;
+        // if it cannot grow, the memory goes back to the system.
+        if self.spare.try_reserve(self.allocs.len()).is_ok() {
+            self.spare_bytes += self.held;
+            self.spare.append(&mut self.allocs);
+        }
         self.allocs = Vec::new();
         self.held = 0;
     }
@@ -141,6 +242,106 @@ mod tests {
         assert_eq!(d.held(), 6);
         d.end_shard();
         assert_eq!(d.held(), 0);
+    }
+
+    #[test]
+    fn readback_hashes_the_device_copy_not_staging() {
+        let mut d = CpuDevice::new(4);
+        d.prepare().unwrap();
+        let h = d.alloc(6).unwrap();
+        d.staging().unwrap().copy_from_slice(b"abcd");
+        d.upload(h, 0, 4).unwrap();
+        d.staging().unwrap()[..2].copy_from_slice(b"ef");
+        d.upload(h, 4, 2).unwrap();
+        // Staging now holds other bytes: the readback must not look there.
+        d.staging().unwrap().copy_from_slice(b"zzzz");
+        let in_place = d.readback_hash(h, 6).unwrap();
+        assert_eq!(in_place, xxh3_64(b"abcdef"));
+        // The same figure as the default, through staging (two pieces).
+        assert_eq!(
+            super::super::readback_via_staging(&mut d, h, 6).unwrap(),
+            in_place
+        );
+        assert!(d.readback_hash(h, 7).is_err());
+        assert!(d.readback_hash(h + 1, 1).is_err());
+    }
+
+    #[test]
+    fn upload_beside_copies_the_bytes_it_shows_beside() {
+        let len = 3 * PARALLEL_MIN;
+        let mut d = CpuDevice::new(len);
+        d.prepare().unwrap();
+        let h = d.alloc(len as u64 + 10).unwrap();
+        for (i, b) in d.staging().unwrap().iter_mut().enumerate() {
+            *b = (i * 7 % 251) as u8;
+        }
+        let expected = xxh3_64(&d.staging().unwrap()[..len]);
+        let mut seen = 0;
+        let mut beside = |b: &[u8]| seen = xxh3_64(b);
+        d.upload_beside(Some(h), 10, len, &mut beside).unwrap();
+        assert_eq!(seen, expected);
+        d.download(h, 10, len).unwrap();
+        assert_eq!(xxh3_64(d.staging().unwrap()), expected);
+        // Without an allocation only `beside` runs; past the end is an error.
+        let mut calls = 0;
+        d.upload_beside(None, 0, 8, &mut |_: &[u8]| calls += 1)
+            .unwrap();
+        assert_eq!(calls, 1);
+        assert!(d
+            .upload_beside(Some(h), 11, len, &mut |_: &[u8]| {})
+            .is_err());
+        assert!(d
+            .upload_beside(Some(h), 0, len + 1, &mut |_: &[u8]| {})
+            .is_err());
+    }
+
+    #[test]
+    fn a_released_allocation_of_the_same_length_is_reused() {
+        let mut d = CpuDevice::new(4);
+        d.prepare().unwrap();
+        let h = d.alloc(4).unwrap();
+        d.staging().unwrap().copy_from_slice(b"wxyz");
+        d.upload(h, 0, 4).unwrap();
+        d.end_shard();
+        assert_eq!(d.held(), 0);
+        // The next shard's allocation of that length is the same memory:
+        // it still holds the last shard's bytes (so the readback of a
+        // missed upload would not match the file).
+        let h = d.alloc(4).unwrap();
+        assert_eq!(d.readback_hash(h, 4).unwrap(), xxh3_64(b"wxyz"));
+        // Another length is fresh, zeroed memory.
+        let g = d.alloc(3).unwrap();
+        assert_eq!(d.readback_hash(g, 3).unwrap(), xxh3_64(&[0, 0, 0]));
+    }
+
+    #[test]
+    fn spares_never_commit_more_than_the_largest_shard() {
+        let shards: [&[u64]; 5] = [
+            &[100, 100],
+            &[60, 60, 60],
+            &[100, 30, 100],
+            &[10],
+            &[300, 100],
+        ];
+        let mut d = CpuDevice::new(4);
+        let mut largest = 0u64;
+        for lens in shards {
+            largest = largest.max(lens.iter().sum());
+            for &len in lens {
+                d.alloc(len).unwrap();
+                let committed = d.held + d.spare_bytes;
+                let sum: u64 = d
+                    .allocs
+                    .iter()
+                    .chain(&d.spare)
+                    .map(|m| m.len() as u64)
+                    .sum();
+                assert_eq!(committed, sum, "the books match the memory");
+                assert!(committed <= largest, "{committed} > {largest} at {lens:?}");
+            }
+            d.end_shard();
+        }
+        assert_eq!(d.most_committed, 400);
     }
 
     #[test]

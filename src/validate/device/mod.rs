@@ -8,6 +8,8 @@
 pub mod cpu;
 pub mod cuda;
 
+use xxhash_rust::xxh3::Xxh3;
+
 use crate::format::Checkpoint;
 
 use super::report::DeviceInfo;
@@ -34,13 +36,70 @@ pub trait Device {
     fn alloc(&mut self, len: u64) -> Result<usize, DeviceError>;
     /// Copies `staging[..len]` to `alloc[offset..offset + len]`.
     fn upload(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError>;
+    /// Runs `beside` over `staging[..len]` and uploads those bytes to
+    /// `alloc[offset..]` when `alloc` is given: by default one after the
+    /// other; the CPU stand-in does both at once on two threads.
+    fn upload_beside(
+        &mut self,
+        alloc: Option<usize>,
+        offset: u64,
+        len: usize,
+        beside: &mut (dyn FnMut(&[u8]) + Send),
+    ) -> Result<(), DeviceError> {
+        let staging = self.staging()?;
+        let bytes = staging.get(..len).ok_or_else(|| {
+            DeviceError::Driver(format!("{len} bytes are more than the staging buffer"))
+        })?;
+        beside(bytes);
+        match alloc {
+            Some(h) => self.upload(h, offset, len),
+            None => Ok(()),
+        }
+    }
     /// Copies `alloc[offset..offset + len]` to `staging[..len]`.
     fn download(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError>;
-    /// The shard is loaded: the CPU stand-in hands it on (frees it); a GPU
-    /// keeps it, as a loader would.
+    /// The xxh3 of `alloc[..len]` as the device holds it: the readback
+    /// check. By default the bytes come back through staging
+    /// ([`readback_via_staging`]); a device whose memory the CPU can read
+    /// (the CPU stand-in) hashes it in place.
+    fn readback_hash(&mut self, alloc: usize, len: u64) -> Result<u64, DeviceError> {
+        readback_via_staging(self, alloc, len)
+    }
+    /// The most bytes read into staging at a time, given its length: the
+    /// whole buffer by default (few, large transfers suit a GPU); the CPU
+    /// stand-in reads less, so the bytes stay in cache while they are
+    /// hashed and copied.
+    fn fill_len(&self, staging_len: usize) -> usize {
+        staging_len
+    }
+    /// The shard is loaded: the CPU stand-in hands it on (releases its
+    /// allocations, keeping them for reuse within the same peak, see
+    /// [`cpu`]); a GPU keeps it, as a loader would.
     fn end_shard(&mut self);
     /// Device bytes held now.
     fn held(&self) -> u64;
+}
+
+/// Bytes below which work on them is not split across threads: handing
+/// it to another thread costs more than it saves.
+pub const PARALLEL_MIN: usize = 64 << 10;
+
+/// The xxh3 of `alloc[..len]`, downloaded through staging piece by piece.
+pub fn readback_via_staging<D: Device + ?Sized>(
+    device: &mut D,
+    alloc: usize,
+    len: u64,
+) -> Result<u64, DeviceError> {
+    let mut hash = Xxh3::new();
+    let mut done = 0u64;
+    while done < len {
+        let cap = device.staging()?.len();
+        let n = usize::try_from(len - done).unwrap_or(usize::MAX).min(cap);
+        device.download(alloc, done, n)?;
+        hash.update(&device.staging()?[..n]);
+        done += n as u64;
+    }
+    Ok(hash.digest())
 }
 
 /// The staging buffer for a checkpoint: `requested`, but no larger than
