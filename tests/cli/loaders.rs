@@ -40,7 +40,6 @@ SentenceTransformer(hf, device="cpu").save(os.path.join(out, "st"))
 "#;
 
 struct Checkpoints {
-    _dir: tempfile::TempDir,
     root: PathBuf,
     python: PathBuf,
 }
@@ -69,7 +68,10 @@ fn loaders_python() -> Option<PathBuf> {
     Some(python)
 }
 
-/// The checkpoints, built once per test binary run.
+/// The checkpoints, built once per test binary run under a fixed folder of
+/// the target's temp dir, removed first: a `TempDir` in a static is never
+/// dropped, so each run used to leave 1.9 GB in /tmp; now at most one copy
+/// exists, and `cargo clean` removes it.
 fn checkpoints() -> Option<&'static Checkpoints> {
     static BUILT: OnceLock<Option<Checkpoints>> = OnceLock::new();
     BUILT
@@ -79,8 +81,14 @@ fn checkpoints() -> Option<&'static Checkpoints> {
                 return None;
             }
             let python = loaders_python()?;
-            let dir = tempfile::tempdir().unwrap();
-            let root = dir.path().to_path_buf();
+            let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("loaders-checkpoints");
+            match std::fs::remove_dir_all(&root) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    panic!("cannot remove {}: {e}", root.display())
+                }
+                _ => {}
+            }
+            std::fs::create_dir_all(&root).unwrap();
             let out = std::process::Command::new(&python)
                 .args(["-c", BUILD])
                 .arg(&root)
@@ -103,11 +111,7 @@ fn checkpoints() -> Option<&'static Checkpoints> {
             }
             // convert mirrors the module folders sentence-transformers needs.
             assert!(root.join("st-64/1_Pooling/config.json").is_file());
-            Some(Checkpoints {
-                _dir: dir,
-                root,
-                python,
-            })
+            Some(Checkpoints { root, python })
         })
         .as_ref()
 }
