@@ -8,7 +8,7 @@ use anyhow::Context;
 
 use reshard::format::layout::{self, LayoutKind};
 use reshard::format::names::escape;
-use reshard::units::{human, ByteSize};
+use reshard::units::{human, ByteSize, TimeSpan};
 use reshard::validate::python::{self, PythonLoader, PythonOptions, PythonReport};
 use reshard::validate::{self, DeviceSpec, Loader, ValidateOptions, ValidateReport};
 
@@ -40,6 +40,18 @@ pub struct Args {
     /// `python` on PATH).
     #[arg(long, value_name = "PATH", requires = "loader")]
     python: Option<PathBuf>,
+    /// Kill --loader (and every process it started) if it has not finished
+    /// after DURATION (90s, 30m, 2h), imports included, and exit 2. The
+    /// default, 2h, is far above a 70B model in transformers (140 GB of
+    /// bf16 is about 25 minutes from a 100 MB/s disk), so only a hung
+    /// loader meets it.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "2h",
+        requires = "loader"
+    )]
+    loader_timeout: TimeSpan,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -203,6 +215,7 @@ fn run_python(args: &Args, loader: PythonLoader) -> anyhow::Result<ExitStatus> {
         device: args.load.device,
         commit_budget: args.load.commit_budget.map(ByteSize::bytes),
         baseline: reshard::plan::fit::DEFAULT_BASELINE,
+        timeout: args.loader_timeout.0,
     };
     let report = python::run(&args.path, &options)
         .with_context(|| format!("cannot validate {}", args.path.display()))?;
@@ -463,5 +476,27 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    fn loader_timeout(argv: &[&str]) -> Result<std::time::Duration, clap::Error> {
+        Wrap::try_parse_from(std::iter::once("validate").chain(argv.iter().copied()))
+            .map(|w| w.args.loader_timeout.0)
+    }
+
+    #[test]
+    fn parses_the_loader_timeout() {
+        let l = ["m", "--loader", "python:transformers"];
+        assert_eq!(
+            loader_timeout(&l).unwrap(),
+            reshard::validate::python::DEFAULT_TIMEOUT
+        );
+        let with = |t: &str| loader_timeout(&[&l[..], &["--loader-timeout", t]].concat());
+        assert_eq!(with("90s").unwrap().as_secs(), 90);
+        assert_eq!(with("30m").unwrap().as_secs(), 1800);
+        for bad in ["0", "soon", "-5s"] {
+            assert!(with(bad).is_err(), "{bad}");
+        }
+        // It only means something with --loader.
+        assert!(loader_timeout(&["m", "--loader-timeout", "5s"]).is_err());
     }
 }

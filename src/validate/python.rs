@@ -6,11 +6,17 @@
 //! `python/harness.py`); nothing is installed. The child imports its
 //! libraries, says `RESHARD-READY` on stderr and waits; the parent samples
 //! its commit then (the baseline: Python plus torch and the loader's
-//! library), puts [`crate::platform::ChildCommitLimit`] on it at baseline +
-//! budget (`RLIMIT_DATA` through `prlimit` on Linux, a Job Object on
-//! Windows), lets it load, and samples its commit and RSS every millisecond
-//! until it exits ([`crate::platform::process_memory`]). The child prints one
-//! JSON line on stdout: what it loaded and the library versions, or why not.
+//! library), puts a commit limit on it at baseline + budget
+//! ([`crate::platform::ProcessTree::limit_commit`]: `RLIMIT_DATA` through
+//! `prlimit` on Linux, a Job Object on Windows), lets it load, and samples
+//! its commit and RSS every millisecond until it exits
+//! ([`crate::platform::process_memory`]). The child prints one JSON line on
+//! stdout: what it loaded and the library versions, or why not.
+//!
+//! The child heads its own process tree (a process group, a Job Object), so
+//! when it outlives [`PythonOptions::timeout`] it is killed with every
+//! worker it started, and the run is an error naming the loader and the
+//! timeout: a loader that never exits cannot hang `validate`.
 //!
 //! Next to the measurement stands fit's prediction for the same checkpoint
 //! ([`crate::plan::fit::loader::peak`]), so a user sees both. Nothing here
@@ -23,19 +29,26 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use super::options::DeviceSpec;
 use crate::format::{self, FormatError};
 use crate::plan::fit::loader::{self as model, LoadParams, Os, Sizes};
+use crate::platform::ProcessTree;
+use crate::units::TimeSpan;
 
 const HARNESS: &str = include_str!("python/harness.py");
 /// The line the harness writes on stderr once its imports are done.
 const READY: &str = "RESHARD-READY";
 /// How often the child's memory is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_millis(1);
+/// How long a loader may run, imports included, before it is killed
+/// (`validate --loader-timeout`): far above a 70B model in transformers
+/// (140 GB of bf16 is about 25 minutes from a 100 MB/s disk, more where
+/// the loader casts or swaps), yet a hung loader still ends.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2 * 3600);
 
 /// A real loader `validate --loader python:NAME` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,6 +159,9 @@ pub struct PythonOptions {
     pub commit_budget: Option<u64>,
     /// fit's baseline term to show with the prediction.
     pub baseline: u64,
+    /// How long the child may run in all, imports included, before it and
+    /// every process it started are killed.
+    pub timeout: Duration,
 }
 
 /// Why a real loader could not be run (exit 2), as opposed to a load that
@@ -176,6 +192,12 @@ pub enum PythonError {
         loader: PythonLoader,
         path: PathBuf,
         reason: String,
+    },
+    #[error("{loader} on {}: no result after {} (--loader-timeout): the loader and the processes it started were killed", .path.display(), TimeSpan(*.timeout))]
+    TimedOut {
+        loader: PythonLoader,
+        path: PathBuf,
+        timeout: Duration,
     },
     #[error("cannot limit the commit of the python process to {bytes} bytes")]
     Limit {
@@ -270,7 +292,8 @@ pub fn run(path: &Path, options: &PythonOptions) -> Result<PythonReport, PythonE
         DeviceSpec::Cpu => "cpu".to_string(),
         DeviceSpec::Cuda(n) => format!("cuda:{n}"),
     };
-    let mut child = Command::new(&options.python)
+    let mut command = Command::new(&options.python);
+    command
         .arg("-c")
         .arg(options.loader.script())
         .arg(path)
@@ -279,15 +302,33 @@ pub fn run(path: &Path, options: &PythonOptions) -> Result<PythonReport, PythonE
         .env("HF_HUB_OFFLINE", "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| PythonError::NoPython {
-            python: options.python.clone(),
-            source: e,
-        })?;
-    let measured = supervise(&mut child, options.commit_budget);
+        .stderr(Stdio::piped());
+    ProcessTree::prepare(&mut command);
+    let started = Instant::now();
+    let mut child = command.spawn().map_err(|e| PythonError::NoPython {
+        python: options.python.clone(),
+        source: e,
+    })?;
+    // Without a tree (a Windows that refuses the job) only the child can
+    // be killed, and a budget cannot be set.
+    let tree = ProcessTree::adopt(&child);
+    let deadline = started + options.timeout;
+    let measured = supervise(&mut child, tree.as_ref(), options.commit_budget, deadline);
+    // Workers the loader left behind go with it.
+    if let Ok(t) = &tree {
+        t.kill();
+    }
     let _ = child.kill();
     let status = child.wait().ok();
+    if measured.timed_out {
+        // The readers are not joined: a process that escaped the tree may
+        // hold the pipes open.
+        return Err(PythonError::TimedOut {
+            loader: options.loader,
+            path: path.to_path_buf(),
+            timeout: options.timeout,
+        });
+    }
     let (stdout, stderr_tail) = (measured.stdout.join(), measured.stderr.join());
     let stdout = stdout.unwrap_or_default();
     let stderr_tail: Vec<String> = stderr_tail.unwrap_or_default();
@@ -392,6 +433,8 @@ pub fn run(path: &Path, options: &PythonOptions) -> Result<PythonReport, PythonE
 /// What [`supervise`] measured, and the reader threads to join.
 struct Measured {
     ready: bool,
+    /// The deadline passed before the child exited.
+    timed_out: bool,
     baseline: u64,
     peak_commit: u64,
     baseline_rss: u64,
@@ -437,8 +480,13 @@ fn each_line(mut r: impl Read, max: usize, mut f: impl FnMut(String)) {
 }
 
 /// Waits for the child's ready line, takes the baseline, limits the child,
-/// lets it load and samples it until it exits.
-fn supervise(child: &mut Child, budget: Option<u64>) -> Measured {
+/// lets it load and samples it until it exits or `deadline` passes.
+fn supervise(
+    child: &mut Child,
+    tree: Result<&ProcessTree, &std::io::Error>,
+    budget: Option<u64>,
+    deadline: Instant,
+) -> Measured {
     let (tx, rx) = mpsc::channel::<()>();
     let stderr = child.stderr.take();
     let stderr = std::thread::spawn(move || {
@@ -471,6 +519,7 @@ fn supervise(child: &mut Child, budget: Option<u64>) -> Measured {
     });
     let mut m = Measured {
         ready: false,
+        timed_out: false,
         baseline: 0,
         peak_commit: 0,
         baseline_rss: 0,
@@ -481,24 +530,28 @@ fn supervise(child: &mut Child, budget: Option<u64>) -> Measured {
         stderr,
     };
     // The sender is dropped when stderr closes: the child ended first.
-    if rx.recv().is_err() {
-        return m;
+    match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        Ok(()) => {}
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            m.timed_out = true;
+            return m;
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => return m,
     }
     m.ready = true;
     let now = crate::platform::process_memory(child);
     m.baseline = now.commit.unwrap_or(0);
     m.peak_commit = m.baseline;
     m.baseline_rss = now.rss.unwrap_or(0);
-    // Held until the child has exited.
-    let mut _limit = None;
     if let Some(b) = budget {
         let bytes = m.baseline.saturating_add(b);
-        match crate::platform::ChildCommitLimit::set(child, bytes) {
-            Ok(l) => _limit = Some(l),
-            Err(e) => {
-                m.limit_error = Some(PythonError::Limit { bytes, source: e });
-                return m;
-            }
+        let set = match tree {
+            Ok(t) => t.limit_commit(bytes),
+            Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+        };
+        if let Err(e) = set {
+            m.limit_error = Some(PythonError::Limit { bytes, source: e });
+            return m;
         }
     }
     if let Some(mut stdin) = child.stdin.take() {
@@ -514,6 +567,10 @@ fn supervise(child: &mut Child, budget: Option<u64>) -> Measured {
             .max(now.rss.unwrap_or(0))
             .max(now.peak_rss.unwrap_or(0));
         if !matches!(child.try_wait(), Ok(None)) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            m.timed_out = true;
             break;
         }
         std::thread::sleep(SAMPLE_EVERY);

@@ -358,3 +358,89 @@ fn output_that_is_not_utf8_does_not_lose_the_result() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("outcome \"weird\""), "{err}");
 }
+
+/// Whether process `pid` still runs (a zombie waiting to be reaped does
+/// not count), polled for up to 5 s so an orphan's reaping is not a race.
+#[cfg(target_os = "linux")]
+fn still_running(pid: &str) -> bool {
+    let stat = format!("/proc/{}/stat", pid.trim());
+    for _ in 0..50 {
+        match std::fs::read_to_string(&stat) {
+            Err(_) => return false,
+            // "PID (comm) STATE ...": the state follows the last ')'.
+            Ok(s)
+                if s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z')) =>
+            {
+                return false
+            }
+            Ok(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
+        }
+    }
+    true
+}
+
+/// A loader that never exits was waited for until Ctrl-C. Now
+/// `--loader-timeout` kills it, and the worker it started (torch's
+/// processes), and exits 2 naming the loader and the timeout: both when it
+/// hangs in its imports (no ready line) and when it hangs loading.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_hung_loader_is_killed_with_its_workers_at_the_timeout() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    for (case, ready) in [
+        ("importing", ""),
+        ("loading", "printf 'RESHARD-READY\\n' >&2\nread go\n"),
+    ] {
+        let pids = tmp.path().join(format!("{case}.pids"));
+        let fake = tmp.path().join(format!("python-{case}"));
+        std::fs::write(
+            &fake,
+            format!(
+                "#!/bin/sh\nsleep 300 &\necho $! > '{}'\necho $$ >> '{}'\n{ready}sleep 300\n",
+                pids.display(),
+                pids.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let started = std::time::Instant::now();
+        let out = reshard()
+            .args([
+                "validate",
+                "--loader",
+                "python:transformers",
+                "--loader-timeout",
+                "2s",
+                "--python",
+            ])
+            .arg(&fake)
+            .arg(fixture("tiny-llama"))
+            .timeout(std::time::Duration::from_secs(60))
+            .output()
+            .unwrap();
+        let took = started.elapsed();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{case}: {err}");
+        assert!(
+            err.contains("python:transformers") && err.contains("no result after 2s"),
+            "{case}: {err}"
+        );
+        // Generous for a loaded machine; without the timeout it is 300 s.
+        assert!(
+            took < std::time::Duration::from_secs(30),
+            "{case}: {took:?}"
+        );
+        let pids = std::fs::read_to_string(&pids).unwrap();
+        let pids: Vec<&str> = pids.lines().collect();
+        assert_eq!(pids.len(), 2, "{case}: {pids:?}");
+        for pid in pids {
+            assert!(
+                !still_running(pid),
+                "{case}: process {pid} was left running"
+            );
+        }
+    }
+}
