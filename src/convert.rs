@@ -131,6 +131,12 @@ pub enum ConvertError {
     Split(#[from] split::SplitError),
     #[error("{}: {reason}", .path.display())]
     DstSubfolder { path: PathBuf, reason: &'static str },
+    #[error("{}: {name:?} cannot be a name in the output: {reason}; the output must be portable to Windows, so rename it in the source", .path.display())]
+    ReservedName {
+        path: PathBuf,
+        name: String,
+        reason: &'static str,
+    },
 }
 
 /// What a conversion did.

@@ -23,7 +23,9 @@
 //! note), a symlinked folder is never entered (skipped with a note), and a
 //! name that is not valid UTF-8 is skipped rather than copied under a lossy
 //! name that another file could share. The walk is bounded in depth and in
-//! entries.
+//! entries. A file whose path holds a name Windows reserves (`aux.json`,
+//! `CON/x`, `notes.`: [`windows_reserved`]) is refused before anything is
+//! written, on every platform, so the output stays portable.
 
 use std::path::{Path, PathBuf};
 
@@ -31,6 +33,7 @@ use serde::Serialize;
 
 use super::ConvertError;
 use crate::cast;
+use crate::format::names::windows_reserved;
 use crate::format::{Checkpoint, Dtype, FormatError};
 use crate::write::manifest::MANIFEST;
 use crate::write::owned::is_weight_name;
@@ -189,6 +192,13 @@ pub fn select(
                 ));
                 continue;
             }
+            if let Some((part, reason)) = reserved_part(&lossy) {
+                return Err(ConvertError::ReservedName {
+                    path,
+                    name: part.to_string(),
+                    reason,
+                });
+            }
             if is_weight_like(name) {
                 out.copied_as_is.push(lossy.clone());
             }
@@ -203,6 +213,65 @@ pub fn select(
     out.skipped.sort_by(|a, b| a.name.cmp(&b.name));
     out.copied_as_is.sort();
     Ok(out)
+}
+
+/// The first `/`-separated part of `rel` Windows cannot hold, and why.
+fn reserved_part(rel: &str) -> Option<(&str, &'static str)> {
+    rel.split('/')
+        .find_map(|p| windows_reserved(p).map(|why| (p, why)))
+}
+
+/// Refuses, before anything is written, a name Windows reserves anywhere
+/// in the tree under `root` that a job of a composite layout will mirror
+/// (hidden entries and symlinked folders are not entered, as [`select`]
+/// leaves them out; weight-like files are left to [`select`], which knows
+/// whether they are converted or copied). Bounded as [`select`] is.
+pub fn check_portable_names(root: &Path) -> Result<(), ConvertError> {
+    let mut todo = vec![(root.to_path_buf(), 0usize)];
+    let mut seen = 0usize;
+    while let Some((dir, depth)) = todo.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|e| FormatError::io(&dir, e))?;
+        for entry in entries.filter_map(Result::ok) {
+            seen += 1;
+            if seen > MAX_ENTRIES {
+                return Ok(());
+            }
+            let os_name = entry.file_name();
+            let Some(name) = os_name.to_str() else {
+                continue;
+            };
+            if name.starts_with('.') || name == MANIFEST {
+                continue;
+            }
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            let path = entry.path();
+            // A linked file (an HF snapshot's) counts as its target; a
+            // linked folder is not entered.
+            let is_file = if kind.is_symlink() {
+                std::fs::metadata(&path).is_ok_and(|m| m.is_file())
+            } else {
+                kind.is_file()
+            };
+            let descend = kind.is_dir() && depth < MAX_DEPTH;
+            let mirrored = is_file && !is_weight_like(name);
+            if !descend && !mirrored {
+                continue;
+            }
+            if let Some(reason) = windows_reserved(name) {
+                return Err(ConvertError::ReservedName {
+                    path,
+                    name: name.to_string(),
+                    reason,
+                });
+            }
+            if descend {
+                todo.push((path, depth + 1));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn join(rel_dir: &str, name: &str) -> String {
@@ -284,6 +353,12 @@ pub fn subfolder(dst: &Path, rel: &str) -> Result<PathBuf, ConvertError> {
             return Err(ConvertError::DstSubfolder {
                 path: dir.join(part),
                 reason: "not a plain folder name",
+            });
+        }
+        if let Some(reason) = windows_reserved(part) {
+            return Err(ConvertError::DstSubfolder {
+                path: dir.join(part),
+                reason,
             });
         }
         dir.push(part);
