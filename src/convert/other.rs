@@ -26,6 +26,10 @@
 //! entries. A file whose path holds a name Windows reserves (`aux.json`,
 //! `CON/x`, `notes.`: [`windows_reserved`]) is refused before anything is
 //! written, on every platform, so the output stays portable.
+//!
+//! The manifest records each copy's source size and mtime ([`records`]); a
+//! rerun into an up-to-date output recopies only the files whose source
+//! changed, or whose record or copy is missing ([`refresh`]).
 
 use std::path::{Path, PathBuf};
 
@@ -35,7 +39,7 @@ use super::ConvertError;
 use crate::cast;
 use crate::format::names::windows_reserved;
 use crate::format::{Checkpoint, Dtype, FormatError};
-use crate::write::manifest::MANIFEST;
+use crate::write::manifest::{CopiedFile, Manifest, MANIFEST};
 use crate::write::owned::is_weight_name;
 use crate::write::scope::OutputScope;
 use crate::write::{copy_atomic, write_atomic, WriteError};
@@ -61,6 +65,8 @@ pub struct OtherFile {
     pub name: String,
     pub path: PathBuf,
     pub size: u64,
+    /// Nanoseconds since the Unix epoch (0 if unknown).
+    pub mtime_ns: u64,
 }
 
 /// Which of the source's other files to look at.
@@ -206,6 +212,7 @@ pub fn select(
                 name: lossy,
                 path,
                 size: meta.len(),
+                mtime_ns: mtime_ns(&meta),
             });
         }
     }
@@ -213,6 +220,13 @@ pub fn select(
     out.skipped.sort_by(|a, b| a.name.cmp(&b.name));
     out.copied_as_is.sort();
     Ok(out)
+}
+
+fn mtime_ns(meta: &std::fs::Metadata) -> u64 {
+    meta.modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// The first `/`-separated part of `rel` Windows cannot hold, and why.
@@ -272,6 +286,72 @@ pub fn check_portable_names(root: &Path) -> Result<(), ConvertError> {
         }
     }
     Ok(())
+}
+
+/// What the manifest records of `files` once copied.
+pub fn records(files: &[OtherFile]) -> Vec<CopiedFile> {
+    files
+        .iter()
+        .map(|f| CopiedFile {
+            name: f.name.clone(),
+            size: f.size,
+            mtime_ns: f.mtime_ns,
+        })
+        .collect()
+}
+
+/// Brings the mirrored files of an up-to-date output in line with the
+/// source: recopies each file of `others` whose source size or mtime differ
+/// from the manifest's record, that has no record (a manifest from before
+/// records), or whose copy is gone from DST; then rewrites the manifest.
+/// A new source file whose name DST already holds but no manifest records
+/// is not replaced (a note in `others.skipped`). Returns the names
+/// recopied, none when nothing changed (then nothing is written).
+pub fn refresh(
+    others: &mut OtherFiles,
+    dst: &Path,
+    config: Option<&str>,
+    manifest: &mut Manifest,
+) -> Result<Vec<String>, ConvertError> {
+    let mut stale = Vec::new();
+    let mut current = Vec::with_capacity(others.files.len());
+    for f in &others.files {
+        let own = manifest.copied_files.contains(&f.name);
+        let copy_there = std::fs::symlink_metadata(dst.join(&f.name)).ok();
+        let recorded = manifest
+            .copied_sources
+            .iter()
+            .find(|r| r.name == f.name)
+            .is_some_and(|r| r.size == f.size && r.mtime_ns == f.mtime_ns);
+        if own && recorded && copy_there.as_ref().is_some_and(std::fs::Metadata::is_file) {
+            current.push(f.clone());
+        } else if own || copy_there.is_none() {
+            stale.push(f.clone());
+            current.push(f.clone());
+        } else {
+            others.skipped.push(SkippedFile {
+                name: f.name.clone(),
+                reason: "new in the source, but the output holds a file of that name that reshard did not write; not replaced".into(),
+            });
+        }
+    }
+    if stale.is_empty() {
+        return Ok(Vec::new());
+    }
+    let refreshed = copy(&stale, dst, config)?;
+    for name in &refreshed {
+        if !manifest.copied_files.contains(name) {
+            manifest.copied_files.push(name.clone());
+        }
+    }
+    // Records of files still mirrored; a file gone from the source keeps
+    // its name in copied_files (DST still holds reshard's copy) but no
+    // record.
+    manifest.copied_sources = records(&current);
+    crate::write::sync_dir(dst)?;
+    write_atomic(dst, MANIFEST, &manifest.to_json())?;
+    crate::write::sync_dir(dst)?;
+    Ok(refreshed)
 }
 
 fn join(rel_dir: &str, name: &str) -> String {

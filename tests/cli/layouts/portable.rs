@@ -1,9 +1,14 @@
-//! Names reshard makes from data stay portable to Windows.
+//! Names reshard makes from data stay portable to Windows, and mirrored
+//! files follow their source into an output that is otherwise up to date.
 
 use std::path::Path;
 
 use super::stderr;
 use crate::common::{convert, copy_fixture, reshard, write_safetensors};
+
+fn stdout(a: &assert_cmd::assert::Assert) -> String {
+    String::from_utf8_lossy(&a.get_output().stdout).into_owned()
+}
 
 /// On Windows `DST/CON/CON.safetensors` is the console and `aux.json` a
 /// device: a component, a layout path or a mirrored file under such a name
@@ -138,4 +143,86 @@ fn windows_device_names_from_the_data_are_refused_before_anything_is_written() {
     .unwrap();
     convert(&root, &dst, &[]).success();
     assert!(dst.join("text_encoder/console.txt").is_file());
+}
+
+fn mtime(path: &Path) -> std::time::SystemTime {
+    std::fs::metadata(path).unwrap().modified().unwrap()
+}
+
+/// A rerun into a finished output said "up to date" from the manifest and
+/// kept a stale config.json after the source's was edited. Now the copy is
+/// refreshed, and only it: the shards are not rewritten.
+#[test]
+fn a_rerun_refreshes_a_mirrored_file_edited_in_the_source_without_rewriting_shards() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = copy_fixture("tiny-llama", tmp.path());
+    let dst = tmp.path().join("out");
+    convert(&src, &dst, &[]).success();
+    let shard = dst.join("model.safetensors");
+    let shard_mtime = mtime(&shard);
+    let generation = mtime(&dst.join("generation_config.json"));
+
+    let edited = b"{\"model_type\": \"llama\", \"edited\": true}\n";
+    std::fs::write(src.join("config.json"), edited).unwrap();
+    let run = convert(&src, &dst, &[]).success();
+    let out = stdout(&run);
+    assert!(
+        out.contains("up to date")
+            && out.contains("refreshed 1 file changed in the source: config.json"),
+        "{out}"
+    );
+    assert_eq!(std::fs::read(dst.join("config.json")).unwrap(), edited);
+    assert_eq!(mtime(&shard), shard_mtime, "the shard was rewritten");
+    assert_eq!(
+        mtime(&dst.join("generation_config.json")),
+        generation,
+        "an unchanged file was recopied"
+    );
+    // Recorded now: the next rerun writes nothing.
+    let out = stdout(&convert(&src, &dst, &[]).success());
+    assert!(out.contains("nothing written"), "{out}");
+
+    // A copy removed from DST is put back.
+    std::fs::remove_file(dst.join("generation_config.json")).unwrap();
+    let out = stdout(&convert(&src, &dst, &[]).success());
+    assert!(
+        out.contains("refreshed 1 file") && out.contains("generation_config.json"),
+        "{out}"
+    );
+
+    // A manifest from before the records: every mirrored file is recopied
+    // once, the shards kept.
+    let manifest_path = dst.join("reshard.json");
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    assert!(
+        m["copied_sources"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty()),
+        "{m:#}"
+    );
+    m.as_object_mut().unwrap().remove("copied_sources");
+    std::fs::write(&manifest_path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    let run = convert(&src, &dst, &["--json"]).success();
+    let s: serde_json::Value = serde_json::from_slice(&run.get_output().stdout).unwrap();
+    assert_eq!(s["up_to_date"], true, "{s:#}");
+    let refreshed: Vec<&str> = s["refreshed_files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        refreshed,
+        ["config.json", "expected.json", "generation_config.json"]
+    );
+    assert_eq!(mtime(&shard), shard_mtime, "the shard was rewritten");
+
+    // A new source file whose name DST holds as the user's own file is
+    // not replaced.
+    std::fs::write(dst.join("notes.txt"), b"mine").unwrap();
+    std::fs::write(src.join("notes.txt"), b"theirs").unwrap();
+    let run = convert(&src, &dst, &[]).success();
+    assert!(stderr(&run).contains("notes.txt"), "{}", stderr(&run));
+    assert_eq!(std::fs::read(dst.join("notes.txt")).unwrap(), b"mine");
 }
