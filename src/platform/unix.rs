@@ -259,6 +259,25 @@ impl ProcessTree {
     pub fn prepare(cmd: &mut std::process::Command) {
         use std::os::unix::process::CommandExt;
         cmd.process_group(0);
+        // Out of the terminal's process group, the child would outlive a
+        // parent killed outright; on Linux it is killed with it.
+        #[cfg(target_os = "linux")]
+        {
+            let parent = std::process::id();
+            // SAFETY: the closure runs in the forked child before exec and
+            // calls only prctl and getppid, both async-signal-safe; it
+            // allocates nothing.
+            unsafe {
+                cmd.pre_exec(move || {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    // The parent died before the prctl: do not run orphaned.
+                    if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                        return Err(io::Error::from(io::ErrorKind::Interrupted));
+                    }
+                    Ok(())
+                })
+            };
+        }
     }
 
     pub fn adopt(child: &std::process::Child) -> io::Result<ProcessTree> {

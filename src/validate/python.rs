@@ -16,7 +16,9 @@
 //! The child heads its own process tree (a process group, a Job Object), so
 //! when it outlives [`PythonOptions::timeout`] it is killed with every
 //! worker it started, and the run is an error naming the loader and the
-//! timeout: a loader that never exits cannot hang `validate`.
+//! timeout: a loader that never exits cannot hang `validate`. The same
+//! happens when the caller's cancel flag is set (Ctrl-C: the child's own
+//! process group no longer gets the terminal's signal).
 //!
 //! Next to the measurement stands fit's prediction for the same checkpoint
 //! ([`crate::plan::fit::loader::peak`]), so a user sees both. Nothing here
@@ -28,6 +30,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -199,6 +202,8 @@ pub enum PythonError {
         path: PathBuf,
         timeout: Duration,
     },
+    #[error("{loader} on {}: interrupted: the loader and the processes it started were killed", .path.display())]
+    Interrupted { loader: PythonLoader, path: PathBuf },
     #[error("cannot limit the commit of the python process to {bytes} bytes")]
     Limit {
         bytes: u64,
@@ -273,7 +278,12 @@ struct Outcome {
 }
 
 /// Runs `options.loader` on the checkpoint at `path` and measures it.
-pub fn run(path: &Path, options: &PythonOptions) -> Result<PythonReport, PythonError> {
+/// `cancel` (Ctrl-C) stops it as the timeout does, within a few ms.
+pub fn run(
+    path: &Path,
+    options: &PythonOptions,
+    cancel: &AtomicBool,
+) -> Result<PythonReport, PythonError> {
     let ck = format::open(path)?;
     let shards: Vec<u64> = ck.files.iter().map(|f| f.size).collect();
     let sizes = Sizes::new(&shards, ck.tensors.iter().map(|t| t.len));
@@ -313,21 +323,31 @@ pub fn run(path: &Path, options: &PythonOptions) -> Result<PythonReport, PythonE
     // be killed, and a budget cannot be set.
     let tree = ProcessTree::adopt(&child);
     let deadline = started + options.timeout;
-    let measured = supervise(&mut child, tree.as_ref(), options.commit_budget, deadline);
+    let stop = Stop { deadline, cancel };
+    let measured = supervise(&mut child, tree.as_ref(), options.commit_budget, &stop);
     // Workers the loader left behind go with it.
     if let Ok(t) = &tree {
         t.kill();
     }
     let _ = child.kill();
     let status = child.wait().ok();
-    if measured.timed_out {
-        // The readers are not joined: a process that escaped the tree may
-        // hold the pipes open.
-        return Err(PythonError::TimedOut {
-            loader: options.loader,
-            path: path.to_path_buf(),
-            timeout: options.timeout,
-        });
+    // The readers are not joined when stopped: a process that escaped the
+    // tree may hold the pipes open.
+    match measured.stopped {
+        Some(Stopped::Timeout) => {
+            return Err(PythonError::TimedOut {
+                loader: options.loader,
+                path: path.to_path_buf(),
+                timeout: options.timeout,
+            })
+        }
+        Some(Stopped::Cancelled) => {
+            return Err(PythonError::Interrupted {
+                loader: options.loader,
+                path: path.to_path_buf(),
+            })
+        }
+        None => {}
     }
     let (stdout, stderr_tail) = (measured.stdout.join(), measured.stderr.join());
     let stdout = stdout.unwrap_or_default();
@@ -433,8 +453,8 @@ pub fn run(path: &Path, options: &PythonOptions) -> Result<PythonReport, PythonE
 /// What [`supervise`] measured, and the reader threads to join.
 struct Measured {
     ready: bool,
-    /// The deadline passed before the child exited.
-    timed_out: bool,
+    /// Why the child was stopped before it exited.
+    stopped: Option<Stopped>,
     baseline: u64,
     peak_commit: u64,
     baseline_rss: u64,
@@ -479,13 +499,40 @@ fn each_line(mut r: impl Read, max: usize, mut f: impl FnMut(String)) {
     }
 }
 
+/// When [`supervise`] gives up on the child.
+struct Stop<'a> {
+    deadline: Instant,
+    cancel: &'a AtomicBool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stopped {
+    Timeout,
+    Cancelled,
+}
+
+impl Stop<'_> {
+    fn now(&self) -> Option<Stopped> {
+        if self.cancel.load(Ordering::SeqCst) {
+            Some(Stopped::Cancelled)
+        } else if Instant::now() >= self.deadline {
+            Some(Stopped::Timeout)
+        } else {
+            None
+        }
+    }
+}
+
+/// How often the wait for the ready line looks at the cancel flag.
+const CANCEL_POLL: Duration = Duration::from_millis(50);
+
 /// Waits for the child's ready line, takes the baseline, limits the child,
-/// lets it load and samples it until it exits or `deadline` passes.
+/// lets it load and samples it until it exits or `stop` says to give up.
 fn supervise(
     child: &mut Child,
     tree: Result<&ProcessTree, &std::io::Error>,
     budget: Option<u64>,
-    deadline: Instant,
+    stop: &Stop<'_>,
 ) -> Measured {
     let (tx, rx) = mpsc::channel::<()>();
     let stderr = child.stderr.take();
@@ -519,7 +566,7 @@ fn supervise(
     });
     let mut m = Measured {
         ready: false,
-        timed_out: false,
+        stopped: None,
         baseline: 0,
         peak_commit: 0,
         baseline_rss: 0,
@@ -530,13 +577,17 @@ fn supervise(
         stderr,
     };
     // The sender is dropped when stderr closes: the child ended first.
-    match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-        Ok(()) => {}
-        Err(mpsc::RecvTimeoutError::Timeout) => {
-            m.timed_out = true;
+    loop {
+        if let Some(why) = stop.now() {
+            m.stopped = Some(why);
             return m;
         }
-        Err(mpsc::RecvTimeoutError::Disconnected) => return m,
+        let left = stop.deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left.min(CANCEL_POLL)) {
+            Ok(()) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return m,
+        }
     }
     m.ready = true;
     let now = crate::platform::process_memory(child);
@@ -569,8 +620,8 @@ fn supervise(
         if !matches!(child.try_wait(), Ok(None)) {
             break;
         }
-        if Instant::now() >= deadline {
-            m.timed_out = true;
+        if let Some(why) = stop.now() {
+            m.stopped = Some(why);
             break;
         }
         std::thread::sleep(SAMPLE_EVERY);

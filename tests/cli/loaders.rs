@@ -381,6 +381,40 @@ fn still_running(pid: &str) -> bool {
     true
 }
 
+/// A fake python that starts a worker (`sleep`), writes the worker's pid
+/// and its own to `NAME.pids`, runs `ready` and hangs.
+#[cfg(target_os = "linux")]
+fn hung_loader(dir: &Path, name: &str, ready: &str) -> (PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let pids = dir.join(format!("{name}.pids"));
+    let fake = dir.join(format!("python-{name}"));
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\nsleep 300 &\necho $! > '{}'\necho $$ >> '{}'\n{ready}sleep 300\n",
+            pids.display(),
+            pids.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (fake, pids)
+}
+
+/// Asserts that both processes `pids` lists have ended.
+#[cfg(target_os = "linux")]
+fn assert_all_ended(case: &str, pids: &Path) {
+    let pids = std::fs::read_to_string(pids).unwrap();
+    let pids: Vec<&str> = pids.lines().collect();
+    assert_eq!(pids.len(), 2, "{case}: {pids:?}");
+    for pid in pids {
+        assert!(
+            !still_running(pid),
+            "{case}: process {pid} was left running"
+        );
+    }
+}
+
 /// A loader that never exits was waited for until Ctrl-C. Now
 /// `--loader-timeout` kills it, and the worker it started (torch's
 /// processes), and exits 2 naming the loader and the timeout: both when it
@@ -388,24 +422,10 @@ fn still_running(pid: &str) -> bool {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_hung_loader_is_killed_with_its_workers_at_the_timeout() {
-    use std::os::unix::fs::PermissionsExt;
     let tmp = tempfile::tempdir().unwrap();
-    for (case, ready) in [
-        ("importing", ""),
-        ("loading", "printf 'RESHARD-READY\\n' >&2\nread go\n"),
-    ] {
-        let pids = tmp.path().join(format!("{case}.pids"));
-        let fake = tmp.path().join(format!("python-{case}"));
-        std::fs::write(
-            &fake,
-            format!(
-                "#!/bin/sh\nsleep 300 &\necho $! > '{}'\necho $$ >> '{}'\n{ready}sleep 300\n",
-                pids.display(),
-                pids.display()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ready = "printf 'RESHARD-READY\\n' >&2\nread go\n";
+    for (case, ready) in [("importing", ""), ("loading", ready)] {
+        let (fake, pids) = hung_loader(tmp.path(), case, ready);
         let started = std::time::Instant::now();
         let out = reshard()
             .args([
@@ -433,14 +453,63 @@ fn a_hung_loader_is_killed_with_its_workers_at_the_timeout() {
             took < std::time::Duration::from_secs(30),
             "{case}: {took:?}"
         );
-        let pids = std::fs::read_to_string(&pids).unwrap();
-        let pids: Vec<&str> = pids.lines().collect();
-        assert_eq!(pids.len(), 2, "{case}: {pids:?}");
-        for pid in pids {
-            assert!(
-                !still_running(pid),
-                "{case}: process {pid} was left running"
-            );
-        }
+        assert_all_ended(case, &pids);
     }
+}
+
+/// The loader heads its own process group, so the terminal's Ctrl-C no
+/// longer reaches it: reshard passes it on, killing the loader and its
+/// workers, and exits 2 saying so.
+#[cfg(target_os = "linux")]
+#[test]
+fn ctrl_c_kills_a_hung_loader_and_its_workers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (fake, pids) = hung_loader(
+        tmp.path(),
+        "ctrl-c",
+        "printf 'RESHARD-READY\\n' >&2\nread go\n",
+    );
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("reshard"))
+        .args(["validate", "--loader", "python:transformers", "--python"])
+        .arg(&fake)
+        .arg(fixture("tiny-llama"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let waited = std::time::Instant::now();
+    while std::fs::read_to_string(&pids).map_or(0, |p| p.lines().count()) < 2 {
+        assert!(
+            waited.elapsed().as_secs() < 30,
+            "the fake loader never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if waited.elapsed().as_secs() > 60 {
+            let _ = child.kill();
+            panic!("reshard did not stop on SIGINT");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    assert_all_ended("ctrl-c", &pids);
 }
