@@ -322,7 +322,9 @@ pub fn run(
     // Without a tree (a Windows that refuses the job) only the child can
     // be killed, and a budget cannot be set.
     let tree = ProcessTree::adopt(&child);
-    let deadline = started + options.timeout;
+    // A timeout past what an Instant holds (`--loader-timeout 9999999999h`)
+    // is no deadline.
+    let deadline = started.checked_add(options.timeout);
     let stop = Stop { deadline, cancel };
     let measured = supervise(&mut child, tree.as_ref(), options.commit_budget, &stop);
     // Workers the loader left behind go with it.
@@ -501,7 +503,7 @@ fn each_line(mut r: impl Read, max: usize, mut f: impl FnMut(String)) {
 
 /// When [`supervise`] gives up on the child.
 struct Stop<'a> {
-    deadline: Instant,
+    deadline: Option<Instant>,
     cancel: &'a AtomicBool,
 }
 
@@ -515,7 +517,7 @@ impl Stop<'_> {
     fn now(&self) -> Option<Stopped> {
         if self.cancel.load(Ordering::SeqCst) {
             Some(Stopped::Cancelled)
-        } else if Instant::now() >= self.deadline {
+        } else if self.deadline.is_some_and(|d| Instant::now() >= d) {
             Some(Stopped::Timeout)
         } else {
             None
@@ -582,7 +584,9 @@ fn supervise(
             m.stopped = Some(why);
             return m;
         }
-        let left = stop.deadline.saturating_duration_since(Instant::now());
+        let left = stop
+            .deadline
+            .map_or(CANCEL_POLL, |d| d.saturating_duration_since(Instant::now()));
         match rx.recv_timeout(left.min(CANCEL_POLL)) {
             Ok(()) => break,
             Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -658,6 +662,24 @@ mod tests {
         let mut lines = Vec::new();
         each_line(input, 8, |l| lines.push(l));
         assert_eq!(lines, ["caf\u{fffd}", "xxxxxxxx", "{\"a\": 1}", "no end"]);
+    }
+
+    #[test]
+    fn stops_at_the_deadline_or_on_cancel_and_a_huge_timeout_is_none() {
+        let cancel = AtomicBool::new(false);
+        let past = Stop {
+            deadline: Some(Instant::now()),
+            cancel: &cancel,
+        };
+        assert_eq!(past.now(), Some(Stopped::Timeout));
+        let never = Stop {
+            deadline: Instant::now().checked_add(Duration::MAX),
+            cancel: &cancel,
+        };
+        assert_eq!(never.deadline, None);
+        assert_eq!(never.now(), None);
+        cancel.store(true, Ordering::SeqCst);
+        assert_eq!(never.now(), Some(Stopped::Cancelled));
     }
 
     #[test]
