@@ -313,16 +313,20 @@ pub fn refresh(
     config: Option<&str>,
     manifest: &mut Manifest,
 ) -> Result<Vec<String>, ConvertError> {
+    // Up to 100,000 files: looked up by name, not searched.
+    let own: std::collections::HashSet<&str> =
+        manifest.copied_files.iter().map(String::as_str).collect();
+    let recorded_as: std::collections::HashMap<&str, (u64, u64)> = manifest
+        .copied_sources
+        .iter()
+        .map(|r| (r.name.as_str(), (r.size, r.mtime_ns)))
+        .collect();
     let mut stale = Vec::new();
     let mut current = Vec::with_capacity(others.files.len());
     for f in &others.files {
-        let own = manifest.copied_files.contains(&f.name);
+        let own = own.contains(f.name.as_str());
         let copy_there = std::fs::symlink_metadata(dst.join(&f.name)).ok();
-        let recorded = manifest
-            .copied_sources
-            .iter()
-            .find(|r| r.name == f.name)
-            .is_some_and(|r| r.size == f.size && r.mtime_ns == f.mtime_ns);
+        let recorded = recorded_as.get(f.name.as_str()) == Some(&(f.size, f.mtime_ns));
         if own && recorded && copy_there.as_ref().is_some_and(std::fs::Metadata::is_file) {
             current.push(f.clone());
         } else if own || copy_there.is_none() {
@@ -339,11 +343,12 @@ pub fn refresh(
         return Ok(Vec::new());
     }
     let refreshed = copy(&stale, dst, config)?;
-    for name in &refreshed {
-        if !manifest.copied_files.contains(name) {
-            manifest.copied_files.push(name.clone());
-        }
-    }
+    let new: Vec<String> = refreshed
+        .iter()
+        .filter(|n| !own.contains(n.as_str()))
+        .cloned()
+        .collect();
+    manifest.copied_files.extend(new);
     // Records of files still mirrored; a file gone from the source keeps
     // its name in copied_files (DST still holds reshard's copy) but no
     // record.
