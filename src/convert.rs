@@ -143,6 +143,12 @@ pub enum ConvertError {
         #[source]
         source: GateError,
     },
+    #[error("{}: {name:?} cannot be a name in the output: {reason}; the output must be portable to Windows, so rename it in the source", .path.display())]
+    ReservedName {
+        path: PathBuf,
+        name: String,
+        reason: &'static str,
+    },
 }
 
 /// Why a [`BeforeCommit`] check refused.
@@ -157,8 +163,13 @@ pub type BeforeCommit<'a> = &'a (dyn Fn() -> Result<(), GateError> + Sync);
 #[derive(Debug, Clone, Serialize)]
 pub struct ConvertSummary {
     pub dst: String,
-    /// True when DST already held this exact conversion: nothing was written.
+    /// True when DST already held this exact conversion: no shard was
+    /// written (mirrored files may have been refreshed).
     pub up_to_date: bool,
+    /// Mirrored files recopied into an up-to-date output because their
+    /// source changed (or the manifest did not record it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refreshed_files: Vec<String>,
     pub shards: usize,
     /// Shards a previous, interrupted run had finished and this run kept.
     pub resumed_shards: usize,
@@ -268,8 +279,10 @@ pub fn convert_gated(
     let inventory = DstInventory::read(dst, &lock)?;
 
     let (done, doomed) = match dst::decide(dst, &inventory, &id, options.overwrite)? {
-        dst::DstState::UpToDate(manifest) => {
+        dst::DstState::UpToDate(mut manifest) => {
+            let refreshed = other::refresh(&mut others, dst, config.as_deref(), &mut manifest)?;
             let mut s = summary(dst, true, 0, &plan, 0, started, pool, options, manifest);
+            s.refreshed_files = refreshed;
             s.skipped_files = others.skipped;
             s.copied_as_is = others.copied_as_is;
             return Ok(s);
@@ -298,6 +311,7 @@ pub fn convert_gated(
         index_file: plan.index_file.clone(),
         shards: done,
         copied_files: Vec::new(),
+        copied_sources: Vec::new(),
         oversized: plan.oversized.clone(),
         dropped: plan.dropped.clone(),
         planned: Vec::new(),
@@ -352,6 +366,7 @@ pub fn convert_gated(
     manifest.shards.sort_by_key(|s| position(&s.file));
 
     manifest.copied_files = other::copy(&others.files, dst, config.as_deref())?;
+    manifest.copied_sources = other::records(&others.files);
     sync_dir(dst)?;
     if let Some(index) = &plan.index_file {
         write_atomic(dst, index, &crate::write::index::index_json(&plan))?;
@@ -383,6 +398,7 @@ fn summary(
     ConvertSummary {
         dst: dst.display().to_string(),
         up_to_date,
+        refreshed_files: Vec::new(),
         shards: plan.shards.len(),
         resumed_shards: resumed,
         tensors: plan.layer_order.len(),

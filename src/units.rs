@@ -1,5 +1,6 @@
-//! Byte sizes: parsing what users type (`1GiB`, `500MB`, `1073741824`) and
-//! printing sizes people can read.
+//! Byte sizes and time spans: parsing what users type (`1GiB`, `500MB`,
+//! `1073741824`; `90s`, `30m`, `2h`) and printing them so people can read
+//! them.
 
 use std::fmt;
 use std::str::FromStr;
@@ -67,6 +68,56 @@ impl fmt::Display for ByteSize {
     }
 }
 
+/// A positive span of time typed as a number and a unit: `500ms`, `90s`,
+/// `30m` (or `min`), `2h`; a plain number is seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TimeSpan(pub std::time::Duration);
+
+/// The error for a time span that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid duration {0:?}: use a number and a unit like 90s, 30m or 2h (more than 0)")]
+pub struct BadTimeSpan(pub String);
+
+impl FromStr for TimeSpan {
+    type Err = BadTimeSpan;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || BadTimeSpan(s.to_string());
+        let t = s.trim();
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let secs: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "ms" => 0.001,
+            "" | "s" => 1.0,
+            "m" | "min" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad()),
+        };
+        let n: f64 = num.parse().map_err(|_| bad())?;
+        std::time::Duration::try_from_secs_f64(n * secs)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .map(TimeSpan)
+            .ok_or_else(bad)
+    }
+}
+
+impl fmt::Display for TimeSpan {
+    /// The largest unit that shows the span exactly: `2h`, `90m`, `2s`,
+    /// `1500ms`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0.as_millis();
+        match ms {
+            m if m % 3_600_000 == 0 => write!(f, "{}h", m / 3_600_000),
+            m if m % 60_000 == 0 => write!(f, "{}m", m / 60_000),
+            m if m % 1000 == 0 => write!(f, "{}s", m / 1000),
+            m => write!(f, "{m}ms"),
+        }
+    }
+}
+
 /// A size in IEC units with up to two decimals: `512 B`, `1.50 KiB`, `3.20 GiB`.
 pub fn human(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
@@ -109,6 +160,30 @@ mod tests {
     fn refuses_garbage() {
         for s in ["", "GiB", "1XB", "-1", "1e400GB", "99999999999999999999TiB"] {
             assert!(s.parse::<ByteSize>().is_err(), "{s}");
+        }
+    }
+
+    #[test]
+    fn parses_and_prints_time_spans() {
+        use std::time::Duration;
+        let span = |s: &str| s.parse::<TimeSpan>().map(|t| t.0);
+        assert_eq!(span("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(span("30m"), Ok(Duration::from_secs(1800)));
+        assert_eq!(span("30 min"), Ok(Duration::from_secs(1800)));
+        assert_eq!(span("2H"), Ok(Duration::from_secs(7200)));
+        assert_eq!(span("1.5h"), Ok(Duration::from_secs(5400)));
+        assert_eq!(span("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(span("45"), Ok(Duration::from_secs(45)));
+        for bad in ["", "s", "0", "0s", "-1s", "10d", "1e400h", "1..5s"] {
+            assert!(bad.parse::<TimeSpan>().is_err(), "{bad}");
+        }
+        for (text, shown) in [
+            ("2h", "2h"),
+            ("90m", "90m"),
+            ("90s", "90s"),
+            ("1.5s", "1500ms"),
+        ] {
+            assert_eq!(text.parse::<TimeSpan>().unwrap().to_string(), shown);
         }
     }
 

@@ -354,11 +354,24 @@ pub fn render_plan(plan: &Plan, window: u64) -> String {
 
 fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
     let mut o = String::new();
-    if s.up_to_date {
+    if s.up_to_date && s.refreshed_files.is_empty() {
         let _ = writeln!(
             o,
             "{} is up to date ({} shards); nothing written",
             s.dst, s.shards
+        );
+        return o;
+    }
+    if s.up_to_date {
+        let names: Vec<_> = s.refreshed_files.iter().map(|n| escape(n)).collect();
+        let _ = writeln!(
+            o,
+            "{} is up to date ({} shards); refreshed {} file{} changed in the source: {}",
+            s.dst,
+            s.shards,
+            names.len(),
+            if names.len() == 1 { "" } else { "s" },
+            names.join(", ")
         );
         return o;
     }

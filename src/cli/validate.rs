@@ -8,10 +8,11 @@ use anyhow::Context;
 
 use reshard::format::layout::{self, LayoutKind};
 use reshard::format::names::escape;
-use reshard::units::{human, ByteSize};
+use reshard::units::{human, ByteSize, TimeSpan};
 use reshard::validate::python::{self, PythonLoader, PythonOptions, PythonReport};
 use reshard::validate::{self, DeviceSpec, Loader, ValidateOptions, ValidateReport};
 
+use super::convert::CANCEL;
 use super::{printer, ExitStatus};
 
 #[derive(Debug, clap::Args)]
@@ -40,6 +41,18 @@ pub struct Args {
     /// `python` on PATH).
     #[arg(long, value_name = "PATH", requires = "loader")]
     python: Option<PathBuf>,
+    /// Kill --loader (and every process it started) if it has not finished
+    /// after DURATION (90s, 30m, 2h), imports included, and exit 2. The
+    /// default, 2h, is far above a 70B model in transformers (140 GB of
+    /// bf16 is about 25 minutes from a 100 MB/s disk), so only a hung
+    /// loader meets it.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "2h",
+        requires = "loader"
+    )]
+    loader_timeout: TimeSpan,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -203,8 +216,12 @@ fn run_python(args: &Args, loader: PythonLoader) -> anyhow::Result<ExitStatus> {
         device: args.load.device,
         commit_budget: args.load.commit_budget.map(ByteSize::bytes),
         baseline: reshard::plan::fit::DEFAULT_BASELINE,
+        timeout: args.loader_timeout.0,
     };
-    let report = python::run(&args.path, &options)
+    // The loader heads its own process group, out of the terminal's reach:
+    // Ctrl-C is passed on by killing it.
+    let _ = ctrlc::set_handler(|| CANCEL.store(true, std::sync::atomic::Ordering::SeqCst));
+    let report = python::run(&args.path, &options, &CANCEL)
         .with_context(|| format!("cannot validate {}", args.path.display()))?;
     if args.json {
         printer::json(&report)?;
@@ -463,5 +480,27 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    fn loader_timeout(argv: &[&str]) -> Result<std::time::Duration, clap::Error> {
+        Wrap::try_parse_from(std::iter::once("validate").chain(argv.iter().copied()))
+            .map(|w| w.args.loader_timeout.0)
+    }
+
+    #[test]
+    fn parses_the_loader_timeout() {
+        let l = ["m", "--loader", "python:transformers"];
+        assert_eq!(
+            loader_timeout(&l).unwrap(),
+            reshard::validate::python::DEFAULT_TIMEOUT
+        );
+        let with = |t: &str| loader_timeout(&[&l[..], &["--loader-timeout", t]].concat());
+        assert_eq!(with("90s").unwrap().as_secs(), 90);
+        assert_eq!(with("30m").unwrap().as_secs(), 1800);
+        for bad in ["0", "soon", "-5s"] {
+            assert!(with(bad).is_err(), "{bad}");
+        }
+        // It only means something with --loader.
+        assert!(loader_timeout(&["m", "--loader-timeout", "5s"]).is_err());
     }
 }

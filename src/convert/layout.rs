@@ -50,6 +50,9 @@ pub fn convert_layout(
     reporter: &dyn Reporter,
     cancel: &AtomicBool,
 ) -> Result<ConvertSummary, ConvertError> {
+    // A reserved name deep in a component folder would otherwise be found
+    // only after the root job has written.
+    other::check_portable_names(&layout.root)?;
     let components = layout.component_dirs();
     let (root_ck, root_set) = match layout.sets.iter().find(|s| s.rel.is_empty()) {
         Some(set) => (format::open(&layout.root)?, Some(set)),

@@ -23,7 +23,13 @@
 //! note), a symlinked folder is never entered (skipped with a note), and a
 //! name that is not valid UTF-8 is skipped rather than copied under a lossy
 //! name that another file could share. The walk is bounded in depth and in
-//! entries.
+//! entries. A file whose path holds a name Windows reserves (`aux.json`,
+//! `CON/x`, `notes.`: [`windows_reserved`]) is refused before anything is
+//! written, on every platform, so the output stays portable.
+//!
+//! The manifest records each copy's source size and mtime ([`records`]); a
+//! rerun into an up-to-date output recopies only the files whose source
+//! changed, or whose record or copy is missing ([`refresh`]).
 
 use std::path::{Path, PathBuf};
 
@@ -31,8 +37,9 @@ use serde::Serialize;
 
 use super::ConvertError;
 use crate::cast;
+use crate::format::names::windows_reserved;
 use crate::format::{Checkpoint, Dtype, FormatError};
-use crate::write::manifest::MANIFEST;
+use crate::write::manifest::{CopiedFile, Manifest, MANIFEST};
 use crate::write::owned::is_weight_name;
 use crate::write::scope::OutputScope;
 use crate::write::{copy_atomic, write_atomic, WriteError};
@@ -58,6 +65,8 @@ pub struct OtherFile {
     pub name: String,
     pub path: PathBuf,
     pub size: u64,
+    /// Nanoseconds since the Unix epoch (0 if unknown).
+    pub mtime_ns: u64,
 }
 
 /// Which of the source's other files to look at.
@@ -189,6 +198,13 @@ pub fn select(
                 ));
                 continue;
             }
+            if let Some((part, reason)) = reserved_part(&lossy) {
+                return Err(ConvertError::ReservedName {
+                    path,
+                    name: part.to_string(),
+                    reason,
+                });
+            }
             if is_weight_like(name) {
                 out.copied_as_is.push(lossy.clone());
             }
@@ -196,6 +212,7 @@ pub fn select(
                 name: lossy,
                 path,
                 size: meta.len(),
+                mtime_ns: mtime_ns(&meta),
             });
         }
     }
@@ -203,6 +220,143 @@ pub fn select(
     out.skipped.sort_by(|a, b| a.name.cmp(&b.name));
     out.copied_as_is.sort();
     Ok(out)
+}
+
+fn mtime_ns(meta: &std::fs::Metadata) -> u64 {
+    meta.modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// The first `/`-separated part of `rel` Windows cannot hold, and why.
+fn reserved_part(rel: &str) -> Option<(&str, &'static str)> {
+    rel.split('/')
+        .find_map(|p| windows_reserved(p).map(|why| (p, why)))
+}
+
+/// Refuses, before anything is written, a name Windows reserves anywhere
+/// in the tree under `root` that a job of a composite layout will mirror
+/// (hidden entries and symlinked folders are not entered, as [`select`]
+/// leaves them out; weight-like files are left to [`select`], which knows
+/// whether they are converted or copied). Bounded as [`select`] is.
+pub fn check_portable_names(root: &Path) -> Result<(), ConvertError> {
+    let mut todo = vec![(root.to_path_buf(), 0usize)];
+    let mut seen = 0usize;
+    while let Some((dir, depth)) = todo.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|e| FormatError::io(&dir, e))?;
+        for entry in entries.filter_map(Result::ok) {
+            seen += 1;
+            if seen > MAX_ENTRIES {
+                return Ok(());
+            }
+            let os_name = entry.file_name();
+            let Some(name) = os_name.to_str() else {
+                continue;
+            };
+            if name.starts_with('.') || name == MANIFEST {
+                continue;
+            }
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            let path = entry.path();
+            // A linked file (an HF snapshot's) counts as its target; a
+            // linked folder is not entered.
+            let is_file = if kind.is_symlink() {
+                std::fs::metadata(&path).is_ok_and(|m| m.is_file())
+            } else {
+                kind.is_file()
+            };
+            let descend = kind.is_dir() && depth < MAX_DEPTH;
+            let mirrored = is_file && !is_weight_like(name);
+            if !descend && !mirrored {
+                continue;
+            }
+            if let Some(reason) = windows_reserved(name) {
+                return Err(ConvertError::ReservedName {
+                    path,
+                    name: name.to_string(),
+                    reason,
+                });
+            }
+            if descend {
+                todo.push((path, depth + 1));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the manifest records of `files` once copied.
+pub fn records(files: &[OtherFile]) -> Vec<CopiedFile> {
+    files
+        .iter()
+        .map(|f| CopiedFile {
+            name: f.name.clone(),
+            size: f.size,
+            mtime_ns: f.mtime_ns,
+        })
+        .collect()
+}
+
+/// Brings the mirrored files of an up-to-date output in line with the
+/// source: recopies each file of `others` whose source size or mtime differ
+/// from the manifest's record, that has no record (a manifest from before
+/// records), or whose copy is gone from DST; then rewrites the manifest.
+/// A new source file whose name DST already holds but no manifest records
+/// is not replaced (a note in `others.skipped`). Returns the names
+/// recopied, none when nothing changed (then nothing is written).
+pub fn refresh(
+    others: &mut OtherFiles,
+    dst: &Path,
+    config: Option<&str>,
+    manifest: &mut Manifest,
+) -> Result<Vec<String>, ConvertError> {
+    // Up to 100,000 files: looked up by name, not searched.
+    let own: std::collections::HashSet<&str> =
+        manifest.copied_files.iter().map(String::as_str).collect();
+    let recorded_as: std::collections::HashMap<&str, (u64, u64)> = manifest
+        .copied_sources
+        .iter()
+        .map(|r| (r.name.as_str(), (r.size, r.mtime_ns)))
+        .collect();
+    let mut stale = Vec::new();
+    let mut current = Vec::with_capacity(others.files.len());
+    for f in &others.files {
+        let own = own.contains(f.name.as_str());
+        let copy_there = std::fs::symlink_metadata(dst.join(&f.name)).ok();
+        let recorded = recorded_as.get(f.name.as_str()) == Some(&(f.size, f.mtime_ns));
+        if own && recorded && copy_there.as_ref().is_some_and(std::fs::Metadata::is_file) {
+            current.push(f.clone());
+        } else if own || copy_there.is_none() {
+            stale.push(f.clone());
+            current.push(f.clone());
+        } else {
+            others.skipped.push(SkippedFile {
+                name: f.name.clone(),
+                reason: "new in the source, but the output holds a file of that name that reshard did not write; not replaced".into(),
+            });
+        }
+    }
+    if stale.is_empty() {
+        return Ok(Vec::new());
+    }
+    let refreshed = copy(&stale, dst, config)?;
+    let new: Vec<String> = refreshed
+        .iter()
+        .filter(|n| !own.contains(n.as_str()))
+        .cloned()
+        .collect();
+    manifest.copied_files.extend(new);
+    // Records of files still mirrored; a file gone from the source keeps
+    // its name in copied_files (DST still holds reshard's copy) but no
+    // record.
+    manifest.copied_sources = records(&current);
+    crate::write::sync_dir(dst)?;
+    write_atomic(dst, MANIFEST, &manifest.to_json())?;
+    crate::write::sync_dir(dst)?;
+    Ok(refreshed)
 }
 
 fn join(rel_dir: &str, name: &str) -> String {
@@ -284,6 +438,12 @@ pub fn subfolder(dst: &Path, rel: &str) -> Result<PathBuf, ConvertError> {
             return Err(ConvertError::DstSubfolder {
                 path: dir.join(part),
                 reason: "not a plain folder name",
+            });
+        }
+        if let Some(reason) = windows_reserved(part) {
+            return Err(ConvertError::DstSubfolder {
+                path: dir.join(part),
+                reason,
             });
         }
         dir.push(part);

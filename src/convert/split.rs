@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::format::names::windows_reserved;
 use crate::format::Checkpoint;
 use crate::write::scope::is_plain_name;
 
@@ -53,6 +54,16 @@ pub struct ComponentPrefix {
 pub enum SplitError {
     #[error("--component-prefix {0:?}: expected NAME=PREFIX with NAME one plain folder name and PREFIX not empty")]
     BadPair(String),
+    #[error("--component-prefix {pair:?}: {reason}; the output must be portable to Windows, choose another NAME")]
+    ReservedPair { pair: String, reason: &'static str },
+    #[error("{file}: tensor {tensor:?} is under component {component:?}, which cannot be a folder name: {reason}; the output must be portable to Windows, pass --component-prefix NAME={prefix} with another NAME")]
+    ReservedComponent {
+        file: String,
+        tensor: String,
+        component: String,
+        prefix: String,
+        reason: &'static str,
+    },
     #[error("no tensor of {file} is under a known component prefix (model.diffusion_model., first_stage_model., cond_stage_model., conditioner.embedders.N., text_encoders.NAME.); pass --component-prefix NAME=PREFIX")]
     NoComponents { file: String },
     #[error(
@@ -71,6 +82,13 @@ pub enum SplitError {
 impl std::str::FromStr for ComponentPrefix {
     type Err = SplitError;
     fn from_str(s: &str) -> Result<Self, SplitError> {
+        let name = s.split_once('=').map_or("", |(n, _)| n);
+        if let Some(reason) = windows_reserved(name) {
+            return Err(SplitError::ReservedPair {
+                pair: s.to_string(),
+                reason,
+            });
+        }
         match s.split_once('=') {
             Some((name, prefix)) if is_plain_name(name) && name != OTHER && !prefix.is_empty() => {
                 Ok(ComponentPrefix {
@@ -155,6 +173,17 @@ pub fn split(
                 t.name.clone(),
             ),
         };
+        // The name becomes DST/NAME/NAME.safetensors: `text_encoders.con.`
+        // must not make DST/con/con.safetensors (the console on Windows).
+        if let Some(reason) = windows_reserved(&key.name) {
+            return Err(SplitError::ReservedComponent {
+                file,
+                tensor: t.name.clone(),
+                component: key.name,
+                prefix: key.prefix,
+                reason,
+            });
+        }
         // One folder, one prefix: two prefixes under one name would write
         // two tensors under one stripped name (and record one prefix), and
         // names equal but for case are one folder on Windows and macOS.
@@ -235,5 +264,46 @@ mod tests {
         for bad in ["noequals", "=x.", "a=", "../x=y.", "other=y.", "a/b=c."] {
             assert!(bad.parse::<ComponentPrefix>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn windows_device_names_are_not_component_names() {
+        for bad in ["CON=model.", "nul.x=y.", "lpt1=y.", "vae.=y."] {
+            let e = bad.parse::<ComponentPrefix>().unwrap_err();
+            assert!(
+                matches!(e, SplitError::ReservedPair { .. })
+                    && e.to_string().contains("portable to Windows"),
+                "{bad}: {e}"
+            );
+        }
+        assert!("console=model.".parse::<ComponentPrefix>().is_ok());
+        // From the data: `text_encoders.NAME.` names the folder.
+        let mut ck = crate::format::Checkpoint {
+            dir: "m".into(),
+            format: crate::format::Format::Safetensors,
+            layout: crate::format::Layout::Single,
+            prefix: "model".into(),
+            files: Vec::new(),
+            tensors: Vec::new(),
+            metadata: Default::default(),
+            findings: Vec::new(),
+        };
+        for name in ["model.diffusion_model.x", "text_encoders.Con.w"] {
+            ck.tensors.push(crate::format::Tensor {
+                name: name.into(),
+                dtype: crate::format::Dtype::U8,
+                shape: vec![1],
+                len: 1,
+                file: 0,
+                data: crate::format::DataRef::Contiguous { offset: 0 },
+            });
+        }
+        let e = split(&ck, &[]).unwrap_err();
+        assert!(
+            matches!(&e, SplitError::ReservedComponent { component, tensor, .. } if component == "Con" && tensor == "text_encoders.Con.w"),
+            "{e}"
+        );
+        let fixed: Vec<ComponentPrefix> = vec!["clip=text_encoders.Con.".parse().unwrap()];
+        assert_eq!(split(&ck, &fixed).unwrap().len(), 2);
     }
 }

@@ -13,7 +13,9 @@
 //!
 //! Paths taken from these files must be relative paths of plain names, each
 //! folder a real folder inside the model (never a symlink): a `"../x"` is
-//! refused, a symlinked component folder is left out with a note. This
+//! refused, a symlinked component folder is left out with a note. A name
+//! Windows reserves (`CON`, `nul.x`, `aux.`: [`super::names::windows_reserved`])
+//! is refused too, on every platform, so an output stays portable. This
 //! module reads only the two small JSON files and folder listings; it opens
 //! no weight header.
 
@@ -23,6 +25,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::discover::{looks_like_checkpoint, resolve_hf_cache};
+use super::names::windows_reserved;
 use super::read::read_regular_string;
 use super::FormatError;
 use crate::write::scope::{is_plain_name, is_plain_relative};
@@ -303,6 +306,12 @@ fn sentence_modules(path: &Path) -> Result<Vec<(String, String)>, FormatError> {
                 format!("module path {rel:?} is not a relative path of plain folder names inside the model; refusing it"),
             ));
         }
+        if let Some((part, reason)) = reserved_part(rel) {
+            return Err(bad(
+                path,
+                format!("module path {rel:?}: {part:?} cannot be a folder of the output: {reason}; the output must be portable to Windows"),
+            ));
+        }
         let kind = m.get("type").and_then(Value::as_str).unwrap_or_default();
         out.push((rel.to_string(), kind.to_string()));
     }
@@ -330,6 +339,12 @@ fn pipeline_components(path: &Path) -> Result<Vec<(String, Library)>, FormatErro
                 format!("component {name:?} is not a plain folder name inside the pipeline; refusing it"),
             ));
         }
+        if let Some(reason) = windows_reserved(name) {
+            return Err(bad(
+                path,
+                format!("component {name:?} cannot be a folder of the output: {reason}; the output must be portable to Windows"),
+            ));
+        }
         let library = match library.as_str() {
             "diffusers" => Library::Diffusers,
             "transformers" => Library::Transformers,
@@ -340,9 +355,44 @@ fn pipeline_components(path: &Path) -> Result<Vec<(String, Library)>, FormatErro
     Ok(out)
 }
 
+/// The first `/`-separated part of `rel` Windows cannot hold, and why.
+fn reserved_part(rel: &str) -> Option<(&str, &'static str)> {
+    rel.split('/')
+        .find_map(|p| windows_reserved(p).map(|why| (p, why)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn windows_device_names_in_layout_files_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(
+            tmp.path().join("modules.json"),
+            r#"[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling/AUX", "type": "sentence_transformers.models.Pooling"}]"#,
+        )
+        .unwrap();
+        let e = detect(tmp.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("modules.json")
+                && e.contains("\"AUX\"")
+                && e.contains("portable to Windows"),
+            "{e}"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(
+            tmp.path().join("model_index.json"),
+            r#"{"_class_name": "P", "unet": ["diffusers", "U"], "Con.1": ["diffusers", "V"]}"#,
+        )
+        .unwrap();
+        let e = detect(tmp.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("model_index.json") && e.contains("\"Con.1\"") && e.contains("device"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn pipeline_and_modules_are_read() {

@@ -6,6 +6,9 @@
 //! the tensor, so no output shard can get a duplicate key. [`escape`] is for
 //! every place a name reaches a terminal: control characters (and the
 //! Unicode controls that reorder text) are shown escaped, not interpreted.
+//! [`windows_reserved`] is for every file or folder name reshard makes from
+//! data (a component name, a path a layout file lists, a mirrored file): a
+//! name Windows reads as a device would write outside the output there.
 
 use std::borrow::Cow;
 use std::path::PathBuf;
@@ -78,6 +81,37 @@ pub fn escape(name: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Why Windows cannot hold `name` as a file or folder name, or `None`:
+/// CON, PRN, AUX, NUL, COM0-COM9, LPT0-LPT9 (also COM¹²³ and LPT¹²³) and
+/// CONIN$, CONOUT$ are devices, in any case and with any extension
+/// (`nul.safetensors`, `Con .txt`), so `DST/CON/CON.safetensors` writes to
+/// the console; a trailing dot or space is dropped by Windows, so the name
+/// would be another file's. Refused on every platform: the output must be
+/// portable to Windows. COM0 and LPT0 are refused because Microsoft's
+/// naming rules list them, though not every Windows opens them as devices.
+pub fn windows_reserved(name: &str) -> Option<&'static str> {
+    if name.ends_with(['.', ' ']) && name != "." && name != ".." {
+        return Some("Windows drops a trailing dot or space, so it would name another file there");
+    }
+    // The device is the part before the first dot, trailing spaces ignored.
+    let stem = name.split('.').next().unwrap_or(name).trim_end_matches(' ');
+    let upper = stem.to_ascii_uppercase();
+    let device = match upper.as_str() {
+        "CON" | "PRN" | "AUX" | "NUL" | "CONIN$" | "CONOUT$" => true,
+        _ => ["COM", "LPT"].iter().any(|p| {
+            upper.strip_prefix(p).is_some_and(|n| {
+                matches!(
+                    n,
+                    "0" | "1" | "2" | "3" | "4" | "5" | "6" | "7" | "8" | "9" | "¹" | "²" | "³"
+                )
+            })
+        }),
+    };
+    device.then_some(
+        "Windows reserves it for a device (CON, PRN, AUX, NUL, COM0-9, LPT0-9, with any extension), so writing it there would write to the device, outside the output",
+    )
+}
+
 fn needs_escape(c: char) -> bool {
     c.is_control()
         || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
@@ -120,6 +154,62 @@ mod tests {
             Err(FormatError::TensorInTwoFiles { first, .. }) if first.ends_with("a.bin")
         ));
         check(&paths, &[t("w", 0), t("x", 1)]).unwrap();
+    }
+
+    #[test]
+    fn windows_device_names_are_refused_in_any_case_and_with_any_extension() {
+        for bad in [
+            "con",
+            "CON",
+            "Con.txt",
+            "nul.safetensors",
+            "NUL.tar.gz",
+            "aux",
+            "prn.json",
+            "com1",
+            "COM9",
+            "com0",
+            "lpt9.x",
+            "LPT1",
+            "lpt0",
+            "com¹",
+            "conin$",
+            "CONOUT$.log",
+            "nul .txt",
+            "con ",
+            "nul ",
+            "aux.",
+            "model.",
+            "x ",
+            "config.json.",
+        ] {
+            assert!(windows_reserved(bad).is_some(), "{bad:?} must be refused");
+        }
+        for ok in [
+            "console",
+            "con_",
+            "conx.txt",
+            "com10",
+            "lpt",
+            "com",
+            "comA",
+            "nullable",
+            "auxiliary.json",
+            "x.con",
+            "my.nul",
+            "unet",
+            "text_encoder",
+            "1_Pooling",
+            "config.json",
+            ".gitattributes",
+            "a b",
+            "_con",
+        ] {
+            assert_eq!(windows_reserved(ok), None, "{ok:?} must be allowed");
+        }
+        // The reason says why, for the error to show.
+        assert!(windows_reserved("CON").unwrap().contains("device"));
+        assert!(windows_reserved("aux.").unwrap().contains("trailing dot"));
     }
 
     #[test]

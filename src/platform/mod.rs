@@ -18,9 +18,10 @@
 //!   on Unix, a Job Object on Windows),
 //! * an exclusive lock on a file that leaves its content readable
 //!   ([`try_lock_exclusive`]),
-//! * another process's memory and a commit limit put on a child
-//!   ([`process_memory`], [`ChildCommitLimit`]), to run a foreign loader
-//!   under a budget and measure it from outside,
+//! * another process's memory, and a child's whole process tree, limited
+//!   and killed together ([`process_memory`], [`ProcessTree`]), to run a
+//!   foreign loader under a budget and a timeout and measure it from
+//!   outside,
 //! * quoting a path for the shell in suggested commands ([`shell_quote`]),
 //! * reading OS errors and exit statuses portably ([`is_out_of_memory`],
 //!   [`is_symlink_loop`], [`abnormal_exit`]).
@@ -250,20 +251,42 @@ pub fn process_memory(child: &std::process::Child) -> ProcessMemory {
     imp::process_memory(child)
 }
 
-/// A commit limit put on a running child process from outside, so it can
-/// start up (import its libraries) first and be limited from a measured
-/// baseline: `prlimit(RLIMIT_DATA)` on Linux, a Job Object with
-/// `JOB_OBJECT_LIMIT_PROCESS_MEMORY` on Windows (accepted but not enforced
-/// by Wine 8). Unsupported on other Unix systems.
-pub struct ChildCommitLimit {
-    // Held for its Drop, which closes the job handle on Windows.
-    _limit: imp::ChildCommitLimit,
-}
+/// A child process and every process it starts, to be limited and ended
+/// together, so a loader's worker processes (torch's) neither escape a
+/// commit budget nor outlive a timeout: the child heads a new process group
+/// on Unix, and is put in a Job Object that kills its processes when
+/// closed on Windows.
+pub struct ProcessTree(imp::ProcessTree);
 
-impl ChildCommitLimit {
-    /// Limits `child`'s commit to `bytes` in total.
-    pub fn set(child: &std::process::Child, bytes: u64) -> io::Result<ChildCommitLimit> {
-        imp::ChildCommitLimit::set(child, bytes).map(|l| ChildCommitLimit { _limit: l })
+impl ProcessTree {
+    /// Makes the child that `cmd` spawns head its own tree (a new process
+    /// group on Unix; nothing on Windows, where [`ProcessTree::adopt`]
+    /// makes the job).
+    pub fn prepare(cmd: &mut std::process::Command) {
+        imp::ProcessTree::prepare(cmd)
+    }
+
+    /// The tree of `child`, just spawned from a prepared command. On
+    /// Windows dropping it kills every process still in it.
+    pub fn adopt(child: &std::process::Child) -> io::Result<ProcessTree> {
+        imp::ProcessTree::adopt(child).map(ProcessTree)
+    }
+
+    /// Limits the commit of the child, from outside, once it has started
+    /// (imported its libraries), so the limit can sit on a measured
+    /// baseline: `prlimit(RLIMIT_DATA)` on Linux (inherited by processes it
+    /// starts later), the job's `JOB_OBJECT_LIMIT_PROCESS_MEMORY` on
+    /// Windows (accepted but not enforced by Wine 8). Unsupported on other
+    /// Unix systems.
+    pub fn limit_commit(&self, bytes: u64) -> io::Result<()> {
+        self.0.limit_commit(bytes)
+    }
+
+    /// Kills every process of the tree still running (best effort: one
+    /// that left it, with `setsid` for example, is not reached). The caller
+    /// still waits for the child to reap it.
+    pub fn kill(&self) {
+        self.0.kill()
     }
 }
 

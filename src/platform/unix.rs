@@ -248,21 +248,54 @@ pub fn process_memory(_child: &std::process::Child) -> super::ProcessMemory {
     super::ProcessMemory::default()
 }
 
-/// `RLIMIT_DATA` of a child, set with `prlimit`; nothing to undo (the
-/// limit dies with the child).
-pub struct ChildCommitLimit;
+/// A child heading its own process group (set at spawn by
+/// [`ProcessTree::prepare`]): a signal to the group reaches every process
+/// it started that did not leave the group (torch's workers stay in it).
+pub struct ProcessTree {
+    pgid: libc::pid_t,
+}
 
-impl ChildCommitLimit {
-    #[cfg(target_os = "linux")]
-    pub fn set(child: &std::process::Child, bytes: u64) -> io::Result<ChildCommitLimit> {
-        let pid = libc::pid_t::try_from(child.id())
+impl ProcessTree {
+    pub fn prepare(cmd: &mut std::process::Command) {
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
+        // Out of the terminal's process group, the child would outlive a
+        // parent killed outright; on Linux it is killed with it.
+        #[cfg(target_os = "linux")]
+        {
+            let parent = std::process::id();
+            // SAFETY: the closure runs in the forked child before exec and
+            // calls only prctl and getppid, both async-signal-safe; it
+            // allocates nothing.
+            unsafe {
+                cmd.pre_exec(move || {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    // The parent died before the prctl: do not run orphaned.
+                    if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                        return Err(io::Error::from(io::ErrorKind::Interrupted));
+                    }
+                    Ok(())
+                })
+            };
+        }
+    }
+
+    pub fn adopt(child: &std::process::Child) -> io::Result<ProcessTree> {
+        let pgid = libc::pid_t::try_from(child.id())
             .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        Ok(ProcessTree { pgid })
+    }
+
+    /// `RLIMIT_DATA` of the group's leader, set with `prlimit`; processes
+    /// it starts later inherit it. Nothing to undo: it dies with them.
+    #[cfg(target_os = "linux")]
+    pub fn limit_commit(&self, bytes: u64) -> io::Result<()> {
         let mut old = libc::rlimit {
             rlim_cur: 0,
             rlim_max: 0,
         };
         // SAFETY: a null new limit only reads; `old` is a live struct.
-        if unsafe { libc::prlimit(pid, libc::RLIMIT_DATA, std::ptr::null(), &mut old) } != 0 {
+        if unsafe { libc::prlimit(self.pgid, libc::RLIMIT_DATA, std::ptr::null(), &mut old) } != 0 {
             return Err(io::Error::last_os_error());
         }
         let new = libc::rlimit {
@@ -270,18 +303,25 @@ impl ChildCommitLimit {
             rlim_max: old.rlim_max,
         };
         // SAFETY: `new` is a live struct; a null old limit is allowed.
-        if unsafe { libc::prlimit(pid, libc::RLIMIT_DATA, &new, std::ptr::null_mut()) } != 0 {
+        if unsafe { libc::prlimit(self.pgid, libc::RLIMIT_DATA, &new, std::ptr::null_mut()) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(ChildCommitLimit)
+        Ok(())
     }
 
     #[cfg(not(target_os = "linux"))]
-    pub fn set(_child: &std::process::Child, _bytes: u64) -> io::Result<ChildCommitLimit> {
+    pub fn limit_commit(&self, _bytes: u64) -> io::Result<()> {
         Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "limiting another process's commit needs prlimit (Linux)",
         ))
+    }
+
+    pub fn kill(&self) {
+        // SAFETY: kill takes plain integers; a negative pid names the
+        // group, which exists while any member (or the unreaped leader)
+        // does. ESRCH (all gone) is ignored.
+        unsafe { libc::kill(-self.pgid, libc::SIGKILL) };
     }
 }
 

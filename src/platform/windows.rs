@@ -18,7 +18,8 @@ use windows_sys::Win32::Storage::FileSystem::{
 };
 use windows_sys::Win32::System::JobObjects::{
     AssignProcessToJobObject, CreateJobObjectW, JobObjectExtendedLimitInformation,
-    SetInformationJobObject, JOBOBJECT_EXTENDED_LIMIT_INFORMATION, JOB_OBJECT_LIMIT_PROCESS_MEMORY,
+    SetInformationJobObject, TerminateJobObject, JOBOBJECT_EXTENDED_LIMIT_INFORMATION,
+    JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE, JOB_OBJECT_LIMIT_PROCESS_MEMORY,
 };
 use windows_sys::Win32::System::Memory::{
     VirtualAlloc, VirtualFree, MEM_COMMIT, MEM_RELEASE, MEM_RESERVE, PAGE_READWRITE,
@@ -242,29 +243,73 @@ pub fn process_memory(child: &std::process::Child) -> super::ProcessMemory {
     }
 }
 
-/// A Job Object a child process was assigned to, limiting its committed
-/// memory. Closing the handle leaves the child running, in the job.
-pub struct ChildCommitLimit {
-    // Held for its Drop, which lifts the limit and closes the handle.
-    _job: CommitLimit,
+/// A Job Object a child was assigned to right after it started, which
+/// every process it starts joins, and which kills them all when closed
+/// (`JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE`) or terminated. A process the
+/// child starts in the moment before the assignment is outside it.
+pub struct ProcessTree {
+    job: HANDLE,
 }
 
-impl ChildCommitLimit {
-    pub fn set(child: &std::process::Child, bytes: u64) -> io::Result<ChildCommitLimit> {
-        use std::os::windows::io::AsRawHandle;
+impl ProcessTree {
+    pub fn prepare(_cmd: &mut std::process::Command) {}
+
+    pub fn adopt(child: &std::process::Child) -> io::Result<ProcessTree> {
         // SAFETY: both arguments may be null (default security, no name).
         let job = unsafe { CreateJobObjectW(std::ptr::null(), std::ptr::null()) };
         if job.is_null() {
             return Err(io::Error::last_os_error());
         }
-        let limit = CommitLimit { job };
-        limit.apply(Some(usize::try_from(bytes).unwrap_or(usize::MAX)))?;
+        let tree = ProcessTree { job };
+        tree.apply(None)?;
         // SAFETY: `job` is a job handle we own; the child's handle is open
         // while `child` lives.
         if unsafe { AssignProcessToJobObject(job, child.as_raw_handle() as HANDLE) } == 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(ChildCommitLimit { _job: limit })
+        Ok(tree)
+    }
+
+    /// The job's per-process memory limit (accepted but not enforced by
+    /// Wine 8).
+    pub fn limit_commit(&self, bytes: u64) -> io::Result<()> {
+        self.apply(Some(usize::try_from(bytes).unwrap_or(usize::MAX)))
+    }
+
+    fn apply(&self, bytes: Option<usize>) -> io::Result<()> {
+        // SAFETY: an all-zero limit structure is valid (no limits).
+        let mut info: JOBOBJECT_EXTENDED_LIMIT_INFORMATION = unsafe { std::mem::zeroed() };
+        info.BasicLimitInformation.LimitFlags = JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE;
+        if let Some(b) = bytes {
+            info.BasicLimitInformation.LimitFlags |= JOB_OBJECT_LIMIT_PROCESS_MEMORY;
+            info.ProcessMemoryLimit = b;
+        }
+        // SAFETY: `info` is live for the call and the length is its size.
+        let ok = unsafe {
+            SetInformationJobObject(
+                self.job,
+                JobObjectExtendedLimitInformation,
+                (&info as *const JOBOBJECT_EXTENDED_LIMIT_INFORMATION).cast(),
+                std::mem::size_of::<JOBOBJECT_EXTENDED_LIMIT_INFORMATION>() as u32,
+            )
+        };
+        if ok == 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    pub fn kill(&self) {
+        // SAFETY: the handle is ours and open until Drop.
+        unsafe { TerminateJobObject(self.job, 1) };
+    }
+}
+
+impl Drop for ProcessTree {
+    fn drop(&mut self) {
+        // SAFETY: the handle is ours and closed once; closing the last
+        // handle kills what is left in the job.
+        unsafe { CloseHandle(self.job) };
     }
 }
 

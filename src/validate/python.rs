@@ -6,11 +6,19 @@
 //! `python/harness.py`); nothing is installed. The child imports its
 //! libraries, says `RESHARD-READY` on stderr and waits; the parent samples
 //! its commit then (the baseline: Python plus torch and the loader's
-//! library), puts [`crate::platform::ChildCommitLimit`] on it at baseline +
-//! budget (`RLIMIT_DATA` through `prlimit` on Linux, a Job Object on
-//! Windows), lets it load, and samples its commit and RSS every millisecond
-//! until it exits ([`crate::platform::process_memory`]). The child prints one
-//! JSON line on stdout: what it loaded and the library versions, or why not.
+//! library), puts a commit limit on it at baseline + budget
+//! ([`crate::platform::ProcessTree::limit_commit`]: `RLIMIT_DATA` through
+//! `prlimit` on Linux, a Job Object on Windows), lets it load, and samples
+//! its commit and RSS every millisecond until it exits
+//! ([`crate::platform::process_memory`]). The child prints one JSON line on
+//! stdout: what it loaded and the library versions, or why not.
+//!
+//! The child heads its own process tree (a process group, a Job Object), so
+//! when it outlives [`PythonOptions::timeout`] it is killed with every
+//! worker it started, and the run is an error naming the loader and the
+//! timeout: a loader that never exits cannot hang `validate`. The same
+//! happens when the caller's cancel flag is set (Ctrl-C: the child's own
+//! process group no longer gets the terminal's signal).
 //!
 //! Next to the measurement stands fit's prediction for the same checkpoint
 //! ([`crate::plan::fit::loader::peak`]), so a user sees both. Nothing here
@@ -22,20 +30,28 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use super::options::DeviceSpec;
 use crate::format::{self, FormatError};
 use crate::plan::fit::loader::{self as model, LoadParams, Os, Sizes};
+use crate::platform::ProcessTree;
+use crate::units::TimeSpan;
 
 const HARNESS: &str = include_str!("python/harness.py");
 /// The line the harness writes on stderr once its imports are done.
 const READY: &str = "RESHARD-READY";
 /// How often the child's memory is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_millis(1);
+/// How long a loader may run, imports included, before it is killed
+/// (`validate --loader-timeout`): far above a 70B model in transformers
+/// (140 GB of bf16 is about 25 minutes from a 100 MB/s disk, more where
+/// the loader casts or swaps), yet a hung loader still ends.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2 * 3600);
 
 /// A real loader `validate --loader python:NAME` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,6 +162,9 @@ pub struct PythonOptions {
     pub commit_budget: Option<u64>,
     /// fit's baseline term to show with the prediction.
     pub baseline: u64,
+    /// How long the child may run in all, imports included, before it and
+    /// every process it started are killed.
+    pub timeout: Duration,
 }
 
 /// Why a real loader could not be run (exit 2), as opposed to a load that
@@ -177,6 +196,14 @@ pub enum PythonError {
         path: PathBuf,
         reason: String,
     },
+    #[error("{loader} on {}: no result after {} (--loader-timeout): the loader and the processes it started were killed", .path.display(), TimeSpan(*.timeout))]
+    TimedOut {
+        loader: PythonLoader,
+        path: PathBuf,
+        timeout: Duration,
+    },
+    #[error("{loader} on {}: interrupted: the loader and the processes it started were killed", .path.display())]
+    Interrupted { loader: PythonLoader, path: PathBuf },
     #[error("cannot limit the commit of the python process to {bytes} bytes")]
     Limit {
         bytes: u64,
@@ -251,7 +278,12 @@ struct Outcome {
 }
 
 /// Runs `options.loader` on the checkpoint at `path` and measures it.
-pub fn run(path: &Path, options: &PythonOptions) -> Result<PythonReport, PythonError> {
+/// `cancel` (Ctrl-C) stops it as the timeout does, within a few ms.
+pub fn run(
+    path: &Path,
+    options: &PythonOptions,
+    cancel: &AtomicBool,
+) -> Result<PythonReport, PythonError> {
     let ck = format::open(path)?;
     let shards: Vec<u64> = ck.files.iter().map(|f| f.size).collect();
     let sizes = Sizes::new(&shards, ck.tensors.iter().map(|t| t.len));
@@ -270,7 +302,8 @@ pub fn run(path: &Path, options: &PythonOptions) -> Result<PythonReport, PythonE
         DeviceSpec::Cpu => "cpu".to_string(),
         DeviceSpec::Cuda(n) => format!("cuda:{n}"),
     };
-    let mut child = Command::new(&options.python)
+    let mut command = Command::new(&options.python);
+    command
         .arg("-c")
         .arg(options.loader.script())
         .arg(path)
@@ -279,15 +312,45 @@ pub fn run(path: &Path, options: &PythonOptions) -> Result<PythonReport, PythonE
         .env("HF_HUB_OFFLINE", "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| PythonError::NoPython {
-            python: options.python.clone(),
-            source: e,
-        })?;
-    let measured = supervise(&mut child, options.commit_budget);
+        .stderr(Stdio::piped());
+    ProcessTree::prepare(&mut command);
+    let started = Instant::now();
+    let mut child = command.spawn().map_err(|e| PythonError::NoPython {
+        python: options.python.clone(),
+        source: e,
+    })?;
+    // Without a tree (a Windows that refuses the job) only the child can
+    // be killed, and a budget cannot be set.
+    let tree = ProcessTree::adopt(&child);
+    // A timeout past what an Instant holds (`--loader-timeout 9999999999h`)
+    // is no deadline.
+    let deadline = started.checked_add(options.timeout);
+    let stop = Stop { deadline, cancel };
+    let measured = supervise(&mut child, tree.as_ref(), options.commit_budget, &stop);
+    // Workers the loader left behind go with it.
+    if let Ok(t) = &tree {
+        t.kill();
+    }
     let _ = child.kill();
     let status = child.wait().ok();
+    // The readers are not joined when stopped: a process that escaped the
+    // tree may hold the pipes open.
+    match measured.stopped {
+        Some(Stopped::Timeout) => {
+            return Err(PythonError::TimedOut {
+                loader: options.loader,
+                path: path.to_path_buf(),
+                timeout: options.timeout,
+            })
+        }
+        Some(Stopped::Cancelled) => {
+            return Err(PythonError::Interrupted {
+                loader: options.loader,
+                path: path.to_path_buf(),
+            })
+        }
+        None => {}
+    }
     let (stdout, stderr_tail) = (measured.stdout.join(), measured.stderr.join());
     let stdout = stdout.unwrap_or_default();
     let stderr_tail: Vec<String> = stderr_tail.unwrap_or_default();
@@ -392,6 +455,8 @@ pub fn run(path: &Path, options: &PythonOptions) -> Result<PythonReport, PythonE
 /// What [`supervise`] measured, and the reader threads to join.
 struct Measured {
     ready: bool,
+    /// Why the child was stopped before it exited.
+    stopped: Option<Stopped>,
     baseline: u64,
     peak_commit: u64,
     baseline_rss: u64,
@@ -436,9 +501,41 @@ fn each_line(mut r: impl Read, max: usize, mut f: impl FnMut(String)) {
     }
 }
 
+/// When [`supervise`] gives up on the child.
+struct Stop<'a> {
+    deadline: Option<Instant>,
+    cancel: &'a AtomicBool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stopped {
+    Timeout,
+    Cancelled,
+}
+
+impl Stop<'_> {
+    fn now(&self) -> Option<Stopped> {
+        if self.cancel.load(Ordering::SeqCst) {
+            Some(Stopped::Cancelled)
+        } else if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            Some(Stopped::Timeout)
+        } else {
+            None
+        }
+    }
+}
+
+/// How often the wait for the ready line looks at the cancel flag.
+const CANCEL_POLL: Duration = Duration::from_millis(50);
+
 /// Waits for the child's ready line, takes the baseline, limits the child,
-/// lets it load and samples it until it exits.
-fn supervise(child: &mut Child, budget: Option<u64>) -> Measured {
+/// lets it load and samples it until it exits or `stop` says to give up.
+fn supervise(
+    child: &mut Child,
+    tree: Result<&ProcessTree, &std::io::Error>,
+    budget: Option<u64>,
+    stop: &Stop<'_>,
+) -> Measured {
     let (tx, rx) = mpsc::channel::<()>();
     let stderr = child.stderr.take();
     let stderr = std::thread::spawn(move || {
@@ -471,6 +568,7 @@ fn supervise(child: &mut Child, budget: Option<u64>) -> Measured {
     });
     let mut m = Measured {
         ready: false,
+        stopped: None,
         baseline: 0,
         peak_commit: 0,
         baseline_rss: 0,
@@ -481,24 +579,34 @@ fn supervise(child: &mut Child, budget: Option<u64>) -> Measured {
         stderr,
     };
     // The sender is dropped when stderr closes: the child ended first.
-    if rx.recv().is_err() {
-        return m;
+    loop {
+        if let Some(why) = stop.now() {
+            m.stopped = Some(why);
+            return m;
+        }
+        let left = stop
+            .deadline
+            .map_or(CANCEL_POLL, |d| d.saturating_duration_since(Instant::now()));
+        match rx.recv_timeout(left.min(CANCEL_POLL)) {
+            Ok(()) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return m,
+        }
     }
     m.ready = true;
     let now = crate::platform::process_memory(child);
     m.baseline = now.commit.unwrap_or(0);
     m.peak_commit = m.baseline;
     m.baseline_rss = now.rss.unwrap_or(0);
-    // Held until the child has exited.
-    let mut _limit = None;
     if let Some(b) = budget {
         let bytes = m.baseline.saturating_add(b);
-        match crate::platform::ChildCommitLimit::set(child, bytes) {
-            Ok(l) => _limit = Some(l),
-            Err(e) => {
-                m.limit_error = Some(PythonError::Limit { bytes, source: e });
-                return m;
-            }
+        let set = match tree {
+            Ok(t) => t.limit_commit(bytes),
+            Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+        };
+        if let Err(e) = set {
+            m.limit_error = Some(PythonError::Limit { bytes, source: e });
+            return m;
         }
     }
     if let Some(mut stdin) = child.stdin.take() {
@@ -514,6 +622,10 @@ fn supervise(child: &mut Child, budget: Option<u64>) -> Measured {
             .max(now.rss.unwrap_or(0))
             .max(now.peak_rss.unwrap_or(0));
         if !matches!(child.try_wait(), Ok(None)) {
+            break;
+        }
+        if let Some(why) = stop.now() {
+            m.stopped = Some(why);
             break;
         }
         std::thread::sleep(SAMPLE_EVERY);
@@ -550,6 +662,24 @@ mod tests {
         let mut lines = Vec::new();
         each_line(input, 8, |l| lines.push(l));
         assert_eq!(lines, ["caf\u{fffd}", "xxxxxxxx", "{\"a\": 1}", "no end"]);
+    }
+
+    #[test]
+    fn stops_at_the_deadline_or_on_cancel_and_a_huge_timeout_is_none() {
+        let cancel = AtomicBool::new(false);
+        let past = Stop {
+            deadline: Some(Instant::now()),
+            cancel: &cancel,
+        };
+        assert_eq!(past.now(), Some(Stopped::Timeout));
+        let never = Stop {
+            deadline: Instant::now().checked_add(Duration::MAX),
+            cancel: &cancel,
+        };
+        assert_eq!(never.deadline, None);
+        assert_eq!(never.now(), None);
+        cancel.store(true, Ordering::SeqCst);
+        assert_eq!(never.now(), Some(Stopped::Cancelled));
     }
 
     #[test]

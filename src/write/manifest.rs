@@ -83,6 +83,18 @@ pub struct ShardRecord {
     pub tensors: Vec<TensorRecord>,
 }
 
+/// A mirrored non-weight file (config.json, a tokenizer file) with its
+/// source's size and mtime when it was copied: a rerun recopies it when the
+/// source's differ, though the shards are up to date.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopiedFile {
+    /// Its path under the model folder, `/` separators.
+    pub name: String,
+    pub size: u64,
+    /// Nanoseconds since the Unix epoch (0 if unknown).
+    pub mtime_ns: u64,
+}
+
 /// The whole manifest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -97,6 +109,11 @@ pub struct Manifest {
     pub shards: Vec<ShardRecord>,
     #[serde(default)]
     pub copied_files: Vec<String>,
+    /// The source identity of each of `copied_files` when copied; absent
+    /// in manifests before reshard recorded it (a rerun then recopies
+    /// them all once).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copied_sources: Vec<CopiedFile>,
     #[serde(default)]
     pub oversized: Vec<Oversized>,
     #[serde(default)]

@@ -189,6 +189,7 @@ mod tests {
                 })
                 .collect(),
             copied_files: vec!["config.json".into()],
+            copied_sources: Vec::new(),
             oversized: Vec::new(),
             dropped: Vec::new(),
             planned: planned.iter().map(|s| s.to_string()).collect(),

@@ -40,7 +40,6 @@ SentenceTransformer(hf, device="cpu").save(os.path.join(out, "st"))
 "#;
 
 struct Checkpoints {
-    _dir: tempfile::TempDir,
     root: PathBuf,
     python: PathBuf,
 }
@@ -69,7 +68,10 @@ fn loaders_python() -> Option<PathBuf> {
     Some(python)
 }
 
-/// The checkpoints, built once per test binary run.
+/// The checkpoints, built once per test binary run under a fixed folder of
+/// the target's temp dir, removed first: a `TempDir` in a static is never
+/// dropped, so each run used to leave 1.9 GB in /tmp; now at most one copy
+/// exists, and `cargo clean` removes it.
 fn checkpoints() -> Option<&'static Checkpoints> {
     static BUILT: OnceLock<Option<Checkpoints>> = OnceLock::new();
     BUILT
@@ -79,8 +81,14 @@ fn checkpoints() -> Option<&'static Checkpoints> {
                 return None;
             }
             let python = loaders_python()?;
-            let dir = tempfile::tempdir().unwrap();
-            let root = dir.path().to_path_buf();
+            let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("loaders-checkpoints");
+            match std::fs::remove_dir_all(&root) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    panic!("cannot remove {}: {e}", root.display())
+                }
+                _ => {}
+            }
+            std::fs::create_dir_all(&root).unwrap();
             let out = std::process::Command::new(&python)
                 .args(["-c", BUILD])
                 .arg(&root)
@@ -103,11 +111,7 @@ fn checkpoints() -> Option<&'static Checkpoints> {
             }
             // convert mirrors the module folders sentence-transformers needs.
             assert!(root.join("st-64/1_Pooling/config.json").is_file());
-            Some(Checkpoints {
-                _dir: dir,
-                root,
-                python,
-            })
+            Some(Checkpoints { root, python })
         })
         .as_ref()
 }
@@ -353,4 +357,159 @@ fn output_that_is_not_utf8_does_not_lose_the_result() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("outcome \"weird\""), "{err}");
+}
+
+/// Whether process `pid` still runs (a zombie waiting to be reaped does
+/// not count), polled for up to 5 s so an orphan's reaping is not a race.
+#[cfg(target_os = "linux")]
+fn still_running(pid: &str) -> bool {
+    let stat = format!("/proc/{}/stat", pid.trim());
+    for _ in 0..50 {
+        match std::fs::read_to_string(&stat) {
+            Err(_) => return false,
+            // "PID (comm) STATE ...": the state follows the last ')'.
+            Ok(s)
+                if s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z')) =>
+            {
+                return false
+            }
+            Ok(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
+        }
+    }
+    true
+}
+
+/// A fake python that starts a worker (`sleep`), writes the worker's pid
+/// and its own to `NAME.pids`, runs `ready` and hangs.
+#[cfg(target_os = "linux")]
+fn hung_loader(dir: &Path, name: &str, ready: &str) -> (PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let pids = dir.join(format!("{name}.pids"));
+    let fake = dir.join(format!("python-{name}"));
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\nsleep 300 &\necho $! > '{}'\necho $$ >> '{}'\n{ready}sleep 300\n",
+            pids.display(),
+            pids.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (fake, pids)
+}
+
+/// Asserts that both processes `pids` lists have ended.
+#[cfg(target_os = "linux")]
+fn assert_all_ended(case: &str, pids: &Path) {
+    let pids = std::fs::read_to_string(pids).unwrap();
+    let pids: Vec<&str> = pids.lines().collect();
+    assert_eq!(pids.len(), 2, "{case}: {pids:?}");
+    for pid in pids {
+        assert!(
+            !still_running(pid),
+            "{case}: process {pid} was left running"
+        );
+    }
+}
+
+/// A loader that never exits was waited for until Ctrl-C. Now
+/// `--loader-timeout` kills it, and the worker it started (torch's
+/// processes), and exits 2 naming the loader and the timeout: both when it
+/// hangs in its imports (no ready line) and when it hangs loading.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_hung_loader_is_killed_with_its_workers_at_the_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ready = "printf 'RESHARD-READY\\n' >&2\nread go\n";
+    for (case, ready) in [("importing", ""), ("loading", ready)] {
+        let (fake, pids) = hung_loader(tmp.path(), case, ready);
+        let started = std::time::Instant::now();
+        let out = reshard()
+            .args([
+                "validate",
+                "--loader",
+                "python:transformers",
+                "--loader-timeout",
+                "2s",
+                "--python",
+            ])
+            .arg(&fake)
+            .arg(fixture("tiny-llama"))
+            .timeout(std::time::Duration::from_secs(60))
+            .output()
+            .unwrap();
+        let took = started.elapsed();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{case}: {err}");
+        assert!(
+            err.contains("python:transformers") && err.contains("no result after 2s"),
+            "{case}: {err}"
+        );
+        // Generous for a loaded machine; without the timeout it is 300 s.
+        assert!(
+            took < std::time::Duration::from_secs(30),
+            "{case}: {took:?}"
+        );
+        assert_all_ended(case, &pids);
+    }
+}
+
+/// The loader heads its own process group, so the terminal's Ctrl-C no
+/// longer reaches it: reshard passes it on, killing the loader and its
+/// workers, and exits 2 saying so.
+#[cfg(target_os = "linux")]
+#[test]
+fn ctrl_c_kills_a_hung_loader_and_its_workers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (fake, pids) = hung_loader(
+        tmp.path(),
+        "ctrl-c",
+        "printf 'RESHARD-READY\\n' >&2\nread go\n",
+    );
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("reshard"))
+        .args(["validate", "--loader", "python:transformers", "--python"])
+        .arg(&fake)
+        .arg(fixture("tiny-llama"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let waited = std::time::Instant::now();
+    while std::fs::read_to_string(&pids).map_or(0, |p| p.lines().count()) < 2 {
+        assert!(
+            waited.elapsed().as_secs() < 30,
+            "the fake loader never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if waited.elapsed().as_secs() > 60 {
+            let _ = child.kill();
+            panic!("reshard did not stop on SIGINT");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    assert_all_ended("ctrl-c", &pids);
 }

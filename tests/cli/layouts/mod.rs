@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use crate::common::{convert, copy_dir, copy_fixture, python, reshard};
 
 mod judge;
+mod portable;
 mod single_file;
 
 /// Every file under `dir`, as `/`-separated relative paths.
