@@ -191,3 +191,45 @@ fn dry_run_shows_bytes_before_and_after_per_pair() {
         "{text}"
     );
 }
+
+/// A cast reads its input from mappings of the source unless
+/// `--no-kernel-copy` asks for plain reads: both give the same files, the
+/// manifest's hashes included, and torch's bits. The window makes the
+/// largest tensors (256 KB) take several mappings.
+#[test]
+fn mapped_input_and_forced_read_write_give_identical_casts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixture("tiny-llama-f32-sharded");
+    for dtype in ["bf16", "f16"] {
+        let fast = tmp.path().join(format!("{dtype}-mapped"));
+        let slow = tmp.path().join(format!("{dtype}-read"));
+        let args = [
+            "--dtype",
+            dtype,
+            "--max-shard-size",
+            "100KiB",
+            "--window",
+            "1MiB",
+            "--threads",
+            "2",
+            "--on-overflow",
+            "inf",
+        ];
+        convert(&src, &fast, &args).success();
+        let mut slow_args = args.to_vec();
+        slow_args.push("--no-kernel-copy");
+        convert(&src, &slow, &slow_args).success();
+        let strip = |dir: &Path| -> Vec<(std::path::PathBuf, String)> {
+            tree_hashes(dir)
+                .into_iter()
+                .map(|(p, h)| (p.strip_prefix(dir).unwrap().to_path_buf(), h))
+                .collect()
+        };
+        let (a, b) = (strip(&fast), strip(&slow));
+        assert!(a.len() > 3, "{a:?}");
+        assert_eq!(a, b, "{dtype}");
+        if dtype == "bf16" {
+            assert_matches_expected(&fast, "tiny-llama");
+        }
+    }
+}
