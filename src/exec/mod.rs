@@ -333,11 +333,13 @@ fn fill_shard<'p>(
         let casting = from != to;
         let in_elem = (from.bits() / 8).max(1) as usize;
         let out_elem = (to.bits() / 8).max(1) as usize;
+        // A small tensor of a mapped shard is read like the read path's.
         let mut stream = match input {
+            Input::Mapped { .. } if source.len >= mapped::MAP_MIN => None,
+            Input::Mapped { .. } => Some(reader.tensor_bytes_gathered(source, 0)),
             Input::Read { gather } => {
                 Some(reader.tensor_bytes_gathered(source, gather.min(GATHER_MAX)))
             }
-            Input::Mapped { .. } => None,
         };
         let mut hash = Xxh3::new();
         let mut stats = cast::CastStats::default();
@@ -349,14 +351,14 @@ fn fill_shard<'p>(
             let Ok(mut buf) = free.recv() else {
                 return Ok(records); // the write stage failed; it reports why
             };
-            // Input chunk: whole elements; on the read path it shares the
-            // buffer with its cast output.
+            // Input chunk: whole elements; a read chunk shares the buffer
+            // with its cast output, a mapped one leaves it all to output.
             let chunk_in = match input {
-                Input::Read { .. } if casting => (buf.len() / (in_elem + out_elem)) * in_elem,
-                Input::Read { .. } => buf.len(),
-                Input::Mapped { map_len } => {
+                Input::Mapped { map_len } if stream.is_none() => {
                     (buf.len() / out_elem).min(map_len / in_elem) * in_elem
                 }
+                _ if casting => (buf.len() / (in_elem + out_elem)) * in_elem,
+                _ => buf.len(),
             };
             if chunk_in == 0 {
                 return Err(WindowTooSmall {
