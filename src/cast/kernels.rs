@@ -38,27 +38,37 @@ impl Flags {
 
 /// An unsigned integer that holds one element's bits, stored little-endian.
 pub(super) trait Lane: Copy {
-    /// Bytes per element.
-    const SIZE: usize;
-    /// Reads one element from exactly `SIZE` bytes.
-    fn load(bytes: &[u8]) -> Self;
-    /// Writes one element into exactly `SIZE` bytes.
-    fn store(self, bytes: &mut [u8]);
+    /// One element's bytes.
+    type Bytes: Copy;
+    /// `bytes` as whole elements, and what is left over.
+    fn elems(bytes: &[u8]) -> (&[Self::Bytes], &[u8]);
+    /// `bytes` as whole elements to write, and what is left over.
+    fn elems_mut(bytes: &mut [u8]) -> (&mut [Self::Bytes], &mut [u8]);
+    /// Reads one element.
+    fn load(bytes: Self::Bytes) -> Self;
+    /// One element's bytes.
+    fn store(self) -> Self::Bytes;
 }
 
 macro_rules! lane {
     ($t:ty, $n:expr) => {
         impl Lane for $t {
-            const SIZE: usize = $n;
+            type Bytes = [u8; $n];
             #[inline(always)]
-            fn load(bytes: &[u8]) -> Self {
-                let mut a = [0u8; $n];
-                a.copy_from_slice(bytes);
-                <$t>::from_le_bytes(a)
+            fn elems(bytes: &[u8]) -> (&[[u8; $n]], &[u8]) {
+                bytes.as_chunks::<$n>()
             }
             #[inline(always)]
-            fn store(self, bytes: &mut [u8]) {
-                bytes.copy_from_slice(&self.to_le_bytes());
+            fn elems_mut(bytes: &mut [u8]) -> (&mut [[u8; $n]], &mut [u8]) {
+                bytes.as_chunks_mut::<$n>()
+            }
+            #[inline(always)]
+            fn load(bytes: [u8; $n]) -> Self {
+                <$t>::from_le_bytes(bytes)
+            }
+            #[inline(always)]
+            fn store(self) -> [u8; $n] {
+                self.to_le_bytes()
             }
         }
     };
@@ -70,47 +80,28 @@ lane!(u64, 8);
 
 /// Elements per block; the per-block counters are u32 and cannot overflow.
 const BLOCK: usize = 4096;
-/// Elements per batch: loaded into an array, converted, stored, so each of
-/// the three loops has a fixed trip count and vectorizes.
-const BATCH: usize = 64;
 
 /// Runs `kernel` over every element of `input`, writing `output`.
 ///
-/// The caller has checked that both slices hold the same number of elements.
+/// The caller has checked that both slices hold the same number of elements
+/// (bytes past the last whole element are left alone). The slices are seen
+/// as arrays of element bytes (`as_chunks`), so each element is one plain
+/// load and one plain store and the loop vectorizes at any alignment.
 /// Counters are kept as u32 per block so the loop stays vectorizable.
 #[inline(always)]
-pub(super) fn drive<I: Lane + Default, O: Lane + Default>(
+pub(super) fn drive<I: Lane, O: Lane>(
     input: &[u8],
     output: &mut [u8],
     kernel: impl Fn(I) -> (O, Flags),
 ) -> CastStats {
     let mut stats = CastStats::default();
-    let blocks = input
-        .chunks(BLOCK * I::SIZE)
-        .zip(output.chunks_mut(BLOCK * O::SIZE));
-    for (ib, ob) in blocks {
+    let (input, _) = I::elems(input);
+    let (output, _) = O::elems_mut(output);
+    for (ib, ob) in input.chunks(BLOCK).zip(output.chunks_mut(BLOCK)) {
         let mut counts = [0u32; 3];
-        let mut ibatches = ib.chunks_exact(BATCH * I::SIZE);
-        let mut obatches = ob.chunks_exact_mut(BATCH * O::SIZE);
-        for (i, o) in (&mut ibatches).zip(&mut obatches) {
-            let mut xs = [I::default(); BATCH];
-            for (x, b) in xs.iter_mut().zip(i.chunks_exact(I::SIZE)) {
-                *x = I::load(b);
-            }
-            let mut ys = [O::default(); BATCH];
-            for (y, x) in ys.iter_mut().zip(xs) {
-                let (bits, flags) = kernel(x);
-                *y = bits;
-                count(&mut counts, flags);
-            }
-            for (y, b) in ys.iter().zip(o.chunks_exact_mut(O::SIZE)) {
-                y.store(b);
-            }
-        }
-        let tail = ibatches.remainder().chunks_exact(I::SIZE);
-        for (i, o) in tail.zip(obatches.into_remainder().chunks_exact_mut(O::SIZE)) {
-            let (bits, flags) = kernel(I::load(i));
-            bits.store(o);
+        for (x, y) in ib.iter().zip(ob.iter_mut()) {
+            let (bits, flags) = kernel(I::load(*x));
+            *y = bits.store();
             count(&mut counts, flags);
         }
         stats.overflow += u64::from(counts[0]);

@@ -4,11 +4,14 @@
 //! Shards are written in parallel (rayon, `--threads`), each by one worker
 //! holding one buffer for the whole shard, so memory in flight is at most the
 //! window. Large tensors stream through in chunks. A shard that needs no cast
-//! takes the kernel-copy path ([`copy`]) where the platform allows it. The
+//! takes the kernel-copy path ([`copy`]) where the platform allows it; a
+//! casting shard of plain contiguous tensors reads its input from mappings
+//! of the source ([`mapped`]) instead of into a buffer. The
 //! executor writes shards only; the index and manifest are the caller's
 //! commit step.
 
 pub mod copy;
+pub mod mapped;
 pub mod reporter;
 pub mod window;
 
@@ -138,22 +141,45 @@ fn buffered_shard(
     options: &ExecOptions<'_>,
     reporter: &dyn Reporter,
 ) -> Result<ShardRecord, ExecError> {
+    if options.copy == CopyPath::Auto && mapped::eligible(ck, shard) {
+        if let Some(layout) = mapped::acquire(ck, shard, pool, buffer)? {
+            let input = Input::Mapped {
+                map_len: layout.map_len,
+            };
+            let _reserved = layout.reserved;
+            return write_shard(
+                reader,
+                ck,
+                plan,
+                shard,
+                dst,
+                layout.bufs,
+                input,
+                options,
+                reporter,
+            );
+        }
+    }
     // A shard with a strided view takes a third buffer's worth of the
     // window for gathering the view's storage in memory.
     let count = if has_strided(ck, shard) { 3 } else { 2 };
     let mut bufs = pool.acquire_many((buffer / count).min(shard_need(ck, shard)), count)?;
     let gather = (count == 3).then(|| bufs.pop()).flatten();
-    write_shard(
-        reader,
-        ck,
-        plan,
-        shard,
-        dst,
-        bufs,
-        gather.as_deref().map_or(0, <[u8]>::len),
-        options,
-        reporter,
-    )
+    let input = Input::Read {
+        gather: gather.as_deref().map_or(0, <[u8]>::len),
+    };
+    write_shard(reader, ck, plan, shard, dst, bufs, input, options, reporter)
+}
+
+/// Where the read stage takes a shard's input bytes from.
+#[derive(Clone, Copy)]
+enum Input {
+    /// Positioned reads into the front of each buffer; a strided view
+    /// gathers up to `gather` bytes of its storage in memory.
+    Read { gather: usize },
+    /// Mappings of at most `map_len` bytes of the source ([`mapped`]); the
+    /// buffers hold output only.
+    Mapped { map_len: usize },
 }
 
 /// Each worker's buffer: an equal share of the window, at most MAX_CHUNK of
@@ -226,7 +252,7 @@ fn write_shard(
     shard: &ShardPlan,
     dst: &Path,
     bufs: Vec<WindowBuf<'_>>,
-    gather: usize,
+    input: Input,
     options: &ExecOptions<'_>,
     reporter: &dyn Reporter,
 ) -> Result<ShardRecord, ExecError> {
@@ -251,7 +277,7 @@ fn write_shard(
             Ok(writer)
         });
         let records = fill_shard(
-            reader, ck, plan, shard, &free, &to_writer, gather, options, reporter,
+            reader, ck, plan, shard, &free, &to_writer, input, options, reporter,
         );
         drop(to_writer);
         let written = write_stage.join().unwrap_or_else(|_| {
@@ -286,11 +312,12 @@ fn fill_shard<'p>(
     shard: &ShardPlan,
     free: &mpsc::Receiver<WindowBuf<'p>>,
     to_writer: &mpsc::SyncSender<Filled<'p>>,
-    gather: usize,
+    input: Input,
     options: &ExecOptions<'_>,
     reporter: &dyn Reporter,
 ) -> Result<Vec<TensorRecord>, ExecError> {
     let mut records = Vec::with_capacity(shard.tensors.len());
+    let policy = plan.options.on_overflow;
     for planned in &shard.tensors {
         if planned.dequant.is_some() {
             let sent = fill_dequantized(reader, ck, plan, planned, free, to_writer, options)?;
@@ -306,7 +333,14 @@ fn fill_shard<'p>(
         let casting = from != to;
         let in_elem = (from.bits() / 8).max(1) as usize;
         let out_elem = (to.bits() / 8).max(1) as usize;
-        let mut stream = reader.tensor_bytes_gathered(source, gather.min(GATHER_MAX));
+        // A small tensor of a mapped shard is read like the read path's.
+        let mut stream = match input {
+            Input::Mapped { .. } if source.len >= mapped::MAP_MIN => None,
+            Input::Mapped { .. } => Some(reader.tensor_bytes_gathered(source, 0)),
+            Input::Read { gather } => {
+                Some(reader.tensor_bytes_gathered(source, gather.min(GATHER_MAX)))
+            }
+        };
         let mut hash = Xxh3::new();
         let mut stats = cast::CastStats::default();
         let mut left = source.len;
@@ -317,11 +351,14 @@ fn fill_shard<'p>(
             let Ok(mut buf) = free.recv() else {
                 return Ok(records); // the write stage failed; it reports why
             };
-            // Input chunk: whole elements, leaving room for the cast output.
-            let chunk_in = if casting {
-                (buf.len() / (in_elem + out_elem)) * in_elem
-            } else {
-                buf.len()
+            // Input chunk: whole elements; a read chunk shares the buffer
+            // with its cast output, a mapped one leaves it all to output.
+            let chunk_in = match input {
+                Input::Mapped { map_len } if stream.is_none() => {
+                    (buf.len() / out_elem).min(map_len / in_elem) * in_elem
+                }
+                _ if casting => (buf.len() / (in_elem + out_elem)) * in_elem,
+                _ => buf.len(),
             };
             if chunk_in == 0 {
                 return Err(WindowTooSmall {
@@ -331,16 +368,26 @@ fn fill_shard<'p>(
                 .into());
             }
             let n = usize::try_from(left).unwrap_or(usize::MAX).min(chunk_in);
-            let (input, rest) = buf.split_at_mut(n);
-            reader.read_chunk(source, &mut stream, input)?;
-            let (start, len) = if casting {
-                let out = &mut rest[..n / in_elem * out_elem];
-                stats += cast::cast_parallel(from, to, input, out, plan.options.on_overflow);
-                hash.update(out);
-                (n, out.len())
-            } else {
-                hash.update(input);
-                (0, n)
+            let out_len = n / in_elem * out_elem;
+            let (start, len) = match stream.as_mut() {
+                Some(stream) => {
+                    let (input, rest) = buf.split_at_mut(n);
+                    reader.read_chunk(source, stream, input)?;
+                    if casting {
+                        let out = &mut rest[..out_len];
+                        stats += mapped::cast_hashed(from, to, input, out, policy, &mut hash);
+                        (n, out_len)
+                    } else {
+                        hash.update(input);
+                        (0, n)
+                    }
+                }
+                None => {
+                    let map = mapped::map_chunk(reader, source, source.len - left, n)?;
+                    let out = &mut buf[..out_len];
+                    stats += mapped::cast_hashed(from, to, &map, out, policy, &mut hash);
+                    (0, out_len)
+                }
             };
             if to_writer.send(Filled { buf, start, len }).is_err() {
                 return Ok(records);
@@ -348,7 +395,7 @@ fn fill_shard<'p>(
             reporter.advance(n as u64);
             left -= n as u64;
         }
-        if casting && stats.overflow > 0 && plan.options.on_overflow == OverflowPolicy::Error {
+        if casting && stats.overflow > 0 && policy == OverflowPolicy::Error {
             return Err(CastError::Overflow {
                 tensor: planned.name.clone(),
                 from,

@@ -81,6 +81,32 @@ impl WindowPool {
             .collect())
     }
 
+    /// [`WindowPool::acquire_many`] and [`WindowPool::reserve`]`(extra)`
+    /// at once, for the same reason: a worker never holds part of what it
+    /// needs while it waits for the rest.
+    pub fn acquire_and_reserve(
+        &self,
+        len: usize,
+        count: usize,
+        extra: u64,
+    ) -> Result<(Vec<WindowBuf<'_>>, Reservation<'_>), WindowTooSmall> {
+        let bufs = (len as u64).saturating_mul(count as u64);
+        self.wait_for(bufs.saturating_add(extra))?;
+        let made = (0..count)
+            .map(|_| WindowBuf {
+                pool: self,
+                buf: vec![0u8; len],
+            })
+            .collect();
+        Ok((
+            made,
+            Reservation {
+                pool: self,
+                len: extra,
+            },
+        ))
+    }
+
     /// `len` bytes of the budget without a buffer, for memory the caller
     /// holds another way (a mapping of the output whose resident pages
     /// count in RSS), waiting until the budget allows it.
@@ -188,6 +214,20 @@ mod tests {
         assert!(pool.reserve(101).is_err());
         drop(r);
         assert_eq!(pool.in_use(), 0);
+    }
+
+    #[test]
+    fn buffers_and_a_reservation_are_counted_together() {
+        let pool = WindowPool::new(100);
+        assert!(pool.acquire_and_reserve(40, 2, 21).is_err());
+        let (bufs, r) = pool.acquire_and_reserve(30, 2, 40).unwrap();
+        assert_eq!(pool.in_use(), 100);
+        assert_eq!(bufs.iter().map(|b| b.len()).collect::<Vec<_>>(), [30, 30]);
+        drop(bufs);
+        assert_eq!(pool.in_use(), 40);
+        drop(r);
+        assert_eq!(pool.in_use(), 0);
+        assert_eq!(pool.peak(), 100);
     }
 
     #[test]

@@ -7,10 +7,12 @@
 //! `/dev/zero` is refused instead of read until memory runs out. Small files
 //! are read whole only under a size limit the caller names.
 //!
-//! Every read of tensor bytes is a positioned read (`pread`) of a
+//! Every read of tensor bytes here is a positioned read (`pread`) of a
 //! caller-sized buffer from a file opened read-only: nothing is mapped,
 //! nothing is read whole, and the caller's window decides how much memory is
-//! in flight. Files are checked against the size and mtime they had when the
+//! in flight. (The executor's cast path may instead map one chunk of a
+//! contiguous tensor at a time, read-only and shared, through
+//! [`SourceReader::file`]: see `crate::exec::mapped`.) Files are checked against the size and mtime they had when the
 //! checkpoint was read, so a file that shrinks under us is an error, never
 //! zeros.
 

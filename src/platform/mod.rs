@@ -155,9 +155,13 @@ impl MappedRange {
         let mut options = memmap2::MmapOptions::new();
         options.offset(offset).len(len);
         // SAFETY: a read-only shared mapping: reshard never writes through
-        // it. Its only callers map ranges of their own output file (a
-        // temporary name no other process writes), so the bytes cannot change
-        // or be truncated away under the mapping while it lives.
+        // it. Callers map ranges of their own output file (a temporary name
+        // no other process writes), whose bytes cannot change or be
+        // truncated away under the mapping, or one chunk of a source file
+        // (`exec::mapped`), checked against the length its header claims
+        // right before mapping; a source truncated by another process while
+        // a chunk is mapped faults (SIGBUS) instead of erroring, the risk
+        // `exec::mapped` documents and `--no-kernel-copy` avoids.
         unsafe { options.map(file) }.map(|m| MappedRange(Some(m)))
     }
 }

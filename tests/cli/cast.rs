@@ -191,3 +191,63 @@ fn dry_run_shows_bytes_before_and_after_per_pair() {
         "{text}"
     );
 }
+
+/// A cast reads its input from mappings of the source unless
+/// `--no-kernel-copy` asks for plain reads: both give the same files, the
+/// manifest's hashes included, and (the fixture) torch's bits. The window
+/// makes the 2.4 MB tensor take several mappings; the fixture's tensors are
+/// all small, which a mapped shard reads.
+#[test]
+fn mapped_input_and_forced_read_write_give_identical_casts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let big = tmp.path().join("big");
+    std::fs::create_dir_all(&big).unwrap();
+    let n = 600_001u32;
+    let mut data: Vec<u8> = (0..n)
+        .flat_map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761) >> 2).to_le_bytes())
+        .collect();
+    let a_end = data.len();
+    data.extend((0..1000u32).flat_map(|i| (i as f32 * 0.37).to_le_bytes()));
+    let header = json!({
+        "model.embed.weight": {"dtype": "F32", "shape": [n], "data_offsets": [0, a_end]},
+        "model.norm.weight": {"dtype": "F32", "shape": [1000], "data_offsets": [a_end, data.len()]},
+    });
+    write_safetensors(&big.join("model.safetensors"), &header, &data);
+    for (name, src, shard) in [
+        ("fixture", fixture("tiny-llama-f32-sharded"), "100KiB"),
+        ("big", big.clone(), "4MB"),
+    ] {
+        for dtype in ["bf16", "f16"] {
+            let fast = tmp.path().join(format!("{name}-{dtype}-mapped"));
+            let slow = tmp.path().join(format!("{name}-{dtype}-read"));
+            let args = [
+                "--dtype",
+                dtype,
+                "--max-shard-size",
+                shard,
+                "--window",
+                "1MiB",
+                "--threads",
+                "2",
+                "--on-overflow",
+                "inf",
+            ];
+            convert(&src, &fast, &args).success();
+            let mut slow_args = args.to_vec();
+            slow_args.push("--no-kernel-copy");
+            convert(&src, &slow, &slow_args).success();
+            let strip = |dir: &Path| -> Vec<(std::path::PathBuf, String)> {
+                tree_hashes(dir)
+                    .into_iter()
+                    .map(|(p, h)| (p.strip_prefix(dir).unwrap().to_path_buf(), h))
+                    .collect()
+            };
+            let (a, b) = (strip(&fast), strip(&slow));
+            assert!(a.len() > 2, "{a:?}");
+            assert_eq!(a, b, "{name} {dtype}");
+            if name == "fixture" && dtype == "bf16" {
+                assert_matches_expected(&fast, "tiny-llama");
+            }
+        }
+    }
+}

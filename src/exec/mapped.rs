@@ -1,0 +1,399 @@
+//! The mapped-input path: a casting shard whose tensors are all stored as
+//! one contiguous byte range reads its input from read-only *shared*
+//! mappings of the source files, one chunk at a time, and casts straight
+//! from the mapping into the output buffer. The input bytes are never
+//! copied by `pread` into a buffer of ours, and the buffers hold output
+//! only.
+//!
+//! Memory: a worker maps at most one chunk of input at a time, and that
+//! chunk (plus [`MAP_SLACK`] for the page rounding of the mapping) is
+//! reserved from the [`WindowPool`] for the whole shard, next to the two
+//! output buffers, so the window bound holds as on the read path: the
+//! mapped pages count in RSS while they are mapped.
+//!
+//! What this path does not take: strided views, deflated zip entries,
+//! quantized weights (they keep [`super::fill_shard`]'s read path), shards
+//! that need no cast (the kernel-copy path, [`super::copy`]), and anything
+//! at all under `--no-kernel-copy` ([`super::CopyPath::ReadWrite`]), which
+//! stays plain read and write for everything.
+//!
+//! A shared mapping of a file that shrinks under it faults (SIGBUS on
+//! Unix) instead of returning an error. [`map_chunk`] checks the file's
+//! length against the header's claim right before each mapping; what that
+//! check cannot cover is another process truncating the source during the
+//! few milliseconds one chunk is mapped, which kills reshard by the signal
+//! and leaves a temporary file in the output folder (cleaned by the next
+//! run, as after a crash). Windows refuses to truncate a mapped file, so
+//! there the race does not exist. Truncating a model while it is being
+//! converted already gives a wrong result on any path; the risk is taken
+//! for the copy it saves, and `--no-kernel-copy` avoids it.
+
+use xxhash_rust::xxh3::Xxh3;
+
+use super::{WindowBuf, WindowPool, WindowTooSmall};
+use crate::cast::{self, CastStats, OverflowPolicy};
+use crate::format::read::SourceReader;
+use crate::format::{Checkpoint, DataRef, Dtype, FormatError, Tensor};
+use crate::plan::ShardPlan;
+use crate::platform::MappedRange;
+
+/// Budget reserved beyond the mapped bytes: a mapping starts at a page
+/// (Unix) or at a 64 KiB allocation granularity (Windows) boundary, so it
+/// may reach that much before the chunk.
+pub const MAP_SLACK: u64 = 64 << 10;
+
+/// Most input bytes one mapping holds: past a few MiB, larger mappings are
+/// no faster; they only hold more pages and larger output buffers, which
+/// are fresh memory to fault in.
+const MAP_CHUNK: u64 = 8 << 20;
+
+/// Tensors smaller than this are read (`pread`) into the output buffer's
+/// spare room even on a mapped shard: mapping and unmapping (page faults,
+/// a TLB flush on every core the process runs on) costs more than copying
+/// a few hundred KiB. A model of 3,747 small tensors spent 6% of its time
+/// in munmap when every tensor was mapped.
+pub const MAP_MIN: u64 = 256 << 10;
+
+/// Input bytes cast and hashed at a time: small enough that the output
+/// block is still in the CPU's cache when the hash reads it.
+const FUSE_BLOCK: usize = 256 << 10;
+
+/// Whether `shard` can take the mapped-input path: nothing quantized, every
+/// tensor stored as one contiguous range, and at least one tensor cast.
+pub fn eligible(ck: &Checkpoint, shard: &ShardPlan) -> bool {
+    let plain = shard.tensors.iter().all(|t| {
+        t.dequant.is_none() && matches!(ck.tensors[t.source].data, DataRef::Contiguous { .. })
+    });
+    plain && shard.tensors.iter().any(|t| t.dtype != t.source_dtype)
+}
+
+/// What a mapped shard holds from the pool: two output buffers and the
+/// reservation for one mapped chunk of input.
+pub struct Layout<'p> {
+    pub bufs: Vec<WindowBuf<'p>>,
+    pub reserved: super::window::Reservation<'p>,
+    /// Input bytes one mapping may hold.
+    pub map_len: usize,
+}
+
+/// Splits a worker's `buffer` bytes for a mapped shard: half for the mapped
+/// input (less [`MAP_SLACK`]), a quarter for each output buffer, each no
+/// larger than the shard's largest tensor needs (a tensor under
+/// [`MAP_MIN`] is read into an output buffer with room for its cast). `None` when the share is
+/// too small to be worth mapping (the read path takes the shard).
+pub fn acquire<'p>(
+    ck: &Checkpoint,
+    shard: &ShardPlan,
+    pool: &'p WindowPool,
+    buffer: usize,
+) -> Result<Option<Layout<'p>>, WindowTooSmall> {
+    let buffer = buffer as u64;
+    if buffer < 4 * MAP_SLACK {
+        return Ok(None);
+    }
+    let largest_in = shard.tensors.iter().map(|t| ck.tensors[t.source].len);
+    let largest_in = largest_in.max().unwrap_or(0).max(8);
+    let map_len = (buffer / 2 - MAP_SLACK).min(MAP_CHUNK).min(largest_in);
+    // Room for the cast of one full mapping of any mapped tensor of the
+    // shard, or for a small tensor read whole with its cast output.
+    let out_len = shard
+        .tensors
+        .iter()
+        .map(|t| {
+            let source = &ck.tensors[t.source];
+            let (from, to) = (source.dtype, t.dtype);
+            if source.len < MAP_MIN {
+                source.len + if from == to { 0 } else { t.len }
+            } else {
+                (map_len / elem_size(from) * elem_size(to)).min(t.len)
+            }
+        })
+        .max()
+        .unwrap_or(0)
+        .clamp(8, buffer / 4);
+    let map_len = usize::try_from(map_len).unwrap_or(usize::MAX);
+    let out_len = usize::try_from(out_len).unwrap_or(usize::MAX);
+    // Both at once, so a waiting worker holds nothing.
+    let (bufs, reserved) = pool.acquire_and_reserve(out_len, 2, map_len as u64 + MAP_SLACK)?;
+    Ok(Some(Layout {
+        bufs,
+        reserved,
+        map_len,
+    }))
+}
+
+/// Maps `len` bytes of `tensor`'s data from byte `done` of it.
+///
+/// The file's length is checked against the header's claim right before
+/// the mapping (it was checked at open too): a file that is already shorter
+/// is an error naming the file and tensor, never a fault. A truncation
+/// after this check is the race the module doc describes.
+pub fn map_chunk(
+    reader: &SourceReader,
+    tensor: &Tensor,
+    done: u64,
+    len: usize,
+) -> Result<MappedRange, FormatError> {
+    let DataRef::Contiguous { offset } = tensor.data else {
+        unreachable!("mapped::eligible admits contiguous tensors only");
+    };
+    let (file, path) = reader.file(tensor.file);
+    let io = |e| FormatError::io(path, e);
+    let short = || FormatError::BadData {
+        path: path.to_path_buf(),
+        tensor: tensor.name.clone(),
+        reason: "data ends early; the file was truncated or changed".into(),
+    };
+    let start = offset.checked_add(done).ok_or_else(short)?;
+    let end = start.checked_add(len as u64).ok_or_else(short)?;
+    if file.metadata().map_err(io)?.len() < end {
+        return Err(short());
+    }
+    MappedRange::map(file, start, len).map_err(io)
+}
+
+/// Casts `input` (`from`) into `output` (`to`) block by block, taking the
+/// xxh3 of each output block while it is still in cache. Returns the
+/// cast's counts; equal dtypes are a plain copy and count nothing (the
+/// manifest records counts for casts only).
+pub fn cast_hashed(
+    from: Dtype,
+    to: Dtype,
+    input: &[u8],
+    output: &mut [u8],
+    policy: OverflowPolicy,
+    hash: &mut Xxh3,
+) -> CastStats {
+    let mut stats = CastStats::default();
+    if from == to {
+        for (i, o) in input.chunks(FUSE_BLOCK).zip(output.chunks_mut(FUSE_BLOCK)) {
+            o.copy_from_slice(i);
+            hash.update(o);
+        }
+        return stats;
+    }
+    let (in_elem, out_elem) = (elem_size(from) as usize, elem_size(to) as usize);
+    let elems = (FUSE_BLOCK / in_elem).max(1);
+    let blocks = input
+        .chunks(elems * in_elem)
+        .zip(output.chunks_mut(elems * out_elem));
+    for (i, o) in blocks {
+        stats += cast::cast_slice(from, to, i, o, policy);
+        hash.update(o);
+    }
+    stats
+}
+
+/// Bytes per element (at least 1).
+fn elem_size(d: Dtype) -> u64 {
+    (d.bits() / 8).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+    use crate::exec::{CopyPath, ExecOptions, NoReport};
+    use crate::plan::{Plan, PlanOptions};
+    use crate::write::manifest::ShardRecord;
+
+    /// f32 values with every kind of edge: ties, subnormals, NaN, infinity,
+    /// signed zeros, values too large for f16.
+    fn f32_bytes(n: u32) -> Vec<u8> {
+        let edges = [0.0f32, -0.0, 1.0 + f32::EPSILON, 1e-40, 7e4, f32::NAN];
+        (0..n)
+            .flat_map(|i| {
+                let v = match i % 7 {
+                    6 => f32::from_bits(i.wrapping_mul(2_654_435_761)),
+                    k => edges[k as usize] * if i % 2 == 0 { 1.0 } else { -3.0 },
+                };
+                v.to_le_bytes()
+            })
+            .collect()
+    }
+
+    /// One safetensors file: a large f32 tensor (several mapped chunks),
+    /// an i32 tensor that is not cast, and a 3-element f32 tensor. The
+    /// header length puts the data at an offset that is not page aligned.
+    fn source(dir: &Path) -> Checkpoint {
+        let a = f32_bytes(300_001);
+        let b: Vec<u8> = (0..10_000i32)
+            .flat_map(|i| (i * 31).to_le_bytes())
+            .collect();
+        let c = f32_bytes(3);
+        let (a_end, b_end) = (a.len(), a.len() + b.len());
+        let header = serde_json::json!({
+            "a": {"dtype": "F32", "shape": [300_001], "data_offsets": [0, a_end]},
+            "b": {"dtype": "I32", "shape": [10_000], "data_offsets": [a_end, b_end]},
+            "c": {"dtype": "F32", "shape": [3], "data_offsets": [b_end, b_end + 12]},
+        });
+        let mut json = serde_json::to_vec(&header).unwrap();
+        while !json.len().is_multiple_of(8) {
+            json.push(b' ');
+        }
+        let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+        bytes.extend(json);
+        bytes.extend(a);
+        bytes.extend(b);
+        bytes.extend(c);
+        let path = dir.join("model.safetensors");
+        std::fs::write(&path, bytes).unwrap();
+        crate::format::open(&path).unwrap()
+    }
+
+    fn plan(ck: &Checkpoint, dtype: Dtype) -> Plan {
+        let options = PlanOptions {
+            dtype: Some(dtype),
+            on_overflow: OverflowPolicy::Inf,
+            ..PlanOptions::default()
+        };
+        Plan::build(ck, &options).unwrap()
+    }
+
+    fn run(ck: &Checkpoint, plan: &Plan, dst: &Path, copy: CopyPath) -> Vec<ShardRecord> {
+        std::fs::create_dir_all(dst).unwrap();
+        let cancel = AtomicBool::new(false);
+        let options = ExecOptions {
+            threads: 2,
+            cancel: &cancel,
+            skip: &|_| false,
+            on_shard: &|_| Ok(()),
+            digest: Default::default(),
+            copy,
+        };
+        let pool = WindowPool::new(1 << 20);
+        let records = crate::exec::execute(ck, plan, dst, &pool, &options, &NoReport).unwrap();
+        assert!(pool.peak() <= pool.budget());
+        records
+    }
+
+    /// Every shard file of `records` under `dir`, read back.
+    fn files(dir: &Path, records: &[ShardRecord]) -> Vec<Vec<u8>> {
+        records
+            .iter()
+            .map(|r| std::fs::read(dir.join(&r.file)).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn mapped_input_writes_what_the_read_path_writes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = source(tmp.path());
+        for dtype in [Dtype::BF16, Dtype::F16, Dtype::F64] {
+            let plan = plan(&ck, dtype);
+            assert!(plan.shards.iter().all(|s| eligible(&ck, s)));
+            let fast = tmp.path().join(format!("{dtype}-mapped"));
+            let slow = tmp.path().join(format!("{dtype}-read"));
+            let mapped = run(&ck, &plan, &fast, CopyPath::Auto);
+            let read = run(&ck, &plan, &slow, CopyPath::ReadWrite);
+            assert_eq!(mapped, read, "{dtype}: records (digests, xxh3, stats)");
+            assert_eq!(files(&fast, &mapped), files(&slow, &read), "{dtype}");
+        }
+    }
+
+    #[test]
+    fn one_shard_through_both_inputs_gives_the_same_record() {
+        // The mapped layout is taken directly, so this test fails if the
+        // mapped path is silently not used.
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = source(tmp.path());
+        let plan = plan(&ck, Dtype::BF16);
+        let shard = &plan.shards[0];
+        let reader = SourceReader::open(&ck).unwrap();
+        let cancel = AtomicBool::new(false);
+        let options = ExecOptions {
+            threads: 1,
+            cancel: &cancel,
+            skip: &|_| false,
+            on_shard: &|_| Ok(()),
+            digest: Default::default(),
+            copy: CopyPath::Auto,
+        };
+        let pool = WindowPool::new(1 << 20);
+        let layout = acquire(&ck, shard, &pool, 1 << 20).unwrap().unwrap();
+        // Tensor `a` (1.2 MB) takes several mappings.
+        assert!(layout.map_len < 1_200_000, "{}", layout.map_len);
+        assert_eq!(pool.in_use(), pool.peak());
+        assert!(pool.peak() <= 1 << 20);
+        let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let input = super::super::Input::Mapped {
+            map_len: layout.map_len,
+        };
+        let mapped = super::super::write_shard(
+            &reader,
+            &ck,
+            &plan,
+            shard,
+            &a,
+            layout.bufs,
+            input,
+            &options,
+            &NoReport,
+        )
+        .unwrap();
+        drop(layout.reserved);
+        assert_eq!(pool.in_use(), 0);
+        let bufs = pool.acquire_many(300 << 10, 2).unwrap();
+        let input = super::super::Input::Read { gather: 0 };
+        let read = super::super::write_shard(
+            &reader, &ck, &plan, shard, &b, bufs, input, &options, &NoReport,
+        )
+        .unwrap();
+        assert_eq!(mapped, read);
+        let file = &shard.file;
+        assert_eq!(
+            std::fs::read(a.join(file)).unwrap(),
+            std::fs::read(b.join(file)).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_source_shorter_than_its_header_is_an_error_not_a_fault() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = source(tmp.path());
+        let reader = SourceReader::open(&ck).unwrap();
+        // Truncated after the checkpoint was opened: the tensor `c` at the
+        // end is now partly past the end of the file.
+        let path = tmp.path().join("model.safetensors");
+        let len = std::fs::metadata(&path).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(len - 4).unwrap();
+        let c = ck.tensors.iter().find(|t| t.name == "c").unwrap();
+        let err = map_chunk(&reader, c, 0, 12).map(|_| ()).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("model.safetensors"), "{text}");
+        assert!(text.contains("\"c\"") || text.contains(" c"), "{text}");
+        assert!(text.contains("ends early"), "{text}");
+        // What is still there maps.
+        assert_eq!(map_chunk(&reader, c, 0, 8).unwrap().len(), 8);
+    }
+
+    #[test]
+    fn the_fused_cast_hashes_what_a_whole_cast_hashes() {
+        // Lengths across block edges, and a copy (equal dtypes).
+        for (from, to) in [(Dtype::F32, Dtype::BF16), (Dtype::F32, Dtype::F32)] {
+            for n in [1u32, 65_535, 65_536, 200_003] {
+                let input = f32_bytes(n);
+                let out_len = input.len() / 4 * elem_size(to) as usize;
+                let mut whole = vec![0u8; out_len];
+                let want = cast::cast_slice(from, to, &input, &mut whole, OverflowPolicy::Inf);
+                let mut fused = vec![0u8; out_len];
+                let mut hash = Xxh3::new();
+                let got = cast_hashed(from, to, &input, &mut fused, OverflowPolicy::Inf, &mut hash);
+                assert_eq!(fused, whole, "{from}->{to} {n}");
+                if from == to {
+                    assert_eq!(got, CastStats::default(), "a copy counts nothing");
+                } else {
+                    assert_eq!(got, want, "{from}->{to} {n}");
+                    assert!(n < 7 || got.nan > 0, "{got:?}");
+                }
+                let digest = xxhash_rust::xxh3::xxh3_64(&whole);
+                assert_eq!(hash.digest(), digest, "{from}->{to} {n}");
+            }
+        }
+    }
+}
