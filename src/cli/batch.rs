@@ -5,7 +5,6 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -20,7 +19,7 @@ use reshard::exec::WindowPool;
 use reshard::units::human;
 use reshard::write::scope::{check_report, SourceSet};
 
-use super::convert::{ConvertArgs, CANCEL};
+use super::convert::ConvertArgs;
 use super::fit::MachineArgs;
 use super::progress::MultiBar;
 use super::validate::LoadArgs;
@@ -264,7 +263,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         check_report(path, &sources)
             .with_context(|| format!("cannot write the report {}", path.display()))?;
     }
-    let _ = ctrlc::set_handler(|| CANCEL.store(true, Ordering::SeqCst));
+    let cancel = super::cancel::on_ctrl_c();
     let mut convert = args.options.to_options();
     convert.within = Some(args.out.clone());
     let options = BatchOptions {
@@ -284,7 +283,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         !(args.quiet || args.options.no_progress || args.json),
         models.len() as u64,
     );
-    let mut results = batch::run_batch(&models, part.index, &options, &pool, &bars, &CANCEL);
+    let mut results = batch::run_batch(&models, part.index, &options, &pool, &bars, cancel);
     bars.finish();
     results.extend(skipped.iter().map(|s| skipped_result(s, part.count)));
     results.sort_by(|a, b| a.name.cmp(&b.name));

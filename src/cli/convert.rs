@@ -2,7 +2,6 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
 
@@ -28,9 +27,6 @@ mod layout;
 
 pub use self::layout::LayoutArgs;
 use self::layout::{dry_run, print_notes, render_components, run_split};
-
-/// Set by the Ctrl-C handler; the executor stops between chunks.
-pub static CANCEL: AtomicBool = AtomicBool::new(false);
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -225,14 +221,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             eprintln!("note: {note}");
         }
     }
-    let _ = ctrlc::set_handler(|| CANCEL.store(true, std::sync::atomic::Ordering::SeqCst));
+    let cancel = super::cancel::on_ctrl_c();
     let bar = Bar::new(!(args.quiet || args.options.no_progress || args.json));
     let result = match (&layout, &ck) {
         (Some(l), _) => {
             let pool = WindowPool::new(options.window);
-            convert_layout(l, &args.dst, &options, &pool, &bar, &CANCEL)
+            convert_layout(l, &args.dst, &options, &pool, &bar, cancel)
         }
-        (None, Some(ck)) => convert(ck, &args.dst, &options, &bar, &CANCEL),
+        (None, Some(ck)) => convert(ck, &args.dst, &options, &bar, cancel),
         // A file source always has `ck`; never met.
         (None, None) => Err(format::FormatError::NoCheckpoint {
             path: args.src.clone(),

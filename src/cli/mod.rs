@@ -3,6 +3,7 @@
 
 mod batch;
 mod batch_report;
+mod cancel;
 mod convert;
 mod exit;
 mod fit;

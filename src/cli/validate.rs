@@ -12,7 +12,6 @@ use reshard::units::{human, ByteSize, TimeSpan};
 use reshard::validate::python::{self, PythonLoader, PythonOptions, PythonReport};
 use reshard::validate::{self, DeviceSpec, Loader, ValidateOptions, ValidateReport};
 
-use super::convert::CANCEL;
 use super::{printer, ExitStatus};
 
 #[derive(Debug, clap::Args)]
@@ -220,8 +219,8 @@ fn run_python(args: &Args, loader: PythonLoader) -> anyhow::Result<ExitStatus> {
     };
     // The loader heads its own process group, out of the terminal's reach:
     // Ctrl-C is passed on by killing it.
-    let _ = ctrlc::set_handler(|| CANCEL.store(true, std::sync::atomic::Ordering::SeqCst));
-    let report = python::run(&args.path, &options, &CANCEL)
+    let cancel = super::cancel::on_ctrl_c();
+    let report = python::run(&args.path, &options, cancel)
         .with_context(|| format!("cannot validate {}", args.path.display()))?;
     if args.json {
         printer::json(&report)?;

@@ -11,7 +11,7 @@ use reshard::format;
 use reshard::format::layout::{self, ModelLayout};
 use reshard::plan::Plan;
 
-use super::{render_plan, render_summary, Args, CANCEL};
+use super::{render_plan, render_summary, Args};
 use crate::cli::progress::Bar;
 use crate::cli::{printer, ExitStatus};
 
@@ -108,10 +108,10 @@ pub(super) fn run_split(args: &Args, options: &ConvertOptions) -> anyhow::Result
         }
         return Ok(ExitStatus::Ok);
     }
-    let _ = ctrlc::set_handler(|| CANCEL.store(true, std::sync::atomic::Ordering::SeqCst));
+    let cancel = crate::cli::cancel::on_ctrl_c();
     let bar = Bar::new(!(args.quiet || args.options.no_progress || args.json));
     let pool = WindowPool::new(options.window);
-    let components = convert_split(&ck, &args.dst, options, prefixes, &pool, &bar, &CANCEL)
+    let components = convert_split(&ck, &args.dst, options, prefixes, &pool, &bar, cancel)
         .with_context(|| {
             format!(
                 "cannot split {} into {}",
