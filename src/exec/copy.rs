@@ -153,16 +153,8 @@ mod tests {
             "a": {"dtype": "U8", "shape": [50_000], "data_offsets": [0, 50_000]},
             "b": {"dtype": "F32", "shape": [4_000], "data_offsets": [50_000, 66_000]},
         });
-        let mut json = serde_json::to_vec(&header).unwrap();
-        while !json.len().is_multiple_of(8) {
-            json.push(b' ');
-        }
-        let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
-        bytes.extend(json);
-        bytes.extend(a);
-        bytes.extend(b);
         let path = dir.join("model.safetensors");
-        std::fs::write(&path, bytes).unwrap();
+        crate::format::safetensors::write_test_file(&path, &header, &[&a, &b]);
         crate::format::open(&path).unwrap()
     }
 

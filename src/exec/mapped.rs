@@ -229,17 +229,8 @@ mod tests {
             "b": {"dtype": "I32", "shape": [10_000], "data_offsets": [a_end, b_end]},
             "c": {"dtype": "F32", "shape": [3], "data_offsets": [b_end, b_end + 12]},
         });
-        let mut json = serde_json::to_vec(&header).unwrap();
-        while !json.len().is_multiple_of(8) {
-            json.push(b' ');
-        }
-        let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
-        bytes.extend(json);
-        bytes.extend(a);
-        bytes.extend(b);
-        bytes.extend(c);
         let path = dir.join("model.safetensors");
-        std::fs::write(&path, bytes).unwrap();
+        crate::format::safetensors::write_test_file(&path, &header, &[&a, &b, &c]);
         crate::format::open(&path).unwrap()
     }
 

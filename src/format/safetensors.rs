@@ -436,6 +436,22 @@ pub fn read_file(file: &SourceFile, file_index: usize) -> Result<FileContents, F
     Ok((tensors, header.metadata, findings))
 }
 
+/// Test fixture: writes a safetensors file of `header` (tensor entries,
+/// and `__metadata__` if wanted) padded to 8 bytes, followed by `data`.
+#[cfg(test)]
+pub(crate) fn write_test_file(path: &std::path::Path, header: &serde_json::Value, data: &[&[u8]]) {
+    let mut json = serde_json::to_vec(header).unwrap();
+    while !json.len().is_multiple_of(8) {
+        json.push(b' ');
+    }
+    let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(json);
+    for d in data {
+        bytes.extend_from_slice(d);
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -190,26 +190,33 @@ impl CommitLimit {
     }
 
     fn apply(&self, bytes: Option<usize>) -> io::Result<()> {
-        // SAFETY: an all-zero limit structure is valid (no limits).
-        let mut info: JOBOBJECT_EXTENDED_LIMIT_INFORMATION = unsafe { std::mem::zeroed() };
-        if let Some(b) = bytes {
-            info.BasicLimitInformation.LimitFlags = JOB_OBJECT_LIMIT_PROCESS_MEMORY;
-            info.ProcessMemoryLimit = b;
-        }
-        // SAFETY: `info` is live for the call and the length is its size.
-        let ok = unsafe {
-            SetInformationJobObject(
-                self.job,
-                JobObjectExtendedLimitInformation,
-                (&info as *const JOBOBJECT_EXTENDED_LIMIT_INFORMATION).cast(),
-                std::mem::size_of::<JOBOBJECT_EXTENDED_LIMIT_INFORMATION>() as u32,
-            )
-        };
-        if ok == 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        set_job_limits(self.job, 0, bytes)
     }
+}
+
+/// Sets `job`'s limits to `flags`, plus a per-process memory limit of
+/// `bytes` when given (`None`: no memory limit).
+fn set_job_limits(job: HANDLE, flags: u32, bytes: Option<usize>) -> io::Result<()> {
+    // SAFETY: an all-zero limit structure is valid (no limits).
+    let mut info: JOBOBJECT_EXTENDED_LIMIT_INFORMATION = unsafe { std::mem::zeroed() };
+    info.BasicLimitInformation.LimitFlags = flags;
+    if let Some(b) = bytes {
+        info.BasicLimitInformation.LimitFlags |= JOB_OBJECT_LIMIT_PROCESS_MEMORY;
+        info.ProcessMemoryLimit = b;
+    }
+    // SAFETY: `info` is live for the call and the length is its size.
+    let ok = unsafe {
+        SetInformationJobObject(
+            job,
+            JobObjectExtendedLimitInformation,
+            (&info as *const JOBOBJECT_EXTENDED_LIMIT_INFORMATION).cast(),
+            std::mem::size_of::<JOBOBJECT_EXTENDED_LIMIT_INFORMATION>() as u32,
+        )
+    };
+    if ok == 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 impl Drop for CommitLimit {
@@ -277,26 +284,7 @@ impl ProcessTree {
     }
 
     fn apply(&self, bytes: Option<usize>) -> io::Result<()> {
-        // SAFETY: an all-zero limit structure is valid (no limits).
-        let mut info: JOBOBJECT_EXTENDED_LIMIT_INFORMATION = unsafe { std::mem::zeroed() };
-        info.BasicLimitInformation.LimitFlags = JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE;
-        if let Some(b) = bytes {
-            info.BasicLimitInformation.LimitFlags |= JOB_OBJECT_LIMIT_PROCESS_MEMORY;
-            info.ProcessMemoryLimit = b;
-        }
-        // SAFETY: `info` is live for the call and the length is its size.
-        let ok = unsafe {
-            SetInformationJobObject(
-                self.job,
-                JobObjectExtendedLimitInformation,
-                (&info as *const JOBOBJECT_EXTENDED_LIMIT_INFORMATION).cast(),
-                std::mem::size_of::<JOBOBJECT_EXTENDED_LIMIT_INFORMATION>() as u32,
-            )
-        };
-        if ok == 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        set_job_limits(self.job, JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE, bytes)
     }
 
     pub fn kill(&self) {

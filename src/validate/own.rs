@@ -481,14 +481,9 @@ mod tests {
             );
             at += len;
         }
-        let mut json = serde_json::Value::Object(header).to_string();
-        while !json.len().is_multiple_of(8) {
-            json.push(' ');
-        }
-        let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
-        bytes.extend_from_slice(json.as_bytes());
-        bytes.extend((0..at).map(|i| (i * 31 % 253) as u8));
-        std::fs::write(path, bytes).unwrap();
+        let data: Vec<u8> = (0..at).map(|i| (i * 31 % 253) as u8).collect();
+        let header = serde_json::Value::Object(header);
+        crate::format::safetensors::write_test_file(path, &header, &[&data]);
     }
 
     #[test]
