@@ -79,10 +79,15 @@ fn windows_device_names_from_the_data_are_refused_before_anything_is_written() {
         .success();
     assert!(dst.join("clip/clip.safetensors").is_file());
 
-    // A mirrored file, at the top or in a folder on the way.
+    // A mirrored file, at the top or in a folder on the way. Windows cannot
+    // hold such a name in a source at all, so there the cases that need one
+    // in SRC are skipped; the names reshard makes from data are checked
+    // everywhere.
+    let source_can_hold_device_names = !cfg!(windows);
     for (i, rel) in ["aux.json", "extra/CON/notes.txt", "notes."]
         .into_iter()
         .enumerate()
+        .filter(|_| source_can_hold_device_names)
     {
         let src = copy_fixture("tiny-llama", &tmp.path().join(format!("m{i}")));
         let path = src.join(rel);
@@ -127,20 +132,19 @@ fn windows_device_names_from_the_data_are_refused_before_anything_is_written() {
         r#"{"_class_name": "P", "text_encoder": ["transformers", "T"]}"#,
     )
     .unwrap();
-    std::fs::write(root.join("text_encoder/lpt9.txt"), b"x").unwrap();
     let dst = tmp.path().join("pipe1");
-    let err = stderr(&convert(&root, &dst, &[]).code(2));
-    assert!(
-        err.contains("\"lpt9.txt\"") && err.contains("device"),
-        "{err}"
-    );
-    gone(&dst);
+    if source_can_hold_device_names {
+        std::fs::write(root.join("text_encoder/lpt9.txt"), b"x").unwrap();
+        let err = stderr(&convert(&root, &dst, &[]).code(2));
+        assert!(
+            err.contains("\"lpt9.txt\"") && err.contains("device"),
+            "{err}"
+        );
+        gone(&dst);
+        std::fs::remove_file(root.join("text_encoder/lpt9.txt")).unwrap();
+    }
     // Names that only look alike are fine.
-    std::fs::rename(
-        root.join("text_encoder/lpt9.txt"),
-        root.join("text_encoder/console.txt"),
-    )
-    .unwrap();
+    std::fs::write(root.join("text_encoder/console.txt"), b"x").unwrap();
     convert(&root, &dst, &[]).success();
     assert!(dst.join("text_encoder/console.txt").is_file());
 }
