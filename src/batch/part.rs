@@ -50,7 +50,7 @@ impl Part {
 /// The part (0-based, `< count`) of the model named `name` under
 /// [`Balance::Name`].
 pub fn part_of(name: &str, count: u64) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(name.as_bytes()) % count.max(1)
+    crate::write::digest::xxh3_64(name.as_bytes()) % count.max(1)
 }
 
 /// How `--part I/N` splits the models.

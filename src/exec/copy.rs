@@ -17,7 +17,7 @@
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-use xxhash_rust::xxh3::Xxh3;
+use crate::write::digest::Xxh3;
 
 use super::{ExecError, ExecOptions, Reporter, WindowPool};
 use crate::format::read::SourceReader;

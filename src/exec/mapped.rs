@@ -28,7 +28,7 @@
 //! converted already gives a wrong result on any path; the risk is taken
 //! for the copy it saves, and `--no-kernel-copy` avoids it.
 
-use xxhash_rust::xxh3::Xxh3;
+use crate::write::digest::Xxh3;
 
 use super::{WindowBuf, WindowPool, WindowTooSmall};
 use crate::cast::{self, CastStats, OverflowPolicy};
@@ -382,7 +382,7 @@ mod tests {
                     assert_eq!(got, want, "{from}->{to} {n}");
                     assert!(n < 7 || got.nan > 0, "{got:?}");
                 }
-                let digest = xxhash_rust::xxh3::xxh3_64(&whole);
+                let digest = crate::write::digest::xxh3_64(&whole);
                 assert_eq!(hash.digest(), digest, "{from}->{to} {n}");
             }
         }

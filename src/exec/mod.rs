@@ -19,8 +19,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 
+use crate::write::digest::Xxh3;
 use rayon::prelude::*;
-use xxhash_rust::xxh3::Xxh3;
 
 use crate::cast::dequant::{DequantError, DequantStream};
 use crate::cast::{self, CastError, OverflowPolicy};

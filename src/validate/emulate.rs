@@ -22,8 +22,8 @@
 use std::fs::File;
 use std::time::Instant;
 
+use crate::write::digest::xxh3_64;
 use memmap2::{MmapMut, MmapOptions};
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::integrity::{Expected, ShardCheck};
 use super::ledger::CommitLedger;

@@ -12,7 +12,7 @@
 use std::fs::File;
 use std::time::Instant;
 
-use xxhash_rust::xxh3::Xxh3;
+use crate::write::digest::Xxh3;
 
 use super::device::{staging_len, Device, DeviceError};
 use super::integrity::{Expected, ShardCheck};
@@ -525,7 +525,7 @@ mod tests {
                     let xxh =
                         stream_tensor(&reader, t, &mut device, Some(alloc), &mut check).unwrap();
                     let start = t.offset() as usize;
-                    let want = xxhash_rust::xxh3::xxh3_64(&whole[start..start + t.len as usize]);
+                    let want = crate::write::digest::xxh3_64(&whole[start..start + t.len as usize]);
                     assert_eq!(xxh, want, "{}", t.name);
                     assert_eq!(device.readback_hash(alloc, t.len).unwrap(), want);
                 }

@@ -25,7 +25,7 @@
 //! allocation is fallible, so under a commit limit one past the budget is an
 //! error value, not an abort.
 
-use xxhash_rust::xxh3::xxh3_64;
+use crate::write::digest::xxh3_64;
 
 use crate::platform::PrivateMemory;
 

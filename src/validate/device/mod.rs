@@ -8,7 +8,7 @@
 pub mod cpu;
 pub mod cuda;
 
-use xxhash_rust::xxh3::Xxh3;
+use crate::write::digest::Xxh3;
 
 use crate::format::Checkpoint;
 
