@@ -74,7 +74,7 @@ pub struct ConvertOptions {
     pub keep_components: Vec<String>,
     /// The shard digest recorded in the manifest (BLAKE3 unless `--sha256`).
     pub digest: DigestAlgo,
-    /// How bytes that need no cast are moved (kernel copy where possible).
+    /// How source bytes are read: through mappings where possible, or buffers.
     pub copy: CopyPath,
 }
 

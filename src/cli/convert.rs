@@ -107,12 +107,13 @@ pub struct ConvertArgs {
     /// fraction of the CPU.
     #[arg(long)]
     pub sha256: bool,
-    /// Read and write every byte through buffers instead of copying tensors
-    /// that need no cast inside the kernel (copy_file_range, Linux). Kernel
-    /// copies already fall back by themselves where a file system refuses
-    /// them.
-    #[arg(long)]
-    pub no_kernel_copy: bool,
+    /// Read and write every byte through buffers instead of reading the
+    /// source through read-only shared mappings (never copy-on-write).
+    /// Mappings already fall back by themselves where a file system refuses
+    /// them; this avoids the one risk they carry, a source truncated by
+    /// another program mid-read (see docs/convert.md).
+    #[arg(long, alias = "no-kernel-copy")]
+    pub no_mmap: bool,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -174,7 +175,7 @@ impl ConvertArgs {
             } else {
                 DigestAlgo::Blake3
             },
-            copy: if self.no_kernel_copy {
+            copy: if self.no_mmap {
                 CopyPath::ReadWrite
             } else {
                 CopyPath::Auto

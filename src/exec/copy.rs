@@ -1,36 +1,49 @@
-//! The kernel-copy path: a shard whose tensors are all stored contiguously
-//! and not cast is written by `copy_file_range` from the source files, so
-//! its bytes never pass through a user-space buffer; each chunk is then
-//! hashed (per-tensor xxh3, the shard digest) from a read-only shared
-//! mapping of the output the copy just filled (see
-//! [`crate::write::shard::ShardWriter::hash_copied`]). This spends one
-//! in-kernel copy per byte where read-and-write spends two copies through
-//! user space.
+//! The mapped-copy path: a shard whose tensors are all stored contiguously
+//! and not cast is written straight from read-only *shared* mappings of the
+//! source files, one chunk at a time. Each 256 KiB block of a mapping is
+//! hashed (the shard digest, then the tensor's xxh3) and written from the
+//! mapping while it is in the CPU's cache, so every byte is copied once
+//! (into the page cache of the output, by `write`) and read from memory
+//! once.
 //!
-//! Memory: a worker maps at most one chunk of output at a time, and that
-//! chunk is reserved from the [`WindowPool`] (its resident pages count in
-//! RSS while it is mapped), so the window bound holds as on the buffered
-//! path. Where the platform or file system refuses kernel copies (not
-//! Linux, EXDEV, EINVAL, ENOSYS, ...), [`copy_shard`] says so before
-//! anything is kept and the caller writes the shard through buffers.
+//! Why not `copy_file_range`, which the previous version used: it copied
+//! in the kernel through a pipe, and the output then had to be mapped and
+//! read back from memory for the hashes. On the 1 GB benchmark that cost
+//! 0.45 to 0.5 CPU s per 536 MB against 0.3 to 0.4 for this path (each
+//! run after touching 1.5 GB, see docs/performance.md), and it only ever
+//! worked on Linux; this path is the same on Windows, where a shared
+//! read-only view is not charged against the commit limit.
+//!
+//! Runs of tensors that are adjacent in the source (and in the shard) are
+//! mapped together, so a layer's small norms and biases do not each cost a
+//! mapping. A run shorter than [`MAP_MIN`] is read with `pread` into a
+//! small buffer instead: mapping and unmapping costs more than copying it.
+//!
+//! Memory: a worker maps at most one chunk at a time; that chunk (plus
+//! [`MAP_SLACK`]) and the small-run buffer are reserved from the
+//! [`WindowPool`] for the whole shard, so the window bound holds as on the
+//! buffered path. A file system that refuses the mapping before anything
+//! was written sends the shard (and the rest) to the buffered path. The
+//! source-truncation race of mappings is the one [`super::mapped`]
+//! describes; `--no-mmap` (plain read and write for everything)
+//! avoids it.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-use crate::write::digest::Xxh3;
-
+use super::mapped::{map_at, MAP_MIN, MAP_SLACK};
 use super::{ExecError, ExecOptions, Reporter, WindowPool};
 use crate::format::read::SourceReader;
-use crate::format::{Checkpoint, DataRef, FormatError};
-use crate::plan::{Plan, ShardPlan};
+use crate::format::{Checkpoint, DataRef, FormatError, Tensor};
+use crate::plan::{Plan, PlannedTensor, ShardPlan};
+use crate::write::digest::Xxh3;
 use crate::write::manifest::{ShardRecord, TensorRecord};
 use crate::write::shard::{header_bytes, ShardWriter};
-use crate::write::WriteError;
 
 /// How shard bytes that need no cast are moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CopyPath {
-    /// Copy in the kernel where the platform and file system allow it,
+    /// Write from mappings of the source where the file system allows it,
     /// else read and write.
     #[default]
     Auto,
@@ -38,17 +51,57 @@ pub enum CopyPath {
     ReadWrite,
 }
 
-/// Whether `shard` can take the kernel-copy path: every tensor keeps its
+/// Most input bytes one mapping holds: larger mappings are no faster.
+const MAP_CHUNK: u64 = 8 << 20;
+
+/// Whether `shard` can take the mapped-copy path: every tensor keeps its
 /// dtype and is stored as one contiguous range.
 pub fn eligible(ck: &Checkpoint, shard: &ShardPlan) -> bool {
     shard.tensors.iter().all(|t| {
-        t.dtype == t.source_dtype && matches!(ck.tensors[t.source].data, DataRef::Contiguous { .. })
+        t.dtype == t.source_dtype
+            && t.dequant.is_none()
+            && matches!(ck.tensors[t.source].data, DataRef::Contiguous { .. })
     })
 }
 
-/// Writes `shard` by kernel copies, `chunk` bytes (at most) mapped at a
-/// time. `Ok(None)`: kernel copies are refused here; nothing was kept and
-/// the caller should write the shard through buffers.
+/// A run of planned tensors, `shard.tensors[first..end]`, whose bytes lie
+/// back to back in one source file from `start`, `len` bytes in all.
+struct Run {
+    first: usize,
+    end: usize,
+    start: u64,
+    len: u64,
+}
+
+/// The shard's tensors cut into runs that are adjacent in the source.
+fn runs(ck: &Checkpoint, shard: &ShardPlan) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    for (k, planned) in shard.tensors.iter().enumerate() {
+        let source = &ck.tensors[planned.source];
+        let start = source.offset();
+        match runs.last_mut() {
+            Some(run)
+                if ck.tensors[shard.tensors[run.first].source].file == source.file
+                    && run.start.checked_add(run.len) == Some(start) =>
+            {
+                run.end = k + 1;
+                run.len += source.len;
+            }
+            _ => runs.push(Run {
+                first: k,
+                end: k + 1,
+                start,
+                len: source.len,
+            }),
+        }
+    }
+    runs
+}
+
+/// Writes `shard` from mappings of its source, at most `buffer` bytes of
+/// the window (this worker's share) in use. `Ok(None)`: the share is too
+/// small to map, or the file system refused the first mapping; nothing was
+/// kept and the caller writes the shard through buffers.
 #[allow(clippy::too_many_arguments)]
 pub fn copy_shard(
     reader: &SourceReader,
@@ -57,74 +110,72 @@ pub fn copy_shard(
     shard: &ShardPlan,
     dst: &Path,
     pool: &WindowPool,
-    chunk: u64,
+    buffer: u64,
     options: &ExecOptions<'_>,
     reporter: &dyn Reporter,
 ) -> Result<Option<ShardRecord>, ExecError> {
-    let largest = shard.tensors.iter().map(|t| t.len).max().unwrap_or(0);
-    let chunk = chunk.min(largest).max(1);
-    let _reserved = pool.reserve(chunk)?;
+    let runs = runs(ck, shard);
+    let longest = |small: bool| {
+        runs.iter()
+            .map(|r| r.len)
+            .filter(|&l| (l < MAP_MIN) == small)
+            .max()
+            .unwrap_or(0)
+    };
+    let small_len = longest(true);
+    if buffer < 4 * MAP_SLACK + small_len {
+        return Ok(None);
+    }
+    let map_len = (buffer - MAP_SLACK - small_len)
+        .min(MAP_CHUNK)
+        .min(longest(false))
+        .max(1);
+    let small_len = usize::try_from(small_len).unwrap_or(usize::MAX);
+    let map_len = usize::try_from(map_len).unwrap_or(usize::MAX);
+    let (mut small, _reserved) =
+        pool.acquire_and_reserve(small_len, 1, map_len as u64 + MAP_SLACK)?;
+    let mut small = small.pop();
     let path = dst.join(&shard.file);
     let header = header_bytes(&path, shard, &plan.metadata)?;
     let mut writer =
         ShardWriter::create(dst, &shard.file, &header, shard.data_len, options.digest)?;
     reporter.shard_started(&shard.file);
-    let mut copied_any = false;
-    let mut records = Vec::with_capacity(shard.tensors.len());
-    for planned in &shard.tensors {
-        let source = &ck.tensors[planned.source];
-        let DataRef::Contiguous { offset } = source.data else {
-            return Ok(None);
-        };
-        let (file, src_path) = reader.file(source.file);
-        let mut hash = Xxh3::new();
+    let mut tensors = TensorHashes::new(&shard.tensors);
+    let mut mapped_any = false;
+    for run in &runs {
         let mut done = 0u64;
-        while done < source.len {
+        while done < run.len {
             if options.cancel.load(Ordering::Relaxed) {
                 return Err(ExecError::Interrupted);
             }
-            let n = (source.len - done).min(chunk);
-            let mut got = 0u64;
-            while got < n {
-                let pos = offset + done + got;
-                match writer.copy_in_kernel(file, pos, n - got) {
-                    Ok(0) => {
-                        // The source ends here, or (some file systems) the
-                        // kernel declined: the file's length tells which.
-                        let len = file
-                            .metadata()
-                            .map_err(|e| FormatError::io(src_path, e))?
-                            .len();
-                        if len > pos && !copied_any {
-                            return Ok(None);
-                        }
-                        return Err(FormatError::BadData {
-                            path: src_path.to_path_buf(),
-                            tensor: source.name.clone(),
-                            reason: "data ends early; the file was truncated or changed".into(),
-                        }
-                        .into());
-                    }
-                    Ok(k) => got += k,
-                    Err(e) if !copied_any && crate::platform::is_copy_unsupported(&e) => {
-                        return Ok(None);
-                    }
-                    Err(e) => return Err(WriteError::io(writer.path(), e).into()),
-                }
-                copied_any = true;
+            let at = run.start + done;
+            let n = if run.len < MAP_MIN {
+                run.len
+            } else {
+                (run.len - done).min(map_len as u64)
+            };
+            check_length(reader, ck, shard, run, at + n)?;
+            tensors.close_full();
+            // The tensor these bytes start in, for messages.
+            let named = &ck.tensors[shard.tensors[tensors.next].source];
+            if run.len < MAP_MIN {
+                let buf = small.as_deref_mut().unwrap_or(&mut []);
+                let buf = &mut buf[..n as usize];
+                read_at(reader, named, at, buf)?;
+                tensors.write(&mut writer, buf, reporter)?;
+            } else {
+                let map = match map_at(reader, named, at, n as usize) {
+                    Ok(map) => map,
+                    Err(FormatError::Io { .. }) if !mapped_any => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                };
+                mapped_any = true;
+                tensors.write(&mut writer, &map, reporter)?;
             }
-            writer.hash_copied(&mut |bytes| hash.update(bytes))?;
-            reporter.advance(n);
             done += n;
         }
-        records.push(TensorRecord {
-            name: planned.name.clone(),
-            dtype: planned.dtype,
-            shape: planned.shape.clone(),
-            xxh3: format!("{:016x}", hash.digest()),
-            cast: None,
-        });
     }
+    let records = tensors.finish();
     let finished = writer.finish()?;
     reporter.shard_done(&shard.file);
     Ok(Some(ShardRecord {
@@ -135,6 +186,138 @@ pub fn copy_shard(
     }))
 }
 
+/// Checks that the source file of `run` still holds its bytes up to `end`
+/// (it was checked at open; this catches a file truncated since, before a
+/// mapping of it could fault): an error names the file and the first
+/// tensor whose bytes are gone.
+fn check_length(
+    reader: &SourceReader,
+    ck: &Checkpoint,
+    shard: &ShardPlan,
+    run: &Run,
+    end: u64,
+) -> Result<(), FormatError> {
+    let tensors = || {
+        shard.tensors[run.first..run.end]
+            .iter()
+            .map(|p| &ck.tensors[p.source])
+    };
+    let Some(first) = tensors().next() else {
+        return Ok(());
+    };
+    let (file, path) = reader.file(first.file);
+    let len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
+    if len >= end {
+        return Ok(());
+    }
+    let gone = tensors()
+        .find(|t| t.offset() + t.len > len)
+        .unwrap_or(first);
+    Err(FormatError::BadData {
+        path: path.to_path_buf(),
+        tensor: gone.name.clone(),
+        reason: "data ends early; the file was truncated or changed".into(),
+    })
+}
+
+/// Reads `buf.len()` bytes of `tensor`'s file at `at`; a file that ends
+/// early is an error naming the file and tensor.
+fn read_at(
+    reader: &SourceReader,
+    tensor: &Tensor,
+    at: u64,
+    buf: &mut [u8],
+) -> Result<(), FormatError> {
+    let (file, path) = reader.file(tensor.file);
+    crate::platform::read_exact_at(file, buf, at).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            FormatError::BadData {
+                path: path.to_path_buf(),
+                tensor: tensor.name.clone(),
+                reason: "data ends early; the file was truncated or changed".into(),
+            }
+        } else {
+            FormatError::io(path, e)
+        }
+    })
+}
+
+/// The xxh3 of each tensor of a shard, taken as the shard's bytes pass in
+/// order, and their records.
+struct TensorHashes<'a> {
+    planned: &'a [PlannedTensor],
+    /// The tensor the next byte belongs to.
+    next: usize,
+    /// Bytes of it seen so far.
+    seen: u64,
+    hash: Xxh3,
+    records: Vec<TensorRecord>,
+}
+
+impl<'a> TensorHashes<'a> {
+    fn new(planned: &'a [PlannedTensor]) -> Self {
+        TensorHashes {
+            planned,
+            next: 0,
+            seen: 0,
+            hash: Xxh3::new(),
+            records: Vec::with_capacity(planned.len()),
+        }
+    }
+
+    /// Closes every tensor whose bytes are all seen (zero-length ones at
+    /// once), so `next` is the tensor the next byte belongs to.
+    fn close_full(&mut self) {
+        while let Some(t) = self.planned.get(self.next) {
+            if self.seen < t.len {
+                break;
+            }
+            let hash = std::mem::take(&mut self.hash);
+            self.records.push(TensorRecord {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                xxh3: format!("{:016x}", hash.digest()),
+                cast: None,
+            });
+            self.next += 1;
+            self.seen = 0;
+        }
+    }
+
+    /// Writes `bytes` (the next bytes of the shard's data) through
+    /// `writer`, each tensor's share into its xxh3.
+    fn write(
+        &mut self,
+        writer: &mut ShardWriter,
+        mut bytes: &[u8],
+        reporter: &dyn Reporter,
+    ) -> Result<(), ExecError> {
+        let total = bytes.len() as u64;
+        while !bytes.is_empty() {
+            self.close_full();
+            let Some(t) = self.planned.get(self.next) else {
+                break;
+            };
+            let take = usize::try_from(t.len - self.seen)
+                .unwrap_or(usize::MAX)
+                .min(bytes.len());
+            let (now, rest) = bytes.split_at(take);
+            writer.write_blocks(now, &mut |block| self.hash.update(block))?;
+            self.seen += take as u64;
+            bytes = rest;
+        }
+        self.close_full();
+        reporter.advance(total);
+        Ok(())
+    }
+
+    fn finish(mut self) -> Vec<TensorRecord> {
+        self.close_full();
+        self.records
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,98 +325,166 @@ mod tests {
     use crate::plan::PlanOptions;
     use std::sync::atomic::AtomicBool;
 
-    /// A two-tensor safetensors file (u8 and f32) in `dir`.
-    fn source(dir: &Path) -> Checkpoint {
-        let a: Vec<u8> = (0..50_000u32).map(|i| (i * 7 % 251) as u8).collect();
-        let b: Vec<u8> = (0..4_000u32)
+    /// A safetensors file of: a large u8 tensor (several 8 KiB mappings in
+    /// the test), a run of small ones next to each other, an empty one, an
+    /// f32 tensor. With `scramble`, the plan's order differs from the file's
+    /// (names sort otherwise), so runs break.
+    fn source(dir: &Path, names: [&str; 5]) -> Checkpoint {
+        let a: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let s1: Vec<u8> = (0..1000u32).map(|i| (i % 13) as u8).collect();
+        let s2: Vec<u8> = (0..3u8).collect();
+        let b: Vec<u8> = (0..70_000u32)
             .flat_map(|i| (i as f32).to_le_bytes())
             .collect();
+        let (e1, e2, e3) = (a.len(), a.len() + s1.len(), a.len() + s1.len() + s2.len());
+        let e4 = e3 + b.len();
         let header = serde_json::json!({
             "__metadata__": {"format": "pt"},
-            "a": {"dtype": "U8", "shape": [50_000], "data_offsets": [0, 50_000]},
-            "b": {"dtype": "F32", "shape": [4_000], "data_offsets": [50_000, 66_000]},
+            names[0]: {"dtype": "U8", "shape": [a.len()], "data_offsets": [0, e1]},
+            names[1]: {"dtype": "U8", "shape": [s1.len()], "data_offsets": [e1, e2]},
+            names[2]: {"dtype": "U8", "shape": [3], "data_offsets": [e2, e3]},
+            names[3]: {"dtype": "U8", "shape": [0], "data_offsets": [e3, e3]},
+            names[4]: {"dtype": "F32", "shape": [70_000], "data_offsets": [e3, e4]},
         });
         let path = dir.join("model.safetensors");
-        crate::format::safetensors::write_test_file(&path, &header, &[&a, &b]);
+        crate::format::safetensors::write_test_file(&path, &header, &[&a, &s1, &s2, &b]);
         crate::format::open(&path).unwrap()
+    }
+
+    fn options<'a>(cancel: &'a AtomicBool, copy: CopyPath) -> ExecOptions<'a> {
+        ExecOptions {
+            threads: 1,
+            cancel,
+            skip: &|_| false,
+            on_shard: &|_| Ok(()),
+            digest: Default::default(),
+            copy,
+        }
     }
 
     fn run(ck: &Checkpoint, dst: &Path, copy: CopyPath) -> Vec<ShardRecord> {
         std::fs::create_dir_all(dst).unwrap();
         let plan = Plan::build(ck, &PlanOptions::default()).unwrap();
         let cancel = AtomicBool::new(false);
-        let options = ExecOptions {
-            threads: 1,
-            cancel: &cancel,
-            skip: &|_| false,
-            on_shard: &|_| Ok(()),
-            digest: Default::default(),
-            copy,
-        };
-        let pool = WindowPool::new(8 << 10);
-        crate::exec::execute(ck, &plan, dst, &pool, &options, &NoReport).unwrap()
+        let pool = WindowPool::new(1 << 20);
+        crate::exec::execute(ck, &plan, dst, &pool, &options(&cancel, copy), &NoReport).unwrap()
     }
 
     #[test]
-    fn the_kernel_copy_writes_what_read_write_writes() {
+    fn the_mapped_copy_writes_what_read_write_writes() {
+        let in_order = ["model.a", "model.b", "model.c", "model.d", "model.e"];
+        let scrambled = ["model.e", "model.b", "model.d", "model.a", "model.c"];
+        for names in [in_order, scrambled] {
+            let tmp = tempfile::tempdir().unwrap();
+            let ck = source(tmp.path(), names);
+            let plan = Plan::build(&ck, &PlanOptions::default()).unwrap();
+            let shard = &plan.shards[0];
+            assert!(eligible(&ck, shard));
+            // Called directly with a small share: many mappings per tensor.
+            let direct = tmp.path().join("direct");
+            std::fs::create_dir_all(&direct).unwrap();
+            let reader = SourceReader::open(&ck).unwrap();
+            let cancel = AtomicBool::new(false);
+            let pool = WindowPool::new(1 << 20);
+            let got = copy_shard(
+                &reader,
+                &ck,
+                &plan,
+                shard,
+                &direct,
+                &pool,
+                4 * MAP_SLACK + 8192,
+                &options(&cancel, CopyPath::Auto),
+                &NoReport,
+            )
+            .unwrap()
+            .expect("the mapped copy took the shard");
+            assert_eq!(pool.in_use(), 0);
+            assert!(pool.peak() <= 4 * MAP_SLACK + 8192, "{}", pool.peak());
+            let slow = run(&ck, &tmp.path().join("slow"), CopyPath::ReadWrite);
+            let auto = run(&ck, &tmp.path().join("auto"), CopyPath::Auto);
+            assert_eq!(auto, slow, "{names:?}");
+            assert_eq!(got, slow[0], "{names:?}");
+            let want = std::fs::read(tmp.path().join("slow").join(&shard.file)).unwrap();
+            for out in [direct, tmp.path().join("auto")] {
+                assert_eq!(std::fs::read(out.join(&shard.file)).unwrap(), want);
+            }
+        }
+    }
+
+    #[test]
+    fn adjacent_tensors_share_a_run() {
         let tmp = tempfile::tempdir().unwrap();
-        let ck = source(tmp.path());
+        let ck = source(
+            tmp.path(),
+            ["model.a", "model.b", "model.c", "model.d", "model.e"],
+        );
         let plan = Plan::build(&ck, &PlanOptions::default()).unwrap();
-        assert!(eligible(&ck, &plan.shards[0]));
-        // Called directly, the kernel path takes the shard where the
-        // platform has one (Linux), in chunks smaller than a tensor.
-        let direct = tmp.path().join("direct");
-        std::fs::create_dir_all(&direct).unwrap();
+        let mut shard = plan.shards[0].clone();
+        // In the file's order, every byte is one run.
+        shard
+            .tensors
+            .sort_by_key(|t| (ck.tensors[t.source].offset(), ck.tensors[t.source].len));
+        let total: u64 = ck.tensors.iter().map(|t| t.len).sum();
+        let one = runs(&ck, &shard);
+        assert_eq!(one.len(), 1);
+        assert_eq!((one[0].first, one[0].end, one[0].len), (0, 5, total));
+        // The large tensor moved to the end: it starts a run of its own,
+        // and the rest stay one.
+        let large = shard.tensors.remove(0);
+        let large_at = ck.tensors[large.source].offset();
+        shard.tensors.push(large);
+        let two: Vec<_> = runs(&ck, &shard)
+            .iter()
+            .map(|r| (r.first, r.end, r.start))
+            .collect();
+        let rest_at = ck.tensors[shard.tensors[0].source].offset();
+        assert_eq!(two, [(0, 4, rest_at), (4, 5, large_at)]);
+    }
+
+    #[test]
+    fn a_source_truncated_after_open_is_an_error_naming_file_and_tensor() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = source(
+            tmp.path(),
+            ["model.a", "model.b", "model.c", "model.d", "model.e"],
+        );
+        let plan = Plan::build(&ck, &PlanOptions::default()).unwrap();
         let reader = SourceReader::open(&ck).unwrap();
+        let file = &ck.files[0].path;
+        let f = std::fs::OpenOptions::new().write(true).open(file).unwrap();
+        f.set_len(ck.files[0].size - 100_000).unwrap();
+        let dst = tmp.path().join("out");
+        std::fs::create_dir_all(&dst).unwrap();
         let cancel = AtomicBool::new(false);
-        let options = ExecOptions {
-            threads: 1,
-            cancel: &cancel,
-            skip: &|_| false,
-            on_shard: &|_| Ok(()),
-            digest: Default::default(),
-            copy: CopyPath::Auto,
-        };
         let pool = WindowPool::new(1 << 20);
-        let got = copy_shard(
+        let err = copy_shard(
             &reader,
             &ck,
             &plan,
             &plan.shards[0],
-            &direct,
+            &dst,
             &pool,
-            4096,
-            &options,
+            1 << 20,
+            &options(&cancel, CopyPath::Auto),
             &NoReport,
         )
-        .unwrap();
-        assert_eq!(pool.in_use(), 0);
-        assert_eq!(pool.peak(), 4096);
-        if crate::platform::Os::current() == crate::platform::Os::Linux {
-            assert!(
-                got.is_some(),
-                "copy_file_range refused on the test file system"
-            );
-        }
-        let slow = run(&ck, &tmp.path().join("slow"), CopyPath::ReadWrite);
-        let auto = run(&ck, &tmp.path().join("auto"), CopyPath::Auto);
-        assert_eq!(auto, slow);
-        let file = &plan.shards[0].file;
-        let want = std::fs::read(tmp.path().join("slow").join(file)).unwrap();
-        assert_eq!(
-            std::fs::read(tmp.path().join("auto").join(file)).unwrap(),
-            want
-        );
-        if let Some(record) = got {
-            assert_eq!(record, slow[0]);
-            assert_eq!(std::fs::read(direct.join(file)).unwrap(), want);
-        }
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("model.safetensors"), "{err}");
+        assert!(err.contains("model.e"), "{err}");
+        assert!(err.contains("ends early"), "{err}");
+        // Nothing but the source is left.
+        assert_eq!(std::fs::read_dir(&dst).unwrap().count(), 0);
     }
 
     #[test]
     fn cast_or_strided_shards_are_not_eligible() {
         let tmp = tempfile::tempdir().unwrap();
-        let ck = source(tmp.path());
+        let ck = source(
+            tmp.path(),
+            ["model.a", "model.b", "model.c", "model.d", "model.e"],
+        );
         let options = PlanOptions {
             dtype: Some(crate::format::Dtype::BF16),
             ..PlanOptions::default()

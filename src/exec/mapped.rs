@@ -13,8 +13,9 @@
 //!
 //! What this path does not take: strided views, deflated zip entries,
 //! quantized weights (they keep [`super::fill_shard`]'s read path), shards
-//! that need no cast (the kernel-copy path, [`super::copy`]), and anything
-//! at all under `--no-kernel-copy` ([`super::CopyPath::ReadWrite`]), which
+//! that need no cast (the mapped-copy path, [`super::copy`], which writes
+//! straight from the same kind of mapping), and anything
+//! at all under `--no-mmap` ([`super::CopyPath::ReadWrite`]), which
 //! stays plain read and write for everything.
 //!
 //! A shared mapping of a file that shrinks under it faults (SIGBUS on
@@ -26,7 +27,7 @@
 //! run, as after a crash). Windows refuses to truncate a mapped file, so
 //! there the race does not exist. Truncating a model while it is being
 //! converted already gives a wrong result on any path; the risk is taken
-//! for the copy it saves, and `--no-kernel-copy` avoids it.
+//! for the copy it saves, and `--no-mmap` avoids it.
 
 use crate::write::digest::Xxh3;
 
@@ -123,11 +124,6 @@ pub fn acquire<'p>(
 }
 
 /// Maps `len` bytes of `tensor`'s data from byte `done` of it.
-///
-/// The file's length is checked against the header's claim right before
-/// the mapping (it was checked at open too): a file that is already shorter
-/// is an error naming the file and tensor, never a fault. A truncation
-/// after this check is the race the module doc describes.
 pub fn map_chunk(
     reader: &SourceReader,
     tensor: &Tensor,
@@ -137,19 +133,43 @@ pub fn map_chunk(
     let DataRef::Contiguous { offset } = tensor.data else {
         unreachable!("mapped::eligible admits contiguous tensors only");
     };
+    let start = offset
+        .checked_add(done)
+        .ok_or_else(|| short(reader, tensor))?;
+    map_at(reader, tensor, start, len)
+}
+
+/// Maps `len` bytes of `tensor`'s source file from byte `start` of the file
+/// (`tensor` names the file, and the tensor in messages).
+///
+/// The file's length is checked against the header's claim right before
+/// the mapping (it was checked at open too): a file that is already shorter
+/// is an error naming the file and tensor, never a fault. A truncation
+/// after this check is the race the module doc describes.
+pub fn map_at(
+    reader: &SourceReader,
+    tensor: &Tensor,
+    start: u64,
+    len: usize,
+) -> Result<MappedRange, FormatError> {
     let (file, path) = reader.file(tensor.file);
     let io = |e| FormatError::io(path, e);
-    let short = || FormatError::BadData {
-        path: path.to_path_buf(),
-        tensor: tensor.name.clone(),
-        reason: "data ends early; the file was truncated or changed".into(),
-    };
-    let start = offset.checked_add(done).ok_or_else(short)?;
-    let end = start.checked_add(len as u64).ok_or_else(short)?;
+    let end = start
+        .checked_add(len as u64)
+        .ok_or_else(|| short(reader, tensor))?;
     if file.metadata().map_err(io)?.len() < end {
-        return Err(short());
+        return Err(short(reader, tensor));
     }
     MappedRange::map(file, start, len).map_err(io)
+}
+
+/// The error for a source that no longer holds `tensor`'s bytes.
+fn short(reader: &SourceReader, tensor: &Tensor) -> FormatError {
+    FormatError::BadData {
+        path: reader.file(tensor.file).1.to_path_buf(),
+        tensor: tensor.name.clone(),
+        reason: "data ends early; the file was truncated or changed".into(),
+    }
 }
 
 /// Casts `input` (`from`) into `output` (`to`) block by block, taking the

@@ -4,9 +4,9 @@
 //! Shards are written in parallel (rayon, `--threads`), each by one worker
 //! holding one buffer for the whole shard, so memory in flight is at most the
 //! window. Large tensors stream through in chunks. A shard that needs no cast
-//! takes the kernel-copy path ([`copy`]) where the platform allows it; a
-//! casting shard of plain contiguous tensors reads its input from mappings
-//! of the source ([`mapped`]) instead of into a buffer. The
+//! is written straight from read-only mappings of the source ([`copy`]); a
+//! casting shard of plain contiguous tensors casts from such mappings
+//! ([`mapped`]) instead of reading into a buffer. The
 //! executor writes shards only; the index and manifest are the caller's
 //! commit step.
 
@@ -88,7 +88,8 @@ pub fn execute(
     let todo: Vec<&ShardPlan> = plan.shards.iter().filter(|s| !(options.skip)(s)).collect();
     let workers = options.threads.clamp(1, todo.len().max(1));
     let buffer = buffer_len(pool.budget(), workers as u64, plan);
-    // Set once the kernel refuses a copy: the other shards go buffered too.
+    // Set once the file system refuses a mapping: the other shards go
+    // buffered too.
     let refused = AtomicBool::new(options.copy == CopyPath::ReadWrite);
     let run = || {
         todo.par_iter()

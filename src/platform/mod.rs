@@ -9,8 +9,7 @@
 //!   ([`canonicalize`]),
 //! * durability of a folder's entries ([`sync_dir`]) and early writeback of
 //!   written pages ([`start_writeback`]),
-//! * copies inside the kernel ([`copy_range`]: `copy_file_range` on Linux)
-//!   and read-only shared mappings of a file range ([`MappedRange`]),
+//! * read-only shared mappings of a file range ([`MappedRange`]),
 //! * the machine's memory and commit figures ([`memory_status`]),
 //! * private memory charged to this process ([`PrivateMemory`]),
 //! * this process's commit charge ([`commit_usage`], [`COMMIT_SOURCE`]) and
@@ -118,24 +117,6 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 /// no such call, or it fails, the pages are written at `sync_all`.
 pub fn start_writeback(file: &File, offset: u64, len: u64) {
     imp::start_writeback(file, offset, len)
-}
-
-/// Copies up to `len` bytes from `src` at `offset` to `dst` at its current
-/// position (advancing it) inside the kernel, without bringing them into
-/// user space: `copy_file_range` on Linux. Returns the bytes copied; 0 means
-/// `src` has none at `offset` (or, on some file systems, that the kernel
-/// declined: the caller checks the length). Elsewhere, and where the file
-/// system refuses, an error for which [`is_copy_unsupported`] holds: the
-/// caller reads and writes instead.
-pub fn copy_range(src: &File, offset: u64, dst: &File, len: u64) -> io::Result<u64> {
-    imp::copy_range(src, offset, dst, len)
-}
-
-/// Whether `e`, from [`copy_range`], means that kernel copies are refused
-/// for these files (so reading and writing would work), not that the copy
-/// itself failed (a full disk, an I/O error).
-pub fn is_copy_unsupported(e: &io::Error) -> bool {
-    e.kind() == io::ErrorKind::Unsupported || imp::is_copy_unsupported(e)
 }
 
 /// A read-only, shared mapping of `len` bytes of a file from `offset`:

@@ -40,64 +40,6 @@ pub fn start_writeback(file: &File, offset: u64, len: u64) {
 #[cfg(not(target_os = "linux"))]
 pub fn start_writeback(_file: &File, _offset: u64, _len: u64) {}
 
-/// `copy_file_range(2)` from `src` at `offset` to `dst` at its file
-/// position (which it advances), retried on EINTR.
-#[cfg(target_os = "linux")]
-pub fn copy_range(src: &File, offset: u64, dst: &File, len: u64) -> io::Result<u64> {
-    use std::os::fd::AsRawFd;
-    let mut off_in =
-        i64::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // One call moves at most 1 GiB: the kernel caps it near 2 GiB anyway.
-    let len = usize::try_from(len.min(1 << 30)).unwrap_or(1 << 30);
-    loop {
-        // SAFETY: both descriptors are owned by open `File`s for the whole
-        // call; `off_in` is a valid i64 the kernel updates; a null `off_out`
-        // means dst's own file position. No memory of ours is read or written
-        // besides `off_in`.
-        let n = unsafe {
-            libc::copy_file_range(
-                src.as_raw_fd(),
-                &mut off_in,
-                dst.as_raw_fd(),
-                std::ptr::null_mut(),
-                len,
-                0,
-            )
-        };
-        if n >= 0 {
-            return Ok(n as u64);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-pub fn copy_range(_src: &File, _offset: u64, _dst: &File, _len: u64) -> io::Result<u64> {
-    Err(io::ErrorKind::Unsupported.into())
-}
-
-/// The errors with which Linux refuses `copy_file_range` for a pair of
-/// files (as std's `io::copy` reads them): no such call (ENOSYS, or EPERM
-/// under a seccomp filter), files on different file systems on older
-/// kernels (EXDEV), a file system without support (EINVAL, EOPNOTSUPP), a
-/// descriptor it cannot use (EBADF).
-pub fn is_copy_unsupported(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(
-            libc::ENOSYS
-                | libc::EPERM
-                | libc::EXDEV
-                | libc::EINVAL
-                | libc::EOPNOTSUPP
-                | libc::EBADF
-        )
-    )
-}
-
 #[cfg(target_os = "linux")]
 pub fn memory_status() -> MemoryStatus {
     let mut m = std::fs::read_to_string("/proc/meminfo")
@@ -413,22 +355,6 @@ mod tests {
         assert_eq!(parse_vm_data(b"Name:\tx\n"), None);
         assert_eq!(parse_vm_data(b"VmData:\tlots kB\n"), None);
         assert_eq!(parse_status_field(status, b"VmPeak:"), Some(9999 * 1024));
-    }
-
-    #[test]
-    fn kernel_copy_refusals_fall_back_and_real_failures_do_not() {
-        for errno in [libc::EXDEV, libc::EINVAL, libc::ENOSYS, libc::EOPNOTSUPP] {
-            assert!(
-                is_copy_unsupported(&io::Error::from_raw_os_error(errno)),
-                "{errno}"
-            );
-        }
-        for errno in [libc::ENOSPC, libc::EIO, libc::EDQUOT] {
-            assert!(
-                !is_copy_unsupported(&io::Error::from_raw_os_error(errno)),
-                "{errno}"
-            );
-        }
     }
 
     #[test]

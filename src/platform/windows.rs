@@ -99,16 +99,6 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
     }
 }
 
-/// Windows has no kernel copy between two open files at chosen offsets
-/// (CopyFileEx copies whole files by name): reshard reads and writes.
-pub fn copy_range(_src: &File, _offset: u64, _dst: &File, _len: u64) -> io::Result<u64> {
-    Err(io::ErrorKind::Unsupported.into())
-}
-
-pub fn is_copy_unsupported(_e: &io::Error) -> bool {
-    false
-}
-
 /// Windows has no call that starts writeback of a range without waiting.
 pub fn start_writeback(_file: &File, _offset: u64, _len: u64) {}
 

@@ -1,5 +1,4 @@
-//! One output shard: header built from the plan, data streamed in (or
-//! copied in the kernel), its digest ([`super::digest`]) computed on the
+//! One output shard: header built from the plan, data streamed in, its digest ([`super::digest`]) computed on the
 //! bytes written, then fsync and rename.
 
 use std::collections::HashMap;
@@ -76,20 +75,16 @@ const HASH_BLOCK: usize = 256 << 10;
 /// A shard being written under its temporary name. Dropping it unfinished
 /// removes the temporary file.
 ///
-/// Bytes come in two ways: [`ShardWriter::write`] from a buffer (hashed on
-/// the way), or [`ShardWriter::copy_in_kernel`] from a source file without
-/// passing through user space, then [`ShardWriter::hash_copied`], which
-/// hashes them from a read-only shared mapping of the shard itself (the
-/// page cache the copy just filled), so the digest is of what was written.
+/// Bytes come from a buffer ([`ShardWriter::write`]) or, block by block
+/// with the caller's per-tensor hash beside the digest, from a mapping of
+/// the source ([`ShardWriter::write_blocks`]); either way the digest is
+/// taken on exactly the bytes handed to the file.
 pub struct ShardWriter {
     final_path: PathBuf,
     tmp_path: PathBuf,
     file: Option<File>,
     hash: ShardHasher,
     written: u64,
-    /// Bytes hashed so far; below `written` only between a kernel copy and
-    /// its [`ShardWriter::hash_copied`].
-    hashed: u64,
     expected: u64,
 }
 
@@ -119,7 +114,6 @@ impl ShardWriter {
             file: Some(file),
             hash: ShardHasher::new(algo),
             written: 0,
-            hashed: 0,
             expected: header.len() as u64 + data_len,
         };
         w.write(header)?;
@@ -143,75 +137,45 @@ impl ShardWriter {
     /// Appends bytes, hashing them on the way.
     pub fn write(&mut self, bytes: &[u8]) -> Result<(), WriteError> {
         super::failpoint::step();
-        self.check_hashed()?;
         self.hash.update(bytes);
         let mut file = self.file()?;
         file.write_all(bytes)
             .map_err(|e| WriteError::io(&self.final_path, e))?;
         crate::platform::start_writeback(file, self.written, bytes.len() as u64);
         self.written += bytes.len() as u64;
-        self.hashed = self.written;
         Ok(())
     }
 
-    /// Appends up to `len` bytes of `src` from `offset`, copied inside the
-    /// kernel; returns how many (0: `src` has no bytes at `offset`). The
-    /// bytes are hashed by the next [`ShardWriter::hash_copied`]. An error
-    /// for which [`crate::platform::is_copy_unsupported`] holds means this
-    /// file system or platform refuses kernel copies, and nothing was
-    /// appended.
-    pub fn copy_in_kernel(&mut self, src: &File, offset: u64, len: u64) -> std::io::Result<u64> {
+    /// Appends `bytes` (typically a mapping of the source) block by block:
+    /// each block goes to the shard digest, then to `each` (the tensor's
+    /// xxh3), then to the file, while it is in the CPU's cache, so the
+    /// bytes are read from memory once. Writeback of the whole starts at
+    /// the end, one call instead of one per block.
+    pub fn write_blocks(
+        &mut self,
+        bytes: &[u8],
+        each: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), WriteError> {
         super::failpoint::step();
-        let file = self
-            .file
-            .as_ref()
-            .ok_or_else(|| std::io::Error::other("shard already finished"))?;
-        let n = crate::platform::copy_range(src, offset, file, len)?;
-        self.written += n;
-        Ok(n)
-    }
-
-    /// Hashes the bytes appended by [`ShardWriter::copy_in_kernel`] since
-    /// the last hash, reading them through a read-only shared mapping of the
-    /// shard, and passes them to `each` as well; then starts their
-    /// writeback. The mapping is as long as those bytes, so the caller
-    /// bounds it by how much it copies between two calls.
-    pub fn hash_copied(&mut self, each: &mut dyn FnMut(&[u8])) -> Result<(), WriteError> {
-        let (from, len) = (self.hashed, self.written - self.hashed);
-        if len == 0 {
-            return Ok(());
-        }
-        let io = |e| WriteError::io(&self.final_path, e);
-        let file = self.file()?;
-        let len_usize =
-            usize::try_from(len).map_err(|_| io(std::io::Error::other("copy too large to map")))?;
-        let map = crate::platform::MappedRange::map(file, from, len_usize).map_err(io)?;
-        // Both hashes take each block while it is in the CPU's cache: one
-        // pass over memory instead of two.
-        for block in map.chunks(HASH_BLOCK) {
+        let Some(mut file) = self.file.as_ref() else {
+            return Err(WriteError::io(
+                &self.final_path,
+                std::io::Error::other("shard already finished"),
+            ));
+        };
+        for block in bytes.chunks(HASH_BLOCK) {
             self.hash.update(block);
             each(block);
+            file.write_all(block)
+                .map_err(|e| WriteError::io(&self.final_path, e))?;
         }
-        drop(map);
-        crate::platform::start_writeback(self.file()?, from, len);
-        self.hashed = self.written;
+        crate::platform::start_writeback(file, self.written, bytes.len() as u64);
+        self.written += bytes.len() as u64;
         Ok(())
-    }
-
-    fn check_hashed(&self) -> Result<(), WriteError> {
-        if self.hashed == self.written {
-            Ok(())
-        } else {
-            Err(WriteError::io(
-                &self.final_path,
-                std::io::Error::other("copied bytes were not hashed"),
-            ))
-        }
     }
 
     /// Checks the length, flushes to disk and renames to the final name.
     pub fn finish(mut self) -> Result<FinishedShard, WriteError> {
-        self.check_hashed()?;
         if self.written != self.expected {
             return Err(WriteError::WrongLength {
                 path: self.final_path.clone(),

@@ -193,7 +193,7 @@ fn dry_run_shows_bytes_before_and_after_per_pair() {
 }
 
 /// A cast reads its input from mappings of the source unless
-/// `--no-kernel-copy` asks for plain reads: both give the same files, the
+/// `--no-mmap` asks for plain reads: both give the same files, the
 /// manifest's hashes included, and (the fixture) torch's bits. The window
 /// makes the 2.4 MB tensor take several mappings; the fixture's tensors are
 /// all small, which a mapped shard reads.
@@ -217,12 +217,11 @@ fn mapped_input_and_forced_read_write_give_identical_casts() {
         ("fixture", fixture("tiny-llama-f32-sharded"), "100KiB"),
         ("big", big.clone(), "4MB"),
     ] {
-        for dtype in ["bf16", "f16"] {
+        // "keep": no cast, the mapped-copy path.
+        for dtype in ["bf16", "f16", "keep"] {
             let fast = tmp.path().join(format!("{name}-{dtype}-mapped"));
             let slow = tmp.path().join(format!("{name}-{dtype}-read"));
-            let args = [
-                "--dtype",
-                dtype,
+            let mut args = vec![
                 "--max-shard-size",
                 shard,
                 "--window",
@@ -232,9 +231,12 @@ fn mapped_input_and_forced_read_write_give_identical_casts() {
                 "--on-overflow",
                 "inf",
             ];
+            if dtype != "keep" {
+                args.extend(["--dtype", dtype]);
+            }
             convert(&src, &fast, &args).success();
             let mut slow_args = args.to_vec();
-            slow_args.push("--no-kernel-copy");
+            slow_args.push("--no-mmap");
             convert(&src, &slow, &slow_args).success();
             let strip = |dir: &Path| -> Vec<(std::path::PathBuf, String)> {
                 tree_hashes(dir)

@@ -1,7 +1,8 @@
-//! Shard digests and the kernel-copy path: BLAKE3 by default, `--sha256`
+//! Shard digests and the mapped-copy path: BLAKE3 by default, `--sha256`
 //! on request (what `sha256sum` prints), manifests from before BLAKE3 still
-//! validate, a flipped byte fails under either digest, and the kernel copy
-//! writes the same bytes as the forced read/write path.
+//! validate, a flipped byte fails under either digest, and writing from
+//! mappings of the source gives the same bytes as the forced read/write
+//! path.
 
 use std::path::Path;
 
@@ -141,41 +142,44 @@ fn validate_detects_a_flipped_byte_under_each_digest() {
     }
 }
 
+/// A 64 KiB window is too small to map (the buffered path takes every
+/// shard); 1 MiB maps several tensors at once and reads short runs.
 #[test]
-fn kernel_copy_and_forced_read_write_give_identical_shards() {
+fn the_mapped_copy_and_forced_read_write_give_identical_shards() {
     let tmp = tempfile::tempdir().unwrap();
     for fixture_name in [
         "tiny-llama-f32-sharded",
         "tiny-moe-sharded",
         "tiny-llama-bin",
     ] {
-        let src = fixture(fixture_name);
-        let fast = tmp.path().join(format!("{fixture_name}-fast"));
-        let slow = tmp.path().join(format!("{fixture_name}-slow"));
-        // A window smaller than the largest tensor: big tensors go in chunks.
-        let args = [
-            "--max-shard-size",
-            "100KiB",
-            "--window",
-            "64KiB",
-            "--threads",
-            "2",
-        ];
-        convert(&src, &fast, &args).success();
-        let mut slow_args = args.to_vec();
-        slow_args.push("--no-kernel-copy");
-        convert(&src, &slow, &slow_args).success();
-        let strip = |dir: &Path| -> Vec<(std::path::PathBuf, String)> {
-            tree_hashes(dir)
-                .into_iter()
-                .map(|(p, h)| (p.strip_prefix(dir).unwrap().to_path_buf(), h))
-                .collect()
-        };
-        let (a, b) = (strip(&fast), strip(&slow));
-        assert!(a.len() > 3, "{a:?}");
-        assert_eq!(a, b, "{fixture_name}");
-        let (code, text) = validate_text(&fast);
-        assert_eq!(code, 0, "{fixture_name}: {text}");
+        for window in ["64KiB", "1MiB"] {
+            let src = fixture(fixture_name);
+            let fast = tmp.path().join(format!("{fixture_name}-{window}-fast"));
+            let slow = tmp.path().join(format!("{fixture_name}-{window}-slow"));
+            let args = [
+                "--max-shard-size",
+                "100KiB",
+                "--window",
+                window,
+                "--threads",
+                "2",
+            ];
+            convert(&src, &fast, &args).success();
+            let mut slow_args = args.to_vec();
+            slow_args.push("--no-mmap");
+            convert(&src, &slow, &slow_args).success();
+            let strip = |dir: &Path| -> Vec<(std::path::PathBuf, String)> {
+                tree_hashes(dir)
+                    .into_iter()
+                    .map(|(p, h)| (p.strip_prefix(dir).unwrap().to_path_buf(), h))
+                    .collect()
+            };
+            let (a, b) = (strip(&fast), strip(&slow));
+            assert!(a.len() > 3, "{a:?}");
+            assert_eq!(a, b, "{fixture_name} {window}");
+            let (code, text) = validate_text(&fast);
+            assert_eq!(code, 0, "{fixture_name} {window}: {text}");
+        }
     }
 }
 
