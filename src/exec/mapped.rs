@@ -157,9 +157,14 @@ pub fn map_at(
     let end = start
         .checked_add(len as u64)
         .ok_or_else(|| short(reader, tensor))?;
-    if file.metadata().map_err(io)?.len() < end {
+    let file_len = file.metadata().map_err(io)?.len();
+    if file_len < end {
         return Err(short(reader, tensor));
     }
+    // Start reading this chunk and the next as one request, so a cold
+    // source streams from the disk while this one is hashed or cast.
+    let ahead = (len as u64).saturating_mul(2).min(file_len - start);
+    crate::platform::will_need(file, start, ahead);
     MappedRange::map(file, start, len).map_err(io)
 }
 

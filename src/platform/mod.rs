@@ -7,8 +7,9 @@
 //!
 //! * positioned reads ([`read_at`], [`read_exact_at`]) and canonical paths
 //!   ([`canonicalize`]),
-//! * durability of a folder's entries ([`sync_dir`]) and early writeback of
-//!   written pages ([`start_writeback`]),
+//! * durability of a folder's entries ([`sync_dir`]), early writeback of
+//!   written pages ([`start_writeback`]) and early reads of pages about to
+//!   be mapped ([`will_need`]),
 //! * read-only shared mappings of a file range ([`MappedRange`]),
 //! * the machine's memory and commit figures ([`memory_status`]),
 //! * private memory charged to this process ([`PrivateMemory`]),
@@ -117,6 +118,14 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 /// no such call, or it fails, the pages are written at `sync_all`.
 pub fn start_writeback(file: &File, offset: u64, len: u64) {
     imp::start_writeback(file, offset, len)
+}
+
+/// Asks the OS to start reading `len` bytes at `offset` of `file` into the
+/// page cache now (does not wait), so a mapping read soon after finds them
+/// there instead of faulting them in one readahead window at a time. Best
+/// effort: where the OS has no such call, nothing happens.
+pub fn will_need(file: &File, offset: u64, len: u64) {
+    imp::will_need(file, offset, len)
 }
 
 /// A read-only, shared mapping of `len` bytes of a file from `offset`:

@@ -41,6 +41,23 @@ pub fn start_writeback(file: &File, offset: u64, len: u64) {
 pub fn start_writeback(_file: &File, _offset: u64, _len: u64) {}
 
 #[cfg(target_os = "linux")]
+pub fn will_need(file: &File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return;
+    };
+    // SAFETY: posix_fadvise reads no memory of ours; the descriptor is owned
+    // by `file` and open for the call. It is advice: a failure changes
+    // nothing but speed, so it is ignored.
+    unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), offset, len, libc::POSIX_FADV_WILLNEED);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn will_need(_file: &File, _offset: u64, _len: u64) {}
+
+#[cfg(target_os = "linux")]
 pub fn memory_status() -> MemoryStatus {
     let mut m = std::fs::read_to_string("/proc/meminfo")
         .map(|t| parse_meminfo(&t))

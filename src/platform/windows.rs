@@ -102,6 +102,10 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 /// Windows has no call that starts writeback of a range without waiting.
 pub fn start_writeback(_file: &File, _offset: u64, _len: u64) {}
 
+/// Windows reads a mapped view ahead by itself (its cache manager detects
+/// sequential access); there is no per-range advice for a file handle.
+pub fn will_need(_file: &File, _offset: u64, _len: u64) {}
+
 /// `GlobalMemoryStatusEx` for physical memory; `GetPerformanceInfo` for the
 /// system commit limit (RAM plus the pagefiles as they are now: a
 /// system-managed pagefile can still grow, up to 3x RAM) and charge.
