@@ -149,7 +149,7 @@ pub fn map_chunk(
     if file.metadata().map_err(io)?.len() < end {
         return Err(short());
     }
-    MappedRange::map(file, start, len).map_err(io)
+    MappedRange::map(file, path, start, len).map_err(io)
 }
 
 /// Casts `input` (`from`) into `output` (`to`) block by block, taking the

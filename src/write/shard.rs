@@ -185,7 +185,8 @@ impl ShardWriter {
         let file = self.file()?;
         let len_usize =
             usize::try_from(len).map_err(|_| io(std::io::Error::other("copy too large to map")))?;
-        let map = crate::platform::MappedRange::map(file, from, len_usize).map_err(io)?;
+        let map =
+            crate::platform::MappedRange::map(file, &self.tmp_path, from, len_usize).map_err(io)?;
         // Both hashes take each block while it is in the CPU's cache: one
         // pass over memory instead of two.
         for block in map.chunks(HASH_BLOCK) {
