@@ -194,7 +194,8 @@ fn install_handler() {
 
 extern "C" fn on_sigbus(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut c_void) {
     // SAFETY: with SA_SIGINFO the kernel passes a valid siginfo_t. A code
-    // of 0 or less means a process sent the signal (kill, raise): its
+    // of 0 or less means a process sent the signal (kill, raise; Linux's
+    // codes, macOS's are above 0x10000 and come with no address): its
     // address field is no fault address.
     let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
     if code > 0 {
@@ -209,7 +210,7 @@ extern "C" fn on_sigbus(signal: libc::c_int, info: *mut libc::siginfo_t, context
         }
     }
     // SAFETY: the arguments are the kernel's, passed on unchanged.
-    unsafe { pass_on(signal, info, context) }
+    unsafe { pass_on(signal, code, info, context) }
 }
 
 /// Writes the error for `hit` to stderr.
@@ -226,7 +227,9 @@ unsafe fn report(hit: &Hit) {
         b": the file was truncated or changed while it was being read (the read of byte "
             .as_slice(),
         itoa(hit.file_byte, &mut digits),
-        b" faulted); nothing was committed, and the next run cleans up\n".as_slice(),
+        b" faulted: the file is shorter now, or its storage failed); nothing was committed, \
+and the next run cleans up\n"
+            .as_slice(),
     ] {
         write_all(2, part);
     }
@@ -264,8 +267,18 @@ fn write_all(fd: libc::c_int, mut bytes: &[u8]) {
 ///
 /// # Safety
 /// The arguments must be the kernel's, in signal context.
-unsafe fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut c_void) {
+unsafe fn pass_on(
+    signal: libc::c_int,
+    code: libc::c_int,
+    info: *mut libc::siginfo_t,
+    context: *mut c_void,
+) {
     let previous = PREVIOUS_ACTION.load(Ordering::Acquire);
+    // Ignored before us: a sent one stays ignored (a fault cannot be, the
+    // kernel kills for it anyway).
+    if previous == libc::SIG_IGN && code <= 0 {
+        return;
+    }
     // SAFETY: `previous` is the handler the kernel would have called, of
     // the signature its flags say; sigaction and raise are
     // async-signal-safe.
@@ -437,7 +450,7 @@ mod tests {
         assert_eq!(out.status.code(), Some(2), "{:?}: {stderr}", out.status);
         let page = page_size() as u64;
         let expected = format!(
-            "error: {}: the file was truncated or changed while it was being read (the read of byte {} faulted)",
+            "error: {}: the file was truncated or changed while it was being read (the read of byte {} faulted: the file is shorter now",
             path.display(),
             2 * page
         );
