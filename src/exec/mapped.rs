@@ -18,18 +18,14 @@
 //! at all under `--no-mmap` ([`super::CopyPath::ReadWrite`]), which
 //! stays plain read and write for everything.
 //!
-//! A shared mapping of a file that shrinks under it faults (SIGBUS on
-//! Unix) instead of returning an error. [`map_chunk`] checks the file's
-//! length against the header's claim right before each mapping; what that
-//! check cannot cover is another process truncating the source during the
-//! few milliseconds one chunk is mapped, which kills reshard by the signal
-//! and leaves a temporary file in the output folder (cleaned by the next
-//! run, as after a crash). Windows refuses to truncate a mapped file, so
-//! there the race does not exist. Truncating a model while it is being
-//! converted already gives a wrong result on any path; the risk is taken
-//! for the copy it saves, and `--no-mmap` avoids it.
-
-use crate::write::digest::Xxh3;
+//! A shared mapping of a file that shrinks under it faults instead of
+//! returning an error. [`map_at`] checks the file's length against the
+//! header's claim right before each mapping. A truncation after that check,
+//! while one chunk is mapped, faults; on Unix [`MappedRange`] turns the
+//! fault into `error: PATH: the file was truncated or changed while it was
+//! being read` and exit status 2 (a temporary file stays in the output
+//! folder, cleaned by the next run, as after a crash), and Windows refuses
+//! to truncate a mapped file. `--no-mmap` reads through buffers instead.
 
 use super::{WindowBuf, WindowPool, WindowTooSmall};
 use crate::cast::{self, CastStats, OverflowPolicy};
@@ -37,6 +33,7 @@ use crate::format::read::SourceReader;
 use crate::format::{Checkpoint, DataRef, Dtype, FormatError, Tensor};
 use crate::plan::ShardPlan;
 use crate::platform::MappedRange;
+use crate::write::digest::Xxh3;
 
 /// Budget reserved beyond the mapped bytes: a mapping starts at a page
 /// (Unix) or at a 64 KiB allocation granularity (Windows) boundary, so it
@@ -165,7 +162,7 @@ pub fn map_at(
     // source streams from the disk while this one is hashed or cast.
     let ahead = (len as u64).saturating_mul(2).min(file_len - start);
     crate::platform::will_need(file, start, ahead);
-    MappedRange::map(file, start, len).map_err(io)
+    MappedRange::map(file, path, start, len).map_err(io)
 }
 
 /// The error for a source that no longer holds `tensor`'s bytes.

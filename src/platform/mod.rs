@@ -10,7 +10,10 @@
 //! * durability of a folder's entries ([`sync_dir`]), early writeback of
 //!   written pages ([`start_writeback`]) and early reads of pages about to
 //!   be mapped ([`will_need`]),
-//! * read-only shared mappings of a file range ([`MappedRange`]),
+//! * read-only shared mappings of a file range ([`MappedRange`]); on Unix a
+//!   fault in one, when another process truncates the file, ends the
+//!   process with an error naming the file and exit status 2, not a death
+//!   by SIGBUS,
 //! * the machine's memory and commit figures ([`memory_status`]),
 //! * private memory charged to this process ([`PrivateMemory`]),
 //! * this process's commit charge ([`commit_usage`], [`COMMIT_SOURCE`]) and
@@ -132,34 +135,57 @@ pub fn will_need(file: &File, offset: u64, len: u64) {
 /// its pages are the page cache's, nothing is copied and nothing is charged
 /// as commit (never copy-on-write). Resident pages count in the process's
 /// RSS while it lives, so callers keep it as short as their window allows.
-pub struct MappedRange(Option<memmap2::Mmap>);
+///
+/// If another process truncates the file while it is mapped, a read of a
+/// page past the new end faults. On Unix the mapping is registered (with
+/// its path) for as long as it lives, and such a fault ends the process
+/// with `error: PATH: the file was truncated or changed while it was being
+/// read ...` on stderr and exit status 2, instead of a death by SIGBUS.
+/// Windows refuses to truncate a file with a mapped view.
+pub struct MappedRange {
+    // Declared first, so dropped first: the range leaves the registry
+    // before its pages are unmapped and the address can be reused.
+    _fault: Option<imp::MapGuard>,
+    map: Option<memmap2::Mmap>,
+}
 
 impl MappedRange {
     /// Maps `[offset, offset + len)` of `file`, which must be open for
-    /// reading. `len == 0` maps nothing.
+    /// reading; `path` is its name, for the message if the file shrinks
+    /// while mapped. `len == 0` maps nothing.
     #[allow(unsafe_code)]
-    pub fn map(file: &File, offset: u64, len: usize) -> io::Result<MappedRange> {
+    pub fn map(file: &File, path: &Path, offset: u64, len: usize) -> io::Result<MappedRange> {
         if len == 0 {
-            return Ok(MappedRange(None));
+            return Ok(MappedRange {
+                _fault: None,
+                map: None,
+            });
         }
         let mut options = memmap2::MmapOptions::new();
         options.offset(offset).len(len);
         // SAFETY: a read-only shared mapping: reshard never writes through
-        // it. Callers map ranges of their own output file (a temporary name
-        // no other process writes), whose bytes cannot change or be
-        // truncated away under the mapping, or one chunk of a source file
+        // it, so no reference into it is invalidated by a write of ours.
+        // Callers map ranges of their own output file (a temporary name no
+        // other process writes), or one chunk of a source file
         // (`exec::mapped`), checked against the length its header claims
-        // right before mapping; a source truncated by another process while
-        // a chunk is mapped faults (SIGBUS) instead of erroring, the risk
-        // `exec::mapped` documents and `--no-kernel-copy` avoids.
-        unsafe { options.map(file) }.map(|m| MappedRange(Some(m)))
+        // right before mapping. Another process can still change the bytes
+        // (a wrong result, as on any read path) or truncate the file while
+        // the chunk is mapped: a read past the new end then faults, and on
+        // Unix the registration below turns that fault into a clear error
+        // and exit status 2 (`unix::sigbus`), never a read of bad memory
+        // that returns; Windows refuses the truncation.
+        let map = unsafe { options.map(file) }?;
+        Ok(MappedRange {
+            _fault: Some(imp::MapGuard::register(&map, offset, path)),
+            map: Some(map),
+        })
     }
 }
 
 impl std::ops::Deref for MappedRange {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        self.0.as_deref().unwrap_or(&[])
+        self.map.as_deref().unwrap_or(&[])
     }
 }
 

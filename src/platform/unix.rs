@@ -1,6 +1,7 @@
 //! Unix (Linux first; macOS and other Unixes best effort) behind
 //! [`super`]'s portable API. Linux reads `/proc` for memory figures and the
-//! commit charge (`VmData`, the quantity `RLIMIT_DATA` limits).
+//! commit charge (`VmData`, the quantity `RLIMIT_DATA` limits); [`sigbus`]
+//! turns a fault in a mapping of a file that shrank into a clear error.
 
 #![allow(unsafe_code)]
 
@@ -10,6 +11,9 @@ use std::path::Path;
 use std::process::ExitStatus;
 
 use super::MemoryStatus;
+
+mod sigbus;
+pub use sigbus::MapGuard;
 
 pub fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     std::os::unix::fs::FileExt::read_at(file, buf, offset)

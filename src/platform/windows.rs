@@ -33,6 +33,16 @@ use windows_sys::Win32::System::IO::OVERLAPPED;
 
 use super::MemoryStatus;
 
+/// Nothing to register: Windows refuses to truncate a file with a mapped
+/// view, so a mapping cannot fault that way (Unix's `sigbus`).
+pub struct MapGuard;
+
+impl MapGuard {
+    pub fn register(_mapped: &[u8], _file_offset: u64, _path: &Path) -> MapGuard {
+        MapGuard
+    }
+}
+
 const ERROR_NOT_ENOUGH_MEMORY: i32 = 8;
 const ERROR_OUTOFMEMORY: i32 = 14;
 const ERROR_COMMITMENT_LIMIT: i32 = 1455;

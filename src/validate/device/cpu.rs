@@ -1,14 +1,5 @@
 //! The CPU device: host memory standing in for device memory, through the
-//! same [`Device`] code a GPU takes.
-//!
-//! Its "device memory" is host memory, so it offers it
-//! ([`Device::host_memory`]): the load reads the file straight into each
-//! allocation and hashes it there, as a GPU's DMA from staging costs the CPU
-//! nothing (see [`super`]). The staging buffer is still allocated, as a GPU
-//! run commits it; it carries the bytes outside tensors that the shard
-//! digest needs. The staging methods ([`Device::upload`],
-//! [`Device::upload_beside`], [`Device::readback_hash`]) still work, for
-//! wrappers that hide the host memory (the tests of the staging path).
+//! same [`Device`] code path a GPU takes.
 //!
 //! Unlike a GPU it releases each shard's allocations when the shard is done
 //! (it stands in for a loader that hands the shard on), so its own commit
@@ -23,10 +14,8 @@
 //! held plus what is spare plus the new allocation fits in the most this
 //! device ever had committed, or none are left; so the commit is never more
 //! than the largest shard, as without spares. A reused allocation holds the
-//! previous shard's bytes until the load overwrites them; the hash is taken
-//! of what the allocation holds after the read into it (or, through
-//! staging, by the readback), so bytes left from the last shard are never
-//! taken for this one's.
+//! previous shard's bytes until the upload overwrites them, so the readback
+//! still tells an upload that did not happen from one that did.
 //!
 //! Staging and "device" allocations are [`PrivateMemory`] (private
 //! anonymous mappings, `VirtualAlloc` on Windows), not `malloc`: they are
@@ -186,10 +175,6 @@ impl Device for CpuDevice {
             dst.copy_from_slice(src);
         }
         Ok(())
-    }
-
-    fn host_memory(&mut self, alloc: usize) -> Option<&mut [u8]> {
-        self.allocs.get_mut(alloc).map(|m| &mut m[..])
     }
 
     fn download(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError> {
