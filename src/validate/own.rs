@@ -1,11 +1,32 @@
-//! reshard's own loader: shard by shard in layer order, every tensor goes
-//! through one staging buffer of bounded size into a device allocation, is
-//! read back and compared.
+//! reshard's own loader: shard by shard in layer order, every tensor is
+//! read into a device allocation and its bytes are checked on the way.
 //!
 //! Devices implement [`Device`]; the CPU stand-in and CUDA
-//! ([`super::device`]) run the same code path. The staging buffer belongs to
-//! the device (pinned host memory on CUDA) and is allocated once, after the
-//! commit baseline, so it counts in the peak. Every allocation is fallible:
+//! ([`super::device`]) run the same code. A tensor takes one of two paths
+//! into its allocation (see [`stream_tensor`]):
+//!
+//! - through staging (CUDA, and any device without host-visible memory):
+//!   each fill is read into the staging buffer, hashed there (the shard
+//!   digest and the tensor's xxh3, on two threads) while it is uploaded;
+//!   then the allocation is hashed back and compared with the file bytes
+//!   ([`Failure::Readback`]), which proves the copy across the bus;
+//! - in place (the CPU stand-in, whose device memory is host memory,
+//!   [`Device::host_memory`]): each fill is read straight into the
+//!   allocation and both hashes are taken there. A GPU's upload is a DMA
+//!   that costs the CPU nothing, so the stand-in does not make a copy that
+//!   would charge it one; and with one copy the xxh3 of the file bytes is
+//!   the xxh3 of the device copy, so there is no readback to take and a
+//!   mismatch is a tensor checksum failure against reshard.json (a tensor
+//!   it does not list is checked by its shard's digest alone).
+//!
+//! Tensors with no allocation (refused by the VRAM budget, or empty) go
+//! through staging, hashed only. Either way the tensor's xxh3 is compared
+//! with reshard.json's, and the shard digest takes every byte of the file
+//! in order (the bytes outside tensors through staging, [`hash_raw`]).
+//!
+//! The staging buffer belongs to the device (pinned host memory on CUDA)
+//! and is allocated once, after the commit baseline, so it counts in the
+//! peak whichever path the tensors take. Every allocation is fallible:
 //! under a commit budget an allocation past it is a [`Failure::OverBudget`],
 //! never an abort.
 
@@ -192,10 +213,10 @@ pub fn run(
                 report.device_bytes = cumulative;
                 report.device_peak_held = report.device_peak_held.max(device.held());
             }
-            let file_hash = stream_tensor(&reader, t, device, alloc, &mut check)?;
-            expect.check_tensor(ck, i, file_hash, &mut report.failures);
-            if let Some(h) = alloc {
-                if device.readback_hash(h, t.len).map_err(device_err)? != file_hash {
+            let streamed = stream_tensor(&reader, t, device, alloc, &mut check)?;
+            expect.check_tensor(ck, i, streamed.xxh3, &mut report.failures);
+            if let Some(h) = alloc.filter(|_| !streamed.in_place) {
+                if device.readback_hash(h, t.len).map_err(device_err)? != streamed.xxh3 {
                     report.fail(Failure::Readback {
                         file: name.clone(),
                         tensor: t.name.clone(),
@@ -255,45 +276,85 @@ fn hash_raw(
     Ok(())
 }
 
-/// Streams a tensor's bytes through staging (and to the device when
-/// `alloc` is given); returns the xxh3 of the file bytes.
+/// What [`stream_tensor`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Streamed {
+    /// The xxh3 of the tensor's bytes as read from the file.
+    xxh3: u64,
+    /// The bytes were read into the allocation itself and hashed there:
+    /// `xxh3` is the device copy's, and no readback is needed.
+    in_place: bool,
+}
+
+/// Streams a tensor's bytes into `alloc` when it is given (in place where
+/// the device offers it as host memory, else through staging) or only
+/// through staging, feeding the shard digest; returns the xxh3 of the file
+/// bytes (see the module doc for the two paths).
 ///
-/// Each fill of staging is at most [`Device::fill_len`]; the shard digest
-/// and the xxh3 take it on two threads at once, beside the upload
-/// ([`Device::upload_beside`]: on the CPU stand-in the copy is a third
-/// task, and rayon spreads the three over the cores there are).
+/// Each fill is at most [`Device::fill_len`]; the shard digest and the
+/// xxh3 take it on two threads at once ([`hash_fill`]), beside the upload
+/// on the staging path ([`Device::upload_beside`]: on the CPU stand-in the
+/// copy is a third task, and rayon spreads the three over the cores there
+/// are).
 fn stream_tensor(
     reader: &SourceReader,
     t: &crate::format::Tensor,
     device: &mut dyn Device,
     alloc: Option<usize>,
     check: &mut ShardCheck<'_>,
-) -> Result<u64, ValidateError> {
+) -> Result<Streamed, ValidateError> {
+    let cap = device.staging().map_err(device_err)?.len();
+    let fill = device.fill_len(cap).clamp(1, cap.max(1));
     let mut stream = reader.tensor_bytes(t);
     let mut hash = Xxh3::new();
+    if let Some(memory) = alloc.and_then(|h| device.host_memory(h)) {
+        let memory = usize::try_from(t.len)
+            .ok()
+            .and_then(|len| memory.get_mut(..len))
+            .ok_or_else(|| {
+                device_err(DeviceError::Driver(format!(
+                    "tensor {:?}: the allocation is shorter than its {} bytes",
+                    t.name, t.len
+                )))
+            })?;
+        for piece in memory.chunks_mut(fill) {
+            reader.read_chunk(t, &mut stream, piece)?;
+            hash_fill(check, &mut hash, piece);
+        }
+        return Ok(Streamed {
+            xxh3: hash.digest(),
+            in_place: true,
+        });
+    }
     let mut done = 0u64;
     while done < t.len {
-        let cap = device.staging().map_err(device_err)?.len();
-        let fill = device.fill_len(cap).clamp(1, cap.max(1));
         let staging = device.staging().map_err(device_err)?;
         let n = usize::try_from(t.len - done)
             .unwrap_or(usize::MAX)
             .min(fill);
         reader.read_chunk(t, &mut stream, &mut staging[..n])?;
-        let mut hashes = |bytes: &[u8]| {
-            if check.active() && bytes.len() >= PARALLEL_MIN {
-                rayon::join(|| check.update(bytes), || hash.update(bytes));
-            } else {
-                check.update(bytes);
-                hash.update(bytes);
-            }
-        };
         device
-            .upload_beside(alloc, done, n, &mut hashes)
+            .upload_beside(alloc, done, n, &mut |bytes| {
+                hash_fill(check, &mut hash, bytes)
+            })
             .map_err(device_err)?;
         done += n as u64;
     }
-    Ok(hash.digest())
+    Ok(Streamed {
+        xxh3: hash.digest(),
+        in_place: false,
+    })
+}
+
+/// Feeds one fill to the shard digest and to the tensor's xxh3: on two
+/// threads at once when there is a digest and the fill is large enough.
+fn hash_fill(check: &mut ShardCheck<'_>, hash: &mut Xxh3, bytes: &[u8]) {
+    if check.active() && bytes.len() >= PARALLEL_MIN {
+        rayon::join(|| check.update(bytes), || hash.update(bytes));
+    } else {
+        check.update(bytes);
+        hash.update(bytes);
+    }
 }
 
 /// Fills smaller than this are hashed on one thread: handing them to
@@ -301,246 +362,5 @@ fn stream_tensor(
 const PARALLEL_MIN: usize = super::device::PARALLEL_MIN;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::format::{Dtype, Format, Layout, SourceFile, Tensor};
-    use std::path::PathBuf;
-
-    fn ck(tensors: &[(&str, u64, usize)]) -> Checkpoint {
-        let files = (0..=tensors.iter().map(|t| t.2).max().unwrap_or(0))
-            .map(|i| SourceFile {
-                path: PathBuf::from(format!("f{i}")),
-                size: 0,
-                mtime_ns: 0,
-            })
-            .collect();
-        Checkpoint {
-            dir: PathBuf::from("."),
-            format: Format::Safetensors,
-            layout: Layout::Loose,
-            prefix: "model".into(),
-            files,
-            tensors: tensors
-                .iter()
-                .map(|&(name, len, file)| Tensor {
-                    name: name.into(),
-                    dtype: Dtype::U8,
-                    shape: vec![len],
-                    len,
-                    file,
-                    data: DataRef::Contiguous { offset: 0 },
-                })
-                .collect(),
-            metadata: Default::default(),
-            findings: vec![],
-        }
-    }
-
-    #[test]
-    fn counts_leading_blocks_that_fit() {
-        let c = ck(&[
-            ("model.embed_tokens.weight", 10, 0),
-            ("model.layers.0.a", 10, 0),
-            ("model.layers.0.b", 10, 0),
-            ("model.layers.1.a", 10, 1),
-            ("model.layers.1.b", 10, 1),
-            ("model.layers.2.a", 10, 1),
-            ("lm_head.weight", 10, 1),
-        ]);
-        assert_eq!(vram_fit(&c, 5).blocks_fit, 0);
-        assert_eq!(vram_fit(&c, 30).blocks_fit, 1);
-        assert_eq!(vram_fit(&c, 40).blocks_fit, 1);
-        assert_eq!(vram_fit(&c, 50).blocks_fit, 2);
-        let all = vram_fit(&c, 1000);
-        assert_eq!((all.blocks_fit, all.blocks_total, all.needed), (3, 3, 70));
-    }
-
-    #[test]
-    fn orders_shards_by_their_first_layer() {
-        let c = ck(&[
-            ("model.layers.10.a", 1, 0),
-            ("model.layers.2.a", 1, 1),
-            ("model.embed_tokens.weight", 1, 2),
-        ]);
-        assert_eq!(shard_order(&c), vec![2, 1, 0]);
-    }
-
-    use crate::validate::device::cpu::CpuDevice;
-    use crate::validate::report::DeviceInfo;
-    use crate::write::digest::{DigestAlgo, ShardHasher};
-    use crate::write::manifest::ShardRecord;
-
-    /// The CPU device, except that after allocation `corrupt` of a shard is
-    /// uploaded, its first byte in device memory is flipped.
-    struct Corrupting {
-        inner: CpuDevice,
-        corrupt: Option<usize>,
-    }
-
-    impl Device for Corrupting {
-        fn info(&self) -> DeviceInfo {
-            self.inner.info()
-        }
-        fn prepare(&mut self) -> Result<(), DeviceError> {
-            self.inner.prepare()
-        }
-        fn staging(&mut self) -> Result<&mut [u8], DeviceError> {
-            self.inner.staging()
-        }
-        fn alloc(&mut self, len: u64) -> Result<usize, DeviceError> {
-            self.inner.alloc(len)
-        }
-        fn upload(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError> {
-            self.inner.upload(alloc, offset, len)
-        }
-        fn upload_beside(
-            &mut self,
-            alloc: Option<usize>,
-            offset: u64,
-            len: usize,
-            beside: &mut (dyn FnMut(&[u8]) + Send),
-        ) -> Result<(), DeviceError> {
-            self.inner.upload_beside(alloc, offset, len, beside)?;
-            if let Some(h) = alloc.filter(|&h| Some(h) == self.corrupt && offset == 0) {
-                // Staging still holds the byte just uploaded to offset 0.
-                self.inner.staging()?[0] ^= 0xff;
-                self.inner.upload(h, 0, 1)?;
-            }
-            Ok(())
-        }
-        fn download(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError> {
-            self.inner.download(alloc, offset, len)
-        }
-        fn readback_hash(&mut self, alloc: usize, len: u64) -> Result<u64, DeviceError> {
-            self.inner.readback_hash(alloc, len)
-        }
-        fn fill_len(&self, staging_len: usize) -> usize {
-            self.inner.fill_len(staging_len)
-        }
-        fn end_shard(&mut self) {
-            self.inner.end_shard()
-        }
-        fn held(&self) -> u64 {
-            self.inner.held()
-        }
-    }
-
-    fn load_fixture(corrupt: Option<usize>) -> ValidateReport {
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
-        let c = crate::format::open(&path).unwrap();
-        let options = ValidateOptions::default();
-        let mut report = ValidateReport::new(&path, &options);
-        let expect = Expected::new(&c, None, &mut report.failures);
-        let mut device = Corrupting {
-            inner: CpuDevice::new(staging_len(options.staging, &c)),
-            corrupt,
-        };
-        report.device = device.info();
-        let mut ledger = CommitLedger::start();
-        let order = shard_order(&c);
-        run(
-            &c,
-            &order,
-            &mut device,
-            &options,
-            &expect,
-            &mut ledger,
-            &mut report,
-        )
-        .unwrap();
-        report
-    }
-
-    #[test]
-    fn a_corrupted_device_copy_fails_the_readback() {
-        let sound = load_fixture(None);
-        assert!(sound.failures.is_empty(), "{:?}", sound.failures);
-        assert!(sound.bytes_loaded > 0);
-        let report = load_fixture(Some(1));
-        match &report.failures[..] {
-            [Failure::Readback { file, device, .. }] => {
-                assert_eq!(
-                    (file.as_str(), device.as_str()),
-                    ("model.safetensors", "cpu")
-                )
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    /// A safetensors file of one `U8` tensor per length, with the bytes
-    /// `i * 31 % 253` throughout.
-    fn write_safetensors(path: &std::path::Path, lens: &[u64]) {
-        let mut header = serde_json::Map::new();
-        let mut at = 0u64;
-        for (i, &len) in lens.iter().enumerate() {
-            header.insert(
-                format!("t{i}"),
-                serde_json::json!({"dtype": "U8", "shape": [len], "data_offsets": [at, at + len]}),
-            );
-            at += len;
-        }
-        let data: Vec<u8> = (0..at).map(|i| (i * 31 % 253) as u8).collect();
-        let header = serde_json::Value::Object(header);
-        crate::format::safetensors::write_test_file(path, &header, &[&data]);
-    }
-
-    #[test]
-    fn hashing_beside_the_upload_gives_the_whole_file_digest() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("model.safetensors");
-        // Several fills of a CPU device (1 MiB), one short of a fill, and
-        // one below the size hashed on two threads.
-        write_safetensors(&file, &[(3 << 20) + 5, 100 << 10, 7]);
-        let c = crate::format::open(dir.path()).unwrap();
-        let whole = std::fs::read(&file).unwrap();
-        let reader = SourceReader::open(&c).unwrap();
-        for algo in [DigestAlgo::Blake3, DigestAlgo::Sha256] {
-            let mut h = ShardHasher::new(algo);
-            h.update(&whole);
-            let mut record = ShardRecord {
-                file: "model.safetensors".into(),
-                size: whole.len() as u64,
-                digest: h.finish(),
-                tensors: vec![],
-            };
-            for flip in [false, true] {
-                if flip {
-                    // A digest the bytes do not have must fail.
-                    let mut h = ShardHasher::new(algo);
-                    h.update(b"other bytes");
-                    record.digest = h.finish();
-                }
-                let mut device = CpuDevice::new(staging_len(64 << 20, &c));
-                device.prepare().unwrap();
-                let raw = File::open(&file).unwrap();
-                let mut check = ShardCheck::new(Some(&record));
-                let mut tensors: Vec<usize> = (0..c.tensors.len()).collect();
-                tensors.sort_by_key(|&i| c.tensors[i].offset());
-                for i in tensors {
-                    let t = &c.tensors[i];
-                    hash_raw(&mut device, &raw, &file, &mut check, t.offset()).unwrap();
-                    let alloc = device.alloc(t.len).unwrap();
-                    let xxh =
-                        stream_tensor(&reader, t, &mut device, Some(alloc), &mut check).unwrap();
-                    let start = t.offset() as usize;
-                    let want = crate::write::digest::xxh3_64(&whole[start..start + t.len as usize]);
-                    assert_eq!(xxh, want, "{}", t.name);
-                    assert_eq!(device.readback_hash(alloc, t.len).unwrap(), want);
-                }
-                hash_raw(&mut device, &raw, &file, &mut check, record.size).unwrap();
-                let mut failures = vec![];
-                check.finish(&mut failures);
-                assert_eq!(failures.is_empty(), !flip, "{algo:?}: {failures:?}");
-            }
-        }
-    }
-
-    #[test]
-    fn staging_is_capped_by_the_largest_tensor() {
-        let c = ck(&[("a", 10_000, 0)]);
-        assert_eq!(staging_len(64 << 20, &c), 12_288);
-        assert_eq!(staging_len(100, &c), 4096);
-    }
-}
+#[path = "own_tests.rs"]
+mod tests;

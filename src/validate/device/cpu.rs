@@ -1,5 +1,14 @@
 //! The CPU device: host memory standing in for device memory, through the
-//! same [`Device`] code path a GPU takes.
+//! same [`Device`] code a GPU takes.
+//!
+//! Its "device memory" is host memory, so it offers it
+//! ([`Device::host_memory`]): the load reads the file straight into each
+//! allocation and hashes it there, as a GPU's DMA from staging costs the CPU
+//! nothing (see [`super`]). The staging buffer is still allocated, as a GPU
+//! run commits it; it carries the bytes outside tensors that the shard
+//! digest needs. The staging methods ([`Device::upload`],
+//! [`Device::upload_beside`], [`Device::readback_hash`]) still work, for
+//! wrappers that hide the host memory (the tests of the staging path).
 //!
 //! Unlike a GPU it releases each shard's allocations when the shard is done
 //! (it stands in for a loader that hands the shard on), so its own commit
@@ -14,8 +23,10 @@
 //! held plus what is spare plus the new allocation fits in the most this
 //! device ever had committed, or none are left; so the commit is never more
 //! than the largest shard, as without spares. A reused allocation holds the
-//! previous shard's bytes until the upload overwrites them, so the readback
-//! still tells an upload that did not happen from one that did.
+//! previous shard's bytes until the load overwrites them; the hash is taken
+//! of what the allocation holds after the read into it (or, through
+//! staging, by the readback), so bytes left from the last shard are never
+//! taken for this one's.
 //!
 //! Staging and "device" allocations are [`PrivateMemory`] (private
 //! anonymous mappings, `VirtualAlloc` on Windows), not `malloc`: they are
@@ -32,9 +43,12 @@ use crate::platform::PrivateMemory;
 use super::{Device, DeviceError, PARALLEL_MIN};
 use crate::validate::report::DeviceInfo;
 
-/// Bytes read into staging at a time: small enough that staging and the
-/// destination stay in a core's L2 while both hashes and the copy run.
-const FILL_LEN: usize = 1 << 20;
+/// Bytes read at a time (into the allocation in place, or into staging):
+/// few enough reads that the two hashing threads meet (`rayon::join`) a
+/// few hundred times a GB, not thousands (at 1 MiB the wake-ups cost about
+/// a tenth of the run), and small enough that the bytes are still in cache
+/// when both hashes read them.
+const FILL_LEN: usize = 4 << 20;
 
 pub struct CpuDevice {
     staging_len: usize,
@@ -177,6 +191,10 @@ impl Device for CpuDevice {
         Ok(())
     }
 
+    fn host_memory(&mut self, alloc: usize) -> Option<&mut [u8]> {
+        self.allocs.get_mut(alloc).map(|m| &mut m[..])
+    }
+
     fn download(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError> {
         let (Some(staging), Some(src)) = (self.staging.as_deref_mut(), self.allocs.get(alloc))
         else {
@@ -293,6 +311,28 @@ mod tests {
         assert!(d
             .upload_beside(Some(h), 0, len + 1, &mut |_: &[u8]| {})
             .is_err());
+    }
+
+    #[test]
+    fn host_memory_is_the_allocation_itself() {
+        let mut d = CpuDevice::new(4);
+        d.prepare().unwrap();
+        let h = d.alloc(6).unwrap();
+        let memory = d.host_memory(h).unwrap();
+        assert_eq!(memory.len(), 6);
+        memory.copy_from_slice(b"abcdef");
+        // What was written there is what the device holds: the readback
+        // and a download see it, and staging is untouched.
+        assert_eq!(d.readback_hash(h, 6).unwrap(), xxh3_64(b"abcdef"));
+        d.download(h, 2, 4).unwrap();
+        assert_eq!(d.staging().unwrap(), b"cdef");
+        assert_eq!(d.held(), 6);
+        assert!(d.host_memory(h + 1).is_none());
+        // Released, the handle names nothing; reused, the same memory.
+        d.end_shard();
+        assert!(d.host_memory(h).is_none());
+        let h = d.alloc(6).unwrap();
+        assert_eq!(&d.host_memory(h).unwrap()[..], b"abcdef");
     }
 
     #[test]

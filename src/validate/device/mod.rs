@@ -1,6 +1,17 @@
 //! Where a load puts tensors: the [`Device`] trait, and the two devices
 //! that implement it ([`cpu`], the host-memory stand-in, and [`cuda`]),
-//! which run the same code path in [`super::own`].
+//! which run the same code in [`super::own`].
+//!
+//! A tensor reaches a device allocation one of two ways. Through staging:
+//! each fill is read into the staging buffer and copied to the allocation
+//! ([`Device::upload`]), then the allocation is hashed back
+//! ([`Device::readback_hash`]). On a GPU that copy is a DMA, which costs
+//! the CPU nothing, and the readback proves the bytes crossed it. Or in
+//! place, where the device's memory is host memory the CPU can read into
+//! ([`Device::host_memory`]: the CPU stand-in): the file is read straight
+//! into the allocation and hashed there, so the stand-in does not charge a
+//! copy a GPU would not make, and the hash of the file bytes is the hash
+//! of the device copy, with no readback to take.
 //!
 //! Every allocation is fallible: under a commit budget an allocation past
 //! it is a [`DeviceError::OutOfMemory`], never an abort.
@@ -38,7 +49,8 @@ pub trait Device {
     fn upload(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError>;
     /// Runs `beside` over `staging[..len]` and uploads those bytes to
     /// `alloc[offset..]` when `alloc` is given: by default one after the
-    /// other; the CPU stand-in does both at once on two threads.
+    /// other; the CPU stand-in (when it goes through staging, as a test
+    /// wrapper makes it) does both at once on two threads.
     fn upload_beside(
         &mut self,
         alloc: Option<usize>,
@@ -56,6 +68,13 @@ pub trait Device {
             None => Ok(()),
         }
     }
+    /// The whole of allocation `alloc` as host memory the CPU reads into
+    /// and hashes in place, where the device has such memory (the CPU
+    /// stand-in); `None` (the default, and CUDA's) means the bytes go
+    /// through staging. See the module doc for the two paths.
+    fn host_memory(&mut self, _alloc: usize) -> Option<&mut [u8]> {
+        None
+    }
     /// Copies `alloc[offset..offset + len]` to `staging[..len]`.
     fn download(&mut self, alloc: usize, offset: u64, len: usize) -> Result<(), DeviceError>;
     /// The xxh3 of `alloc[..len]` as the device holds it: the readback
@@ -68,7 +87,8 @@ pub trait Device {
     /// The most bytes read into staging at a time, given its length: the
     /// whole buffer by default (few, large transfers suit a GPU); the CPU
     /// stand-in reads less, so the bytes stay in cache while they are
-    /// hashed and copied.
+    /// hashed (and copied, on the staging path). It sizes the reads into
+    /// [`Device::host_memory`] too.
     fn fill_len(&self, staging_len: usize) -> usize {
         staging_len
     }
