@@ -2,7 +2,8 @@
 # reshard against the copy floor: every job is paired with a `cp -r` + `sync`
 # of the same source, run just before it, BENCH_RUNS times (default 5); each
 # row gives medians of wall seconds and CPU seconds (user + sys, from
-# /usr/bin/time) of the job and of its paired copies, and the ratios.
+# /usr/bin/time) of the job and of its paired copies, and the ratios; and
+# the machine's busy CPU seconds while each ran (see busy() below).
 # Synthetic Llama-shaped checkpoints (examples/synth.rs), two source files.
 #
 #   scripts/bench.sh                       # 1, 2 and 4 GB, warm and cold cache
@@ -88,13 +89,24 @@ for f in sorted(set(idx.values())):
 flush()
 PY
 
-# timed CACHE CMD...: prints "wall cpu rss_kb" of CMD (run by sh -c).
+# Busy CPU seconds of the whole machine so far (user, nice, system, irq,
+# softirq of /proc/stat), to count work the kernel does on a command's
+# behalf in its own threads: `sync` hands the writeback of cp's pages to
+# the flusher threads, which /usr/bin/time does not see, while a program
+# that calls fsync or sync_file_range (reshard) pays that writeback itself.
+HZ=$(getconf CLK_TCK)
+busy() { awk -v hz="$HZ" '/^cpu / { printf "%.2f\n", ($2 + $3 + $4 + $7 + $8) / hz }' /proc/stat; }
+# timed CACHE CMD...: prints "wall cpu rss_kb machine_cpu" of CMD (run by sh -c).
 timed() {
   local cache=$1; shift
   [ "$cache" = cold ] && drop_caches
+  local b0 b1
+  b0=$(busy)
   /usr/bin/time -f "%e %U %S %M" -o "$WORK/time" sh -c "$1" > "$WORK/stdout" 2> "$WORK/stderr" \
     || { cat "$WORK/stderr" >&2; exit 1; }
-  awk '{ printf "%s %.2f %s\n", $1, $2 + $3, $4 }' "$WORK/time"
+  b1=$(busy)
+  awk -v m="$(awk -v a="$b0" -v b="$b1" 'BEGIN { printf "%.2f", b - a }')" \
+    '{ printf "%s %.2f %s %s\n", $1, $2 + $3, $4, m }' "$WORK/time"
 }
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
@@ -117,9 +129,11 @@ job() {
   cw=$(cut -d' ' -f1 "$WORK/cp" | median); cc=$(cut -d' ' -f2 "$WORK/cp" | median)
   # The wall ratio is the median of the paired ratios.
   ratios=$(paste -d' ' "$WORK/job" "$WORK/cp" | awk '{ printf "%.3f\n", $1 / $4 }' | median)
-  local cpu_ratio
+  local cpu_ratio jm cm machine_ratio
   cpu_ratio=$(awk -v a="$jc" -v b="$cc" 'BEGIN { if (b > 0) printf "%.1f", a / b; else print "-" }')
-  local row="| $label | $cache | $jw | $jc | $cw | $cc | $(printf %.2f "$ratios") | $cpu_ratio | $(awk -v k="$jr" 'BEGIN { printf "%.0f", k / 1024 }') |"
+  jm=$(cut -d' ' -f4 "$WORK/job" | median); cm=$(cut -d' ' -f4 "$WORK/cp" | median)
+  machine_ratio=$(awk -v a="$jm" -v b="$cm" 'BEGIN { if (b > 0) printf "%.1f", a / b; else print "-" }')
+  local row="| $label | $cache | $jw | $jc | $cw | $cc | $(printf %.2f "$ratios") | $cpu_ratio | $jm | $cm | $machine_ratio | $(awk -v k="$jr" 'BEGIN { printf "%.0f", k / 1024 }') |"
   rows+=("$row")
   echo "$row"
 }
@@ -128,8 +142,8 @@ convert_cmd() { # BIN SRC DST EXTRA
   echo "'$1' convert '$2' '$3' --no-progress --window $WINDOW --max-shard-size 512MB $4 && sync"
 }
 
-echo "| job | cache | wall s | CPU s | cp wall s | cp CPU s | wall / cp | CPU / cp | peak RSS MiB |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| job | cache | wall s | CPU s | cp wall s | cp CPU s | wall / cp | CPU / cp | machine CPU s | cp machine CPU s | machine CPU / cp | peak RSS MiB |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for size in $SIZES; do
   for dtype in bf16 f32; do
     src="$WORK/src-$size-$dtype"
@@ -173,8 +187,8 @@ done
   echo "Memory handed back to the host during the run (free page reporting): $(( ($(reported) - reported_at_start) / 1024 )) MiB."
   [ $can_drop = 0 ] && echo "Cold-cache rows skipped: dropping page caches needs root."
   echo
-  echo "| job | cache | wall s | CPU s | cp wall s | cp CPU s | wall / cp | CPU / cp | peak RSS MiB |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| job | cache | wall s | CPU s | cp wall s | cp CPU s | wall / cp | CPU / cp | machine CPU s | cp machine CPU s | machine CPU / cp | peak RSS MiB |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
 } > "$OUT.tmp"
 mv "$OUT.tmp" "$OUT"

@@ -309,7 +309,7 @@ pub fn render(r: &ValidateReport) -> String {
     let checks = if r.manifest {
         "shard digests (as reshard.json records them: BLAKE3 or sha256) and xxh3 checked against reshard.json"
     } else {
-        "no reshard.json: bytes read back, not checksummed"
+        "no reshard.json: bytes loaded (and read back from a GPU), not checksummed"
     };
     let _ = writeln!(
         o,

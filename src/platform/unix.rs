@@ -294,7 +294,16 @@ pub struct PrivateMemory(memmap2::MmapMut);
 
 impl PrivateMemory {
     pub fn new(len: usize) -> io::Result<PrivateMemory> {
-        memmap2::MmapMut::map_anon(len).map(PrivateMemory)
+        let map = memmap2::MmapMut::map_anon(len)?;
+        // Large blocks in transparent huge pages where the kernel offers
+        // them on request (`madvise` mode, the common default): one fault
+        // per 2 MiB instead of per 4 KiB when the block is first written.
+        // The commit charge is the mapping's length either way.
+        #[cfg(target_os = "linux")]
+        if len >= 2 << 20 {
+            let _ = map.advise(memmap2::Advice::HugePage);
+        }
+        Ok(PrivateMemory(map))
     }
 
     pub fn as_slice(&self) -> &[u8] {
