@@ -128,7 +128,7 @@ job() {
   jr=$(cut -d' ' -f3 "$WORK/job" | sort -g | tail -1)
   cw=$(cut -d' ' -f1 "$WORK/cp" | median); cc=$(cut -d' ' -f2 "$WORK/cp" | median)
   # The wall ratio is the median of the paired ratios.
-  ratios=$(paste -d' ' "$WORK/job" "$WORK/cp" | awk '{ printf "%.3f\n", $1 / $4 }' | median)
+  ratios=$(paste -d' ' "$WORK/job" "$WORK/cp" | awk '{ printf "%.3f\n", $1 / $5 }' | median)
   local cpu_ratio jm cm machine_ratio
   cpu_ratio=$(awk -v a="$jc" -v b="$cc" 'BEGIN { if (b > 0) printf "%.1f", a / b; else print "-" }')
   jm=$(cut -d' ' -f4 "$WORK/job" | median); cm=$(cut -d' ' -f4 "$WORK/cp" | median)

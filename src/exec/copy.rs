@@ -325,6 +325,9 @@ mod tests {
     use crate::plan::PlanOptions;
     use std::sync::atomic::AtomicBool;
 
+    /// Names that sort in the file's order.
+    const IN_ORDER: [&str; 5] = ["model.a", "model.b", "model.c", "model.d", "model.e"];
+
     /// A safetensors file of: a large u8 tensor (several 8 KiB mappings in
     /// the test), a run of small ones next to each other, an empty one, an
     /// f32 tensor. With `scramble`, the plan's order differs from the file's
@@ -372,9 +375,8 @@ mod tests {
 
     #[test]
     fn the_mapped_copy_writes_what_read_write_writes() {
-        let in_order = ["model.a", "model.b", "model.c", "model.d", "model.e"];
         let scrambled = ["model.e", "model.b", "model.d", "model.a", "model.c"];
-        for names in [in_order, scrambled] {
+        for names in [IN_ORDER, scrambled] {
             let tmp = tempfile::tempdir().unwrap();
             let ck = source(tmp.path(), names);
             let plan = Plan::build(&ck, &PlanOptions::default()).unwrap();
@@ -415,10 +417,7 @@ mod tests {
     #[test]
     fn adjacent_tensors_share_a_run() {
         let tmp = tempfile::tempdir().unwrap();
-        let ck = source(
-            tmp.path(),
-            ["model.a", "model.b", "model.c", "model.d", "model.e"],
-        );
+        let ck = source(tmp.path(), IN_ORDER);
         let plan = Plan::build(&ck, &PlanOptions::default()).unwrap();
         let mut shard = plan.shards[0].clone();
         // In the file's order, every byte is one run.
@@ -445,10 +444,7 @@ mod tests {
     #[test]
     fn a_source_truncated_after_open_is_an_error_naming_file_and_tensor() {
         let tmp = tempfile::tempdir().unwrap();
-        let ck = source(
-            tmp.path(),
-            ["model.a", "model.b", "model.c", "model.d", "model.e"],
-        );
+        let ck = source(tmp.path(), IN_ORDER);
         let plan = Plan::build(&ck, &PlanOptions::default()).unwrap();
         let reader = SourceReader::open(&ck).unwrap();
         let file = &ck.files[0].path;
@@ -481,10 +477,7 @@ mod tests {
     #[test]
     fn cast_or_strided_shards_are_not_eligible() {
         let tmp = tempfile::tempdir().unwrap();
-        let ck = source(
-            tmp.path(),
-            ["model.a", "model.b", "model.c", "model.d", "model.e"],
-        );
+        let ck = source(tmp.path(), IN_ORDER);
         let options = PlanOptions {
             dtype: Some(crate::format::Dtype::BF16),
             ..PlanOptions::default()

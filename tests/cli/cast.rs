@@ -234,19 +234,8 @@ fn mapped_input_and_forced_read_write_give_identical_casts() {
             if dtype != "keep" {
                 args.extend(["--dtype", dtype]);
             }
-            convert(&src, &fast, &args).success();
-            let mut slow_args = args.to_vec();
-            slow_args.push("--no-mmap");
-            convert(&src, &slow, &slow_args).success();
-            let strip = |dir: &Path| -> Vec<(std::path::PathBuf, String)> {
-                tree_hashes(dir)
-                    .into_iter()
-                    .map(|(p, h)| (p.strip_prefix(dir).unwrap().to_path_buf(), h))
-                    .collect()
-            };
-            let (a, b) = (strip(&fast), strip(&slow));
-            assert!(a.len() > 2, "{a:?}");
-            assert_eq!(a, b, "{name} {dtype}");
+            let files = assert_same_without_mmap(&src, &fast, &slow, &args);
+            assert!(files > 2, "{name} {dtype}: {files} files");
             if name == "fixture" && dtype == "bf16" {
                 assert_matches_expected(&fast, "tiny-llama");
             }

@@ -294,6 +294,25 @@ fn peak_working_set(child: &std::process::Child) -> u64 {
 
 /// sha256 of every regular file under `dir` (links by their target, other
 /// file types by their kind, never opened: a FIFO must not block this).
+/// Converts `src` into `fast` with `args` and into `slow` with `args` and
+/// `--no-mmap`, and asserts both trees hold the same files with the same
+/// bytes; returns how many files.
+pub fn assert_same_without_mmap(src: &Path, fast: &Path, slow: &Path, args: &[&str]) -> usize {
+    convert(src, fast, args).success();
+    let mut slow_args = args.to_vec();
+    slow_args.push("--no-mmap");
+    convert(src, slow, &slow_args).success();
+    let strip = |dir: &Path| -> Vec<(PathBuf, String)> {
+        tree_hashes(dir)
+            .into_iter()
+            .map(|(p, h)| (p.strip_prefix(dir).unwrap().to_path_buf(), h))
+            .collect()
+    };
+    let (a, b) = (strip(fast), strip(slow));
+    assert_eq!(a, b, "{} with and without --no-mmap", src.display());
+    a.len()
+}
+
 pub fn tree_hashes(dir: &Path) -> BTreeMap<PathBuf, String> {
     let mut out = BTreeMap::new();
     let Ok(entries) = std::fs::read_dir(dir) else {

@@ -164,19 +164,8 @@ fn the_mapped_copy_and_forced_read_write_give_identical_shards() {
                 "--threads",
                 "2",
             ];
-            convert(&src, &fast, &args).success();
-            let mut slow_args = args.to_vec();
-            slow_args.push("--no-mmap");
-            convert(&src, &slow, &slow_args).success();
-            let strip = |dir: &Path| -> Vec<(std::path::PathBuf, String)> {
-                tree_hashes(dir)
-                    .into_iter()
-                    .map(|(p, h)| (p.strip_prefix(dir).unwrap().to_path_buf(), h))
-                    .collect()
-            };
-            let (a, b) = (strip(&fast), strip(&slow));
-            assert!(a.len() > 3, "{a:?}");
-            assert_eq!(a, b, "{fixture_name} {window}");
+            let files = assert_same_without_mmap(&src, &fast, &slow, &args);
+            assert!(files > 3, "{fixture_name} {window}: {files} files");
             let (code, text) = validate_text(&fast);
             assert_eq!(code, 0, "{fixture_name} {window}: {text}");
         }
