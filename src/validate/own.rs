@@ -317,9 +317,17 @@ fn stream_tensor(
                     t.name, t.len
                 )))
             })?;
+        let mut done = 0u64;
         for piece in memory.chunks_mut(fill) {
+            // Ask for this fill and the next as one request, so a cold
+            // file streams from the disk while this one is hashed.
+            if let crate::format::DataRef::Contiguous { offset } = t.data {
+                let ahead = (2 * piece.len() as u64).min(t.len - done);
+                crate::platform::will_need(reader.file(t.file).0, offset + done, ahead);
+            }
             reader.read_chunk(t, &mut stream, piece)?;
             hash_fill(check, &mut hash, piece);
+            done += piece.len() as u64;
         }
         return Ok(Streamed {
             xxh3: hash.digest(),
