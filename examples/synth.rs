@@ -61,6 +61,13 @@ fn parse_args() -> Args {
                     .parse()
                     .unwrap_or_else(|_| usage("--hidden takes a number"))
             }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0)
+            }
+            // An unknown option is an error, never a folder to write 2 GB
+            // into (`synth --help` once did that).
+            _ if a.starts_with('-') => usage(&format!("unknown option {a}")),
             _ if args.out.as_os_str().is_empty() => args.out = PathBuf::from(a),
             _ => usage(&format!("unexpected argument {a}")),
         }
@@ -71,8 +78,11 @@ fn parse_args() -> Args {
     args
 }
 
+const USAGE: &str =
+    "usage: synth OUT_DIR [--size 2GB] [--dtype bf16|f16|f32] [--shards N] [--hidden 2048]";
+
 fn usage(msg: &str) -> ! {
-    eprintln!("error: {msg}\nusage: synth OUT_DIR [--size 2GB] [--dtype bf16|f16|f32] [--shards N] [--hidden 2048]");
+    eprintln!("error: {msg}\n{USAGE}");
     std::process::exit(2)
 }
 

@@ -22,8 +22,15 @@
 //! Memory: a worker maps at most one chunk at a time; that chunk (plus
 //! [`MAP_SLACK`]) and the small-run buffer are reserved from the
 //! [`WindowPool`] for the whole shard, so the window bound holds as on the
-//! buffered path. A file system that refuses the mapping before anything
-//! was written sends the shard (and the rest) to the buffered path. The
+//! buffered path. The first mapping is asked for before anything is
+//! written: a file system that refuses it sends the shard (and the rest) to
+//! the buffered path.
+//!
+//! Each block is read twice from the page cache (by the hashes, then by
+//! `write`), so a source rewritten in place during the copy could leave a
+//! shard whose bytes differ from its recorded hashes; the sources' size and
+//! mtime are checked again before the conversion commits
+//! (`Checkpoint::check_unchanged`), and a change fails the run. The
 //! source-truncation race of mappings is the one [`super::mapped`]
 //! describes; `--no-mmap` (plain read and write for everything)
 //! avoids it.
@@ -98,10 +105,22 @@ fn runs(ck: &Checkpoint, shard: &ShardPlan) -> Vec<Run> {
     runs
 }
 
+/// What [`copy_shard`] did.
+#[derive(Debug)]
+pub enum Copied {
+    /// The shard is written.
+    Done(ShardRecord),
+    /// This worker's share of the window is too small to map this shard:
+    /// write it through buffers (other shards may still map).
+    TooSmall,
+    /// The file system refused to map the source: write this shard, and
+    /// the rest, through buffers.
+    Refused,
+}
+
 /// Writes `shard` from mappings of its source, at most `buffer` bytes of
-/// the window (this worker's share) in use. `Ok(None)`: the share is too
-/// small to map, or the file system refused the first mapping; nothing was
-/// kept and the caller writes the shard through buffers.
+/// the window (this worker's share) in use. Unless it is `Done`, nothing
+/// was written or reported and the caller writes the shard through buffers.
 #[allow(clippy::too_many_arguments)]
 pub fn copy_shard(
     reader: &SourceReader,
@@ -113,7 +132,7 @@ pub fn copy_shard(
     buffer: u64,
     options: &ExecOptions<'_>,
     reporter: &dyn Reporter,
-) -> Result<Option<ShardRecord>, ExecError> {
+) -> Result<Copied, ExecError> {
     let runs = runs(ck, shard);
     let longest = |small: bool| {
         runs.iter()
@@ -124,7 +143,7 @@ pub fn copy_shard(
     };
     let small_len = longest(true);
     if buffer < 4 * MAP_SLACK + small_len {
-        return Ok(None);
+        return Ok(Copied::TooSmall);
     }
     let map_len = (buffer - MAP_SLACK - small_len)
         .min(MAP_CHUNK)
@@ -135,13 +154,28 @@ pub fn copy_shard(
     let (mut small, _reserved) =
         pool.acquire_and_reserve(small_len, 1, map_len as u64 + MAP_SLACK)?;
     let mut small = small.pop();
+    // Ask for the first mapping before anything is written, so a file
+    // system that refuses to map leaves nothing to undo (the shard's small
+    // runs may come first).
+    if let Some(run) = runs.iter().find(|r| r.len >= MAP_MIN) {
+        let first = &ck.tensors[shard.tensors[run.first].source];
+        match map_at(
+            reader,
+            first,
+            run.start,
+            run.len.min(map_len as u64) as usize,
+        ) {
+            Ok(_) => {}
+            Err(FormatError::Io { .. }) => return Ok(Copied::Refused),
+            Err(e) => return Err(e.into()),
+        }
+    }
     let path = dst.join(&shard.file);
     let header = header_bytes(&path, shard, &plan.metadata)?;
     let mut writer =
         ShardWriter::create(dst, &shard.file, &header, shard.data_len, options.digest)?;
     reporter.shard_started(&shard.file);
     let mut tensors = TensorHashes::new(&shard.tensors);
-    let mut mapped_any = false;
     for run in &runs {
         let mut done = 0u64;
         while done < run.len {
@@ -164,12 +198,7 @@ pub fn copy_shard(
                 read_at(reader, named, at, buf)?;
                 tensors.write(&mut writer, buf, reporter)?;
             } else {
-                let map = match map_at(reader, named, at, n as usize) {
-                    Ok(map) => map,
-                    Err(FormatError::Io { .. }) if !mapped_any => return Ok(None),
-                    Err(e) => return Err(e.into()),
-                };
-                mapped_any = true;
+                let map = map_at(reader, named, at, n as usize)?;
                 tensors.write(&mut writer, &map, reporter)?;
             }
             done += n;
@@ -178,7 +207,7 @@ pub fn copy_shard(
     let records = tensors.finish();
     let finished = writer.finish()?;
     reporter.shard_done(&shard.file);
-    Ok(Some(ShardRecord {
+    Ok(Copied::Done(ShardRecord {
         file: finished.file,
         size: finished.size,
         digest: finished.digest,
@@ -399,8 +428,10 @@ mod tests {
                 &options(&cancel, CopyPath::Auto),
                 &NoReport,
             )
-            .unwrap()
-            .expect("the mapped copy took the shard");
+            .unwrap();
+            let Copied::Done(got) = got else {
+                panic!("the mapped copy did not take the shard: {got:?}");
+            };
             assert_eq!(pool.in_use(), 0);
             assert!(pool.peak() <= 4 * MAP_SLACK + 8192, "{}", pool.peak());
             let slow = run(&ck, &tmp.path().join("slow"), CopyPath::ReadWrite);

@@ -96,7 +96,7 @@ pub fn execute(
             .map(|shard| {
                 let mut copied = None;
                 if !refused.load(Ordering::Relaxed) && copy::eligible(ck, shard) {
-                    copied = copy::copy_shard(
+                    match copy::copy_shard(
                         &reader,
                         ck,
                         plan,
@@ -106,9 +106,10 @@ pub fn execute(
                         buffer as u64,
                         options,
                         reporter,
-                    )?;
-                    if copied.is_none() {
-                        refused.store(true, Ordering::Relaxed);
+                    )? {
+                        copy::Copied::Done(record) => copied = Some(record),
+                        copy::Copied::TooSmall => {}
+                        copy::Copied::Refused => refused.store(true, Ordering::Relaxed),
                     }
                 }
                 let record = match copied {

@@ -199,11 +199,11 @@ mod tests {
     /// against an independent implementation.
     #[test]
     fn xxh3_matches_the_reference_implementation() {
-        let bytes: Vec<u8> = (0..300_000u32)
+        let bytes: Vec<u8> = (0..1_100_000u32)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
             .collect();
         assert_eq!(xxh3_64(b""), 0x2d06_8005_38d3_94c2);
-        let lens = (0..=2_100).chain([4_095, 4_096, 65_537, 262_144, 300_000]);
+        let lens = (0..=2_100).chain([4_095, 4_096, 65_537, 262_144, 300_000, 1_100_000]);
         for len in lens {
             let want = xxhash_rust::xxh3::xxh3_64(&bytes[..len]);
             assert_eq!(xxh3_64(&bytes[..len]), want, "one-shot, {len} bytes");
@@ -212,6 +212,12 @@ mod tests {
                 streamed.update(piece);
             }
             assert_eq!(streamed.digest(), want, "streamed, {len} bytes");
+            // As the executor streams: 256 KiB blocks.
+            let mut blocks = Xxh3::new();
+            for piece in bytes[..len].chunks(256 << 10) {
+                blocks.update(piece);
+            }
+            assert_eq!(blocks.digest(), want, "256 KiB blocks, {len} bytes");
         }
     }
 

@@ -77,8 +77,11 @@ const HASH_BLOCK: usize = 256 << 10;
 ///
 /// Bytes come from a buffer ([`ShardWriter::write`]) or, block by block
 /// with the caller's per-tensor hash beside the digest, from a mapping of
-/// the source ([`ShardWriter::write_blocks`]); either way the digest is
-/// taken on exactly the bytes handed to the file.
+/// the source ([`ShardWriter::write_blocks`]). The digest is taken on the
+/// bytes handed to the file; from a mapping they are read twice (hash,
+/// then `write`), so they match as long as the source is not rewritten in
+/// place meanwhile, which the check of the sources before the commit
+/// (`convert`) refuses anyway.
 pub struct ShardWriter {
     final_path: PathBuf,
     tmp_path: PathBuf,
