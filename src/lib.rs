@@ -25,6 +25,7 @@ pub mod convert;
 pub mod exec;
 pub mod format;
 pub mod inspect;
+pub mod names;
 pub mod plan;
 pub mod platform;
 pub mod units;

@@ -36,7 +36,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::format::discover::{looks_like_checkpoint, resolve_hf_cache};
-use crate::write::scope::{is_plain_name, model_root, resolve};
+use crate::names::is_plain_name;
+use crate::write::scope::{model_root, resolve};
 
 /// A model found under ROOT.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -10,7 +10,7 @@ use reshard::convert::{convert, convert_layout, ConvertOptions, ConvertSummary};
 use reshard::exec::CopyPath;
 use reshard::exec::WindowPool;
 use reshard::format::layout as layouts;
-use reshard::format::names::escape;
+use reshard::names::escape;
 use reshard::format::{self, Dtype};
 use reshard::plan::{Plan, PlanOptions};
 use reshard::units::{human, ByteSize};

@@ -7,7 +7,7 @@ use anyhow::Context;
 
 use reshard::format;
 use reshard::format::layout::{self, LayoutKind};
-use reshard::format::names::escape;
+use reshard::names::escape;
 use reshard::inspect::{tensor_lines, LayoutSummary, Summary, TensorLine};
 use reshard::plan::order::Order;
 use reshard::units::human;

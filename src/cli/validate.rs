@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use reshard::format::layout::{self, LayoutKind};
-use reshard::format::names::escape;
+use reshard::names::escape;
 use reshard::units::{human, ByteSize, TimeSpan};
 use reshard::validate::python::{self, PythonLoader, PythonOptions, PythonReport};
 use reshard::validate::{self, DeviceSpec, Loader, ValidateOptions, ValidateReport};

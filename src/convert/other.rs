@@ -37,10 +37,9 @@ use serde::Serialize;
 
 use super::ConvertError;
 use crate::cast;
-use crate::format::names::windows_reserved;
 use crate::format::{Checkpoint, Dtype, FormatError};
 use crate::write::manifest::{CopiedFile, Manifest, MANIFEST};
-use crate::write::owned::is_weight_name;
+use crate::names::{is_weight_like, reserved_part, windows_reserved};
 use crate::write::scope::OutputScope;
 use crate::write::{copy_atomic, write_atomic, WriteError};
 
@@ -97,19 +96,6 @@ impl OtherFiles {
             .map(|f| f.size)
             .fold(0, u64::saturating_add)
     }
-}
-
-/// File names that look like weights (to reshard, or to another runtime).
-fn is_weight_like(name: &str) -> bool {
-    // A variant's index: `diffusion_pytorch_model.safetensors.index.fp16.json`.
-    let variant_index = [".safetensors.index.", ".bin.index."]
-        .iter()
-        .any(|i| name.contains(i));
-    is_weight_name(name)
-        || variant_index
-        || [".onnx", ".onnx_data", ".h5", ".msgpack", ".ot", ".gguf"]
-            .iter()
-            .any(|e| name.ends_with(e))
 }
 
 /// Lists the other files of the source folder and decides each one.
@@ -227,12 +213,6 @@ fn mtime_ns(meta: &std::fs::Metadata) -> u64 {
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-}
-
-/// The first `/`-separated part of `rel` Windows cannot hold, and why.
-fn reserved_part(rel: &str) -> Option<(&str, &'static str)> {
-    rel.split('/')
-        .find_map(|p| windows_reserved(p).map(|why| (p, why)))
 }
 
 /// Refuses, before anything is written, a name Windows reserves anywhere
@@ -434,7 +414,7 @@ pub fn copy(
 pub fn subfolder(dst: &Path, rel: &str) -> Result<PathBuf, ConvertError> {
     let mut dir = dst.to_path_buf();
     for part in rel.split('/') {
-        if !crate::write::scope::is_plain_name(part) {
+        if !crate::names::is_plain_name(part) {
             return Err(ConvertError::DstSubfolder {
                 path: dir.join(part),
                 reason: "not a plain folder name",

@@ -25,9 +25,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::format::names::windows_reserved;
 use crate::format::Checkpoint;
-use crate::write::scope::is_plain_name;
+use crate::names::{is_plain_name, windows_reserved};
 
 /// `__metadata__` key holding the prefix stripped from a component's names.
 pub const PREFIX_KEY: &str = "reshard_stripped_prefix";

@@ -8,9 +8,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::index::{cross_check, read_index};
+use crate::names::{PYTORCH_SUFFIXES, SAFETENSORS_SUFFIX};
 use super::read::{open_regular, read_regular_string};
 use super::{
-    names, pytorch, safetensors, Checkpoint, Finding, Format, FormatError, Layout, SourceFile,
+    pytorch, safetensors, tensor_names, Checkpoint, Finding, Format, FormatError, Layout, SourceFile,
     Tensor, LARGE_SHARD, MAX_TENSORS,
 };
 
@@ -98,7 +99,7 @@ fn open_file(path: &Path) -> Result<Checkpoint, FormatError> {
         };
         return open_indexed(&dir, path, format);
     }
-    let format = if name.ends_with(".safetensors") {
+    let format = if name.ends_with(SAFETENSORS_SUFFIX) {
         Format::Safetensors
     } else {
         Format::Pytorch
@@ -189,11 +190,11 @@ impl WeightFiles {
             }
             let kind = if name.ends_with(".safetensors.index.json") {
                 &mut st_indexes
-            } else if name.ends_with(".safetensors") {
+            } else if name.ends_with(SAFETENSORS_SUFFIX) {
                 &mut w.safetensors
             } else if name.ends_with(".bin.index.json") || name.ends_with(".pt.index.json") {
                 &mut pt_indexes
-            } else if [".bin", ".pt", ".pth"].iter().any(|e| name.ends_with(e))
+            } else if PYTORCH_SUFFIXES.iter().any(|e| name.ends_with(e))
                 && !NOT_WEIGHTS.contains(&name.as_str())
                 && !name.starts_with("rng_state")
             {
@@ -407,7 +408,7 @@ fn open_files(dir: &Path, paths: &[PathBuf], format: Format) -> Result<Checkpoin
         }
         files.push(file);
     }
-    names::check(paths, &tensors)?;
+    tensor_names::check(paths, &tensors)?;
     let layout = if files.len() == 1 {
         Layout::Single
     } else {

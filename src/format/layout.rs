@@ -25,10 +25,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::discover::{looks_like_checkpoint, resolve_hf_cache};
-use super::names::windows_reserved;
 use super::read::read_regular_string;
 use super::FormatError;
-use crate::write::scope::{is_plain_name, is_plain_relative};
+use crate::names::{is_plain_name, is_plain_relative, reserved_part, windows_reserved};
 
 /// Largest `modules.json` or `model_index.json` read.
 pub const MAX_LAYOUT_JSON: u64 = 1 << 20;
@@ -353,12 +352,6 @@ fn pipeline_components(path: &Path) -> Result<Vec<(String, Library)>, FormatErro
         out.push((name.clone(), library));
     }
     Ok(out)
-}
-
-/// The first `/`-separated part of `rel` Windows cannot hold, and why.
-fn reserved_part(rel: &str) -> Option<(&str, &'static str)> {
-    rel.split('/')
-        .find_map(|p| windows_reserved(p).map(|why| (p, why)))
 }
 
 #[cfg(test)]

@@ -14,11 +14,11 @@ pub mod error;
 pub mod index;
 mod json;
 pub mod layout;
-pub mod names;
 pub mod pytorch;
 pub mod quant;
 pub mod read;
 pub mod safetensors;
+pub mod tensor_names;
 pub mod strided;
 
 use std::collections::BTreeMap;
@@ -265,11 +265,11 @@ impl fmt::Display for Finding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Finding::TensorNotInIndex { tensor, file } => {
-                let file = names::escape(file);
+                let file = crate::names::escape(file);
                 write!(f, "tensor {tensor:?} is in {file} but not in the index; index-driven loaders will skip it")
             }
             Finding::FileNotInIndex { file } => {
-                let file = names::escape(file);
+                let file = crate::names::escape(file);
                 write!(f, "{file} is in the folder but the index does not list it; index-driven loaders ignore it")
             }
             Finding::TotalSizeMismatch { declared, actual } => write!(
@@ -279,48 +279,48 @@ impl fmt::Display for Finding {
             Finding::MissingFormatPt { file } => write!(
                 f,
                 "{} has no \"format\": \"pt\" in __metadata__; transformers refuses to load it",
-                names::escape(file)
+                crate::names::escape(file)
             ),
             Finding::MetadataConflict { key, kept, dropped, file } => write!(
                 f,
                 "__metadata__ key {key:?} is {dropped:?} in {} but {kept:?} in an earlier shard; keeping {kept:?}",
-                names::escape(file)
+                crate::names::escape(file)
             ),
             Finding::Misaligned { tensor, file, offset, alignment } => write!(
                 f,
                 "tensor {tensor:?} in {} starts at offset {offset}, not a multiple of {alignment}",
-                names::escape(file)
+                crate::names::escape(file)
             ),
             Finding::SharedStorage { tensors } => {
-                let names: Vec<_> = tensors.iter().map(|t| names::escape(t)).collect();
+                let names: Vec<_> = tensors.iter().map(|t| crate::names::escape(t)).collect();
                 write!(f, "tensors share one storage (tied weights): {}", names.join(", "))
             }
             Finding::LargeShard { file, size } => write!(
                 f,
                 "{} is {}; a loader that maps one shard at a time needs about that much free commit",
-                names::escape(file),
+                crate::names::escape(file),
                 crate::units::human(*size)
             ),
             Finding::ExpandedView { tensor, file, bytes, stored } => write!(
                 f,
                 "tensor {tensor:?} in {} is an expanded view: {} ({bytes} bytes) from {stored} bytes stored",
-                names::escape(file),
+                crate::names::escape(file),
                 crate::units::human(*bytes)
             ),
             Finding::QuantWeightWithoutScale { tensor, file, scale } => write!(
                 f,
                 "quantized weight {tensor:?} in {} has no scale ({scale:?} is missing)",
-                names::escape(file)
+                crate::names::escape(file)
             ),
             Finding::QuantScaleWithoutWeight { tensor, file } => write!(
                 f,
                 "scale {tensor:?} in {} has no quantized weight",
-                names::escape(file)
+                crate::names::escape(file)
             ),
             Finding::QuantScaleShape { tensor, file, shape, expected } => write!(
                 f,
                 "scale {tensor:?} in {} has shape {shape:?}; its weight needs {expected}",
-                names::escape(file)
+                crate::names::escape(file)
             ),
             Finding::QuantUnclear { reason } => write!(f, "{reason}"),
         }

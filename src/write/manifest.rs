@@ -161,7 +161,7 @@ impl Manifest {
             .chain(self.index_file.as_deref())
             .chain(self.copied_files.iter().map(String::as_str))
             .chain(self.planned.iter().map(String::as_str))
-            .filter(|n| super::scope::is_plain_relative(n))
+            .filter(|n| crate::names::is_plain_relative(n))
     }
 
     /// Every tensor record, shard by shard.

@@ -18,6 +18,7 @@ use std::path::Path;
 use super::lock::{DstLock, LOCK};
 use super::manifest::{Manifest, ManifestError, MANIFEST, PARTIAL};
 use super::{WriteError, TEMP_SUFFIX};
+use crate::names::is_weight_name;
 
 /// What an output folder holds, sorted into reshard's own and the rest.
 #[derive(Debug, Clone, Default)]
@@ -93,21 +94,6 @@ fn is_bookkeeping(name: &str) -> bool {
         || (name.starts_with('.') && name.ends_with(TEMP_SUFFIX))
 }
 
-/// Names a loader or reshard itself would take for weights.
-pub fn is_weight_name(name: &str) -> bool {
-    const EXTENSIONS: [&str; 8] = [
-        ".safetensors",
-        ".index.json",
-        ".bin",
-        ".pt",
-        ".pth",
-        ".ckpt",
-        ".pkl",
-        ".gguf",
-    ];
-    EXTENSIONS.iter().any(|e| name.ends_with(e))
-}
-
 /// Bytes that removing `names` from `dst` gives back: regular files only
 /// (a symlink frees nothing worth counting).
 pub fn reclaimable<'a>(dst: &Path, names: impl IntoIterator<Item = &'a str>) -> u64 {
@@ -130,7 +116,7 @@ pub fn remove_names(
     let (indexes, rest): (Vec<&String>, Vec<&String>) =
         names.iter().partition(|n| n.ends_with(".index.json"));
     for name in indexes.into_iter().chain(rest) {
-        if !super::scope::is_plain_relative(name) || !real_folders_on_the_way(dst, name) {
+        if !crate::names::is_plain_relative(name) || !real_folders_on_the_way(dst, name) {
             continue;
         }
         let path = dst.join(name);

@@ -236,31 +236,6 @@ pub fn resolve(path: &Path) -> Result<PathBuf, ScopeError> {
     })
 }
 
-/// True if `name` is one plain path component: not empty, not `.` or `..`,
-/// no `/`, `\` or NUL, and nothing the platform reads as a prefix or root.
-/// Model names taken from folder names and file names read back from a
-/// manifest must pass before they are joined to an output path.
-pub fn is_plain_name(name: &str) -> bool {
-    !name.is_empty()
-        && name != "."
-        && name != ".."
-        && !name.contains(['/', '\\', '\0'])
-        && matches!(
-            Path::new(name).components().collect::<Vec<_>>().as_slice(),
-            [Component::Normal(n)] if *n == std::ffi::OsStr::new(name)
-        )
-}
-
-/// Deepest relative path [`is_plain_relative`] accepts (`a/b/c` is 3).
-pub const MAX_REL_DEPTH: usize = 10;
-
-/// True if `rel` is a `/`-separated path of plain names ([`is_plain_name`]
-/// each), at most [`MAX_REL_DEPTH`] deep; `""` is not. The names of files
-/// copied into DST's subfolders (`1_Pooling/config.json`) must pass.
-pub fn is_plain_relative(rel: &str) -> bool {
-    rel.split('/').count() <= MAX_REL_DEPTH && rel.split('/').all(is_plain_name)
-}
-
 /// The source folders and files a `batch --report` must stay away from.
 #[derive(Debug, Clone, Default)]
 pub struct SourceSet {
@@ -343,26 +318,6 @@ fn is_reshard_report(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn relative_paths_must_be_plain() {
-        assert!(is_plain_relative("2_Dense"));
-        assert!(is_plain_relative("a/b"));
-        for bad in ["", "../x", "a/../b", "/etc", "a//b", "a\\b", ".", "a/"] {
-            assert!(!is_plain_relative(bad), "{bad:?}");
-        }
-        assert!(!is_plain_relative(&["a"; 11].join("/")));
-    }
-
-    #[test]
-    fn plain_names_are_one_normal_component() {
-        for ok in ["org--tiny", "a b", "model.v2", "..x", "x.."] {
-            assert!(is_plain_name(ok), "{ok}");
-        }
-        for bad in ["", ".", "..", "a/b", "a\\b", "/abs", "a\0b", "./a", "a/"] {
-            assert!(!is_plain_name(bad), "{bad:?}");
-        }
-    }
 
     #[test]
     fn resolve_appends_what_does_not_exist_and_refuses_dotdot_there() {

@@ -1,67 +1,19 @@
-//! Tensor names: which names a source may hold, and how names are shown.
+//! Name and path rules, one home for all of them: which file and folder
+//! names reshard may make or follow (plain, portable to Windows), which
+//! file names are weights, and how a name is shown on a terminal.
 //!
-//! [`check`] runs once a checkpoint's tensors are read, for every format: a
-//! name safetensors cannot hold (empty, or `__metadata__`, the key of its
-//! metadata) and a name that appears twice are refused, naming the file and
-//! the tensor, so no output shard can get a duplicate key. [`escape`] is for
-//! every place a name reaches a terminal: control characters (and the
-//! Unicode controls that reorder text) are shown escaped, not interpreted.
-//! [`windows_reserved`] is for every file or folder name reshard makes from
-//! data (a component name, a path a layout file lists, a mirrored file): a
-//! name Windows reads as a device would write outside the output there.
+//! This is a leaf module at the bottom of the stage order: every stage
+//! (format reading a layout file, convert mirroring a folder, batch naming
+//! outputs) asks it, and it asks no one. It knows strings and paths only;
+//! refusing a name is the caller's error to raise, with the file it came
+//! from. Tensor-name rules of a checkpoint (duplicates, `__metadata__`)
+//! are [`crate::format::tensor_names`], which uses [`METADATA_KEY`].
 
 use std::borrow::Cow;
-use std::path::PathBuf;
-
-use super::{FormatError, Tensor};
+use std::path::{Component, Path};
 
 /// The header key safetensors keeps for string metadata.
 pub const METADATA_KEY: &str = "__metadata__";
-
-/// Refuses names the output format cannot hold and names that appear twice.
-/// `paths[t.file]` is the file a tensor came from. Costs one `u32` a tensor:
-/// duplicates are found by sorting indices, without copying names.
-pub fn check(paths: &[PathBuf], tensors: &[Tensor]) -> Result<(), FormatError> {
-    let path_of = |t: &Tensor| paths.get(t.file).cloned().unwrap_or_default();
-    for t in tensors {
-        let reason = if t.name.is_empty() {
-            "an empty name cannot be a safetensors key"
-        } else if t.name == METADATA_KEY {
-            "__metadata__ is the key safetensors keeps for metadata; a tensor cannot have it"
-        } else {
-            continue;
-        };
-        return Err(FormatError::BadTensorName {
-            path: path_of(t),
-            tensor: t.name.clone(),
-            reason,
-        });
-    }
-    let mut order: Vec<u32> = (0..tensors.len() as u32).collect();
-    order.sort_unstable_by(|&a, &b| {
-        let (a, b) = (&tensors[a as usize], &tensors[b as usize]);
-        (a.name.as_str(), a.file).cmp(&(b.name.as_str(), b.file))
-    });
-    for w in order.windows(2) {
-        let (a, b) = (&tensors[w[0] as usize], &tensors[w[1] as usize]);
-        if a.name != b.name {
-            continue;
-        }
-        return Err(if a.file == b.file {
-            FormatError::DuplicateTensor {
-                path: path_of(a),
-                tensor: a.name.clone(),
-            }
-        } else {
-            FormatError::TensorInTwoFiles {
-                tensor: a.name.clone(),
-                first: path_of(a),
-                second: path_of(b),
-            }
-        });
-    }
-    Ok(())
-}
 
 /// `name` as it may be printed: control characters and bidirectional
 /// controls escaped Rust-style (`\n`, `\u{1b}`, `\u{202e}`), everything else
@@ -117,43 +69,96 @@ fn needs_escape(c: char) -> bool {
         || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
+/// The first `/`-separated part of `rel` that Windows reserves
+/// ([`windows_reserved`]), with the reason.
+pub fn reserved_part(rel: &str) -> Option<(&str, &'static str)> {
+    rel.split('/')
+        .find_map(|p| windows_reserved(p).map(|why| (p, why)))
+}
+
+/// True if `name` is one plain path component: not empty, not `.` or `..`,
+/// no `/`, `\` or NUL, and nothing the platform reads as a prefix or root.
+/// Model names taken from folder names and file names read back from a
+/// manifest must pass before they are joined to an output path.
+pub fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\\', '\0'])
+        && matches!(
+            Path::new(name).components().collect::<Vec<_>>().as_slice(),
+            [Component::Normal(n)] if *n == std::ffi::OsStr::new(name)
+        )
+}
+
+/// Deepest relative path [`is_plain_relative`] accepts (`a/b/c` is 3).
+pub const MAX_REL_DEPTH: usize = 10;
+
+/// True if `rel` is a `/`-separated path of plain names ([`is_plain_name`]
+/// each), at most [`MAX_REL_DEPTH`] deep; `""` is not. The names of files
+/// copied into DST's subfolders (`1_Pooling/config.json`) must pass.
+pub fn is_plain_relative(rel: &str) -> bool {
+    rel.split('/').count() <= MAX_REL_DEPTH && rel.split('/').all(is_plain_name)
+}
+
+/// Suffixes of the weight files reshard reads as a checkpoint (discovery).
+pub const SAFETENSORS_SUFFIX: &str = ".safetensors";
+/// PyTorch's zip checkpoints.
+pub const PYTORCH_SUFFIXES: [&str; 3] = [".bin", ".pt", ".pth"];
+
+/// Names a loader or reshard itself would take for weights: never mirrored
+/// as an "other" file, never left in an output reshard owns.
+pub fn is_weight_name(name: &str) -> bool {
+    const EXTENSIONS: [&str; 8] = [
+        ".safetensors",
+        ".index.json",
+        ".bin",
+        ".pt",
+        ".pth",
+        ".ckpt",
+        ".pkl",
+        ".gguf",
+    ];
+    EXTENSIONS.iter().any(|e| name.ends_with(e))
+}
+
+/// File names that look like weights to reshard or to another runtime
+/// (ONNX, TF, Flax, GGUF, a variant's index): a model folder's "other"
+/// files of this kind are left out, not copied.
+pub fn is_weight_like(name: &str) -> bool {
+    // A variant's index: `diffusion_pytorch_model.safetensors.index.fp16.json`.
+    let variant_index = [".safetensors.index.", ".bin.index."]
+        .iter()
+        .any(|i| name.contains(i));
+    is_weight_name(name)
+        || variant_index
+        || [".onnx", ".onnx_data", ".h5", ".msgpack", ".ot", ".gguf"]
+            .iter()
+            .any(|e| name.ends_with(e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::{DataRef, Dtype};
 
-    fn t(name: &str, file: usize) -> Tensor {
-        Tensor {
-            name: name.into(),
-            dtype: Dtype::U8,
-            shape: vec![1],
-            len: 1,
-            file,
-            data: DataRef::Contiguous { offset: 0 },
+    #[test]
+    fn relative_paths_must_be_plain() {
+        assert!(is_plain_relative("2_Dense"));
+        assert!(is_plain_relative("a/b"));
+        for bad in ["", "../x", "a/../b", "/etc", "a//b", "a\\b", ".", "a/"] {
+            assert!(!is_plain_relative(bad), "{bad:?}");
         }
+        assert!(!is_plain_relative(&["a"; 11].join("/")));
     }
 
     #[test]
-    fn unholdable_and_repeated_names_are_refused_naming_the_file() {
-        let paths = [PathBuf::from("a.bin"), PathBuf::from("b.bin")];
-        let err = check(&paths, &[t("w", 0), t("__metadata__", 1)]).unwrap_err();
-        assert!(
-            matches!(&err, FormatError::BadTensorName { path, tensor, .. } if tensor == "__metadata__" && path.ends_with("b.bin")),
-            "{err}"
-        );
-        assert!(matches!(
-            check(&paths, &[t("", 0)]),
-            Err(FormatError::BadTensorName { .. })
-        ));
-        assert!(matches!(
-            check(&paths, &[t("w", 0), t("x", 0), t("w", 0)]),
-            Err(FormatError::DuplicateTensor { tensor, .. }) if tensor == "w"
-        ));
-        assert!(matches!(
-            check(&paths, &[t("w", 1), t("w", 0)]),
-            Err(FormatError::TensorInTwoFiles { first, .. }) if first.ends_with("a.bin")
-        ));
-        check(&paths, &[t("w", 0), t("x", 1)]).unwrap();
+    fn plain_names_are_one_normal_component() {
+        for ok in ["org--tiny", "a b", "model.v2", "..x", "x.."] {
+            assert!(is_plain_name(ok), "{ok}");
+        }
+        for bad in ["", ".", "..", "a/b", "a\\b", "/abs", "a\0b", "./a", "a/"] {
+            assert!(!is_plain_name(bad), "{bad:?}");
+        }
     }
 
     #[test]
