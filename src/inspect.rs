@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::format::layout::{LayoutKind, Library, ModelLayout};
-use crate::format::quant::{self, QuantFormat};
 use crate::format::{Checkpoint, Dtype, Finding, Format, FormatError, Layout};
 use crate::plan::order::{block_of, sort_indices, Order};
+use crate::quant::{self, QuantFormat};
 
 /// Everything `inspect` says about a checkpoint. Field names are stable.
 #[derive(Debug, Clone, Serialize)]

@@ -28,6 +28,7 @@ pub mod inspect;
 pub mod names;
 pub mod plan;
 pub mod platform;
+pub mod quant;
 pub mod units;
 pub mod validate;
 pub mod write;

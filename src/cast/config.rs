@@ -9,7 +9,9 @@
 use serde_json::{Map, Value};
 
 use super::CastError;
+use crate::format::config::parse_config;
 use crate::format::Dtype;
+use crate::quant::config::{is_dequantized_scheme, QUANT_KEYS};
 
 /// torch's name for a dtype (`"bfloat16"` ...), `None` for dtypes torch has
 /// no name for (F4 and the F6 types, which torch only knows packed).
@@ -38,17 +40,6 @@ pub fn torch_name(d: Dtype) -> Option<&'static str> {
     })
 }
 
-/// Largest `config.json` rewritten under `--dtype`: 4 MiB. Real configs
-/// are a few KiB; the largest carry label maps of ~20,000 classes (about
-/// 1.3 MB).
-pub const MAX_CONFIG: u64 = 4 << 20;
-
-/// Most JSON values a `config.json` may hold before it is parsed. It is
-/// parsed whole into `serde_json::Value`s (32 bytes each, plus vector
-/// growth), so this bounds the parse to about 16 MiB whatever the bytes
-/// are. A 20,000-class label map in both directions is ~80,000 values.
-pub const MAX_CONFIG_VALUES: usize = 262_144;
-
 /// The keys that hold the weights' dtype.
 const DTYPE_KEYS: [&str; 2] = ["torch_dtype", "dtype"];
 
@@ -67,13 +58,10 @@ pub fn rewrite_config_dtype(config_json: &str, to: Dtype) -> Result<String, Cast
         Some(name) if super::TARGETS.contains(&to) => name,
         _ => return Err(CastError::UnsupportedTarget { to }),
     };
-    if value_bound(config_json) > MAX_CONFIG_VALUES {
-        return Err(CastError::ConfigTooLarge {
-            max: MAX_CONFIG_VALUES,
-        });
-    }
-    let mut value: Value = serde_json::from_str(config_json).map_err(CastError::ConfigJson)?;
-    let root = value.as_object_mut().ok_or(CastError::ConfigNotObject)?;
+    let mut value = parse_config(config_json)?;
+    let Some(root) = value.as_object_mut() else {
+        unreachable!("parse_config returns objects only")
+    };
     // The weights are dense now: a loader that saw the config would expect
     // codes and scales.
     for key in QUANT_KEYS {
@@ -85,86 +73,9 @@ pub fn rewrite_config_dtype(config_json: &str, to: Dtype) -> Result<String, Cast
         root.insert("dtype".to_string(), Value::String(name.to_string()));
     }
     set_dtype_keys(root, name);
-    let mut out = serde_json::to_string_pretty(&value).map_err(CastError::ConfigJson)?;
+    let mut out = serde_json::to_string_pretty(&value).map_err(|e| CastError::Config(e.into()))?;
     out.push('\n');
     Ok(out)
-}
-
-/// Whether a `quantization_config` names a scheme that `convert --dtype`
-/// dequantizes (see [`crate::format::quant`]): FP8 (`fp8`, compressed-tensors
-/// float 8-bit, ModelOpt `FP8`) and `mxfp4`. Those configs are removed from a
-/// dequantized output; any other (GPTQ, AWQ, bitsandbytes, ...) is kept.
-pub fn is_dequantized_scheme(qc: &Value) -> bool {
-    let method = qc.get("quant_method").and_then(Value::as_str).unwrap_or("");
-    match method.to_ascii_lowercase().as_str() {
-        "fp8" | "mxfp4" => true,
-        "modelopt" => qc
-            .get("quant_algo")
-            .and_then(Value::as_str)
-            .is_some_and(|a| a.eq_ignore_ascii_case("fp8")),
-        "compressed-tensors" => is_compressed_fp8(qc),
-        _ => false,
-    }
-}
-
-/// A compressed-tensors config of FP8 weights (`float-quantized` or
-/// `naive-quantized`, 8-bit float weights).
-pub fn is_compressed_fp8(qc: &Value) -> bool {
-    let format = qc.get("format").and_then(Value::as_str).unwrap_or("");
-    let float_weights = qc
-        .get("config_groups")
-        .and_then(Value::as_object)
-        .is_some_and(|groups| {
-            groups.values().any(|g| {
-                let w = g.get("weights");
-                w.and_then(|w| w.get("type")).and_then(Value::as_str) == Some("float")
-                    && w.and_then(|w| w.get("num_bits")).and_then(Value::as_u64) == Some(8)
-            })
-        });
-    matches!(format, "float-quantized" | "naive-quantized") && float_weights
-}
-
-/// The keys a quantization config may sit under.
-const QUANT_KEYS: [&str; 2] = ["quantization_config", "compression_config"];
-
-/// Parses a config file's text (bounded as for [`rewrite_config_dtype`])
-/// into a JSON object.
-pub fn parse_config(config_json: &str) -> Result<Value, CastError> {
-    if value_bound(config_json) > MAX_CONFIG_VALUES {
-        return Err(CastError::ConfigTooLarge {
-            max: MAX_CONFIG_VALUES,
-        });
-    }
-    let value: Value = serde_json::from_str(config_json).map_err(CastError::ConfigJson)?;
-    if !value.is_object() {
-        return Err(CastError::ConfigNotObject);
-    }
-    Ok(value)
-}
-
-/// An upper bound of the number of values in JSON `text`, found without
-/// parsing: every value but the first follows a `,` `:` `[` or `{` outside
-/// a string.
-fn value_bound(text: &str) -> usize {
-    let mut count = 1usize;
-    let (mut in_string, mut escaped) = (false, false);
-    for b in text.bytes() {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-        } else {
-            match b {
-                b'"' => in_string = true,
-                b',' | b':' | b'[' | b'{' => count += 1,
-                _ => {}
-            }
-        }
-    }
-    count
 }
 
 /// Sets every present dtype key of `obj` that holds a string or null, then
@@ -184,6 +95,7 @@ fn set_dtype_keys(obj: &mut Map<String, Value>, name: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::config::ConfigError;
 
     fn keys(json: &str) -> Vec<String> {
         let v: Value = serde_json::from_str(json).unwrap();
@@ -271,23 +183,22 @@ mod tests {
     fn rejects_non_objects_and_bad_json() {
         assert!(matches!(
             rewrite_config_dtype("[1, 2]", Dtype::F16),
-            Err(CastError::ConfigNotObject)
+            Err(CastError::Config(ConfigError::ConfigNotObject))
         ));
         let err = rewrite_config_dtype("{", Dtype::F16).unwrap_err();
-        assert!(matches!(err, CastError::ConfigJson(_)));
+        assert!(matches!(err, CastError::Config(ConfigError::ConfigJson(_))));
         assert_eq!(err.to_string(), "config.json is not valid json");
     }
 
     #[test]
     fn configs_with_more_values_than_any_real_one_are_refused_before_parsing() {
-        assert_eq!(value_bound(r#"{"a": [1, 2], "b": "x,y:[{"}"#), 7);
         let huge = format!(
             "{{\"torch_dtype\": \"float32\", \"pad\": [{}]}}",
             "0,".repeat(300_000) + "0"
         );
         assert!(matches!(
             rewrite_config_dtype(&huge, Dtype::BF16),
-            Err(CastError::ConfigTooLarge { .. })
+            Err(CastError::Config(ConfigError::ConfigTooLarge { .. }))
         ));
         let labels: Vec<String> = (0..20_000)
             .map(|i| format!("\"{i}\": \"class {i}\""))

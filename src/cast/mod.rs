@@ -38,10 +38,7 @@ use serde::{Deserialize, Serialize};
 use crate::format::Dtype;
 use kernels::{drive, then};
 
-pub use config::{
-    is_compressed_fp8, is_dequantized_scheme, parse_config, rewrite_config_dtype, torch_name,
-    MAX_CONFIG,
-};
+pub use config::{rewrite_config_dtype, torch_name};
 
 /// What to do with finite values too large for the target dtype.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -100,15 +97,9 @@ pub enum CastError {
         to: Dtype,
         count: u64,
     },
-    /// `config.json` did not parse.
-    #[error("config.json is not valid json")]
-    ConfigJson(#[source] serde_json::Error),
-    /// `config.json` parsed, but is not a JSON object.
-    #[error("config.json is not a json object")]
-    ConfigNotObject,
-    /// `config.json` holds more values than any real config.
-    #[error("config.json holds more than {max} json values; no real config has that many")]
-    ConfigTooLarge { max: usize },
+    /// `config.json` could not be read as a config.
+    #[error(transparent)]
+    Config(#[from] crate::format::config::ConfigError),
 }
 
 fn needs_scales(to: Dtype) -> &'static str {

@@ -7,8 +7,8 @@ use anyhow::Context;
 
 use reshard::format;
 use reshard::format::layout::{self, LayoutKind};
-use reshard::names::escape;
 use reshard::inspect::{tensor_lines, LayoutSummary, Summary, TensorLine};
+use reshard::names::escape;
 use reshard::plan::order::Order;
 use reshard::units::human;
 

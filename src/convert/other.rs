@@ -38,8 +38,8 @@ use serde::Serialize;
 use super::ConvertError;
 use crate::cast;
 use crate::format::{Checkpoint, Dtype, FormatError};
-use crate::write::manifest::{CopiedFile, Manifest, MANIFEST};
 use crate::names::{is_weight_like, reserved_part, windows_reserved};
+use crate::write::manifest::{CopiedFile, Manifest, MANIFEST};
 use crate::write::scope::OutputScope;
 use crate::write::{copy_atomic, write_atomic, WriteError};
 
@@ -355,7 +355,7 @@ fn is_indexed_by(ck: &Checkpoint, path: &Path) -> bool {
 
 /// The selected `config.json` rewritten for a cast to `dtype`; `None` when
 /// not casting or when there is no config. Read as a regular file of at
-/// most [`cast::MAX_CONFIG`] bytes, so a bad one fails before any shard.
+/// most [`crate::format::config::MAX_CONFIG`] bytes, so a bad one fails before any shard.
 /// When casting, a config.json that [`select`] skipped (a FIFO, a link out
 /// of the model) is an error, not a note: the output would otherwise claim
 /// the source's dtype.
@@ -376,7 +376,8 @@ pub fn rewritten_config(
     let Some(f) = others.files.iter().find(|f| f.name == "config.json") else {
         return Ok(None);
     };
-    let text = crate::format::read::read_regular_string(&f.path, cast::MAX_CONFIG)?;
+    let text =
+        crate::format::read::read_regular_string(&f.path, crate::format::config::MAX_CONFIG)?;
     cast::rewrite_config_dtype(&text, to)
         .map(Some)
         .map_err(|e| ConvertError::Config {

@@ -8,12 +8,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::index::{cross_check, read_index};
-use crate::names::{PYTORCH_SUFFIXES, SAFETENSORS_SUFFIX};
 use super::read::{open_regular, read_regular_string};
 use super::{
-    pytorch, safetensors, tensor_names, Checkpoint, Finding, Format, FormatError, Layout, SourceFile,
-    Tensor, LARGE_SHARD, MAX_TENSORS,
+    pytorch, safetensors, tensor_names, Checkpoint, Finding, Format, FormatError, Layout,
+    SourceFile, Tensor, LARGE_SHARD, MAX_TENSORS,
 };
+use crate::names::{PYTORCH_SUFFIXES, SAFETENSORS_SUFFIX};
 
 /// Files next to PyTorch weights that torch.save writes but that hold no
 /// weights (and, for training_args.bin, arbitrary pickled objects).

@@ -191,3 +191,24 @@ impl FormatError {
         }
     }
 }
+
+/// Why a small JSON config (`config.json`, `hf_quant_config.json`) could not
+/// be read as one.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file did not parse.
+    #[error("config.json is not valid json")]
+    ConfigJson(#[source] serde_json::Error),
+    /// It parsed, but is not a JSON object.
+    #[error("config.json is not a json object")]
+    ConfigNotObject,
+    /// It holds more values than any real config.
+    #[error("config.json holds more than {max} json values; no real config has that many")]
+    ConfigTooLarge { max: usize },
+}
+
+impl From<serde_json::Error> for ConfigError {
+    fn from(e: serde_json::Error) -> Self {
+        ConfigError::ConfigJson(e)
+    }
+}

@@ -8,6 +8,7 @@
 //! only: no tensor data is touched until a later stage asks [`read`] for it.
 //! It never writes anything.
 
+pub mod config;
 pub mod discover;
 pub mod dtype;
 pub mod error;
@@ -15,11 +16,10 @@ pub mod index;
 mod json;
 pub mod layout;
 pub mod pytorch;
-pub mod quant;
 pub mod read;
 pub mod safetensors;
-pub mod tensor_names;
 pub mod strided;
+pub mod tensor_names;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -12,9 +12,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::PlanError;
-use crate::cast::dequant::Dequant;
-use crate::format::quant::{self, QuantFormat, Quantization};
 use crate::format::Checkpoint;
+use crate::quant::Dequant;
+use crate::quant::{self, QuantFormat, Quantization};
 
 /// What the plan does with one source tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,10 +15,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cast::dequant::Dequant;
 use crate::cast::{self, CastError, OverflowPolicy};
-use crate::format::quant::QuantError;
 use crate::format::{Checkpoint, Dtype, Format};
+use crate::quant::Dequant;
+use crate::quant::QuantError;
 
 use self::dequant::{QuantPlan, QuantRecord, Role};
 

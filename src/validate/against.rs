@@ -2,7 +2,7 @@
 //! bit, or equals `cast::cast_parallel` of it when the dtypes differ (with
 //! the overflow policy the manifest records, else `inf`).
 //!
-//! A quantized source (see [`crate::format::quant`]) is compared through
+//! A quantized source (see [`crate::quant`]) is compared through
 //! the same dequantization `convert --dtype` runs: each dense output tensor
 //! against its codes times its scales; the scales and activation scales a
 //! dense output does not hold are not missing.
@@ -17,11 +17,12 @@ use super::device::try_zeroed;
 use super::ledger::CommitLedger;
 use super::report::{AgainstReport, Failure, ValidateReport};
 use super::ValidateError;
-use crate::cast::dequant::{DequantStream, Scheme};
+use crate::cast::dequant::DequantStream;
 use crate::cast::{self, OverflowPolicy};
 use crate::format::read::{SourceReader, TensorBytes};
 use crate::format::{self, Checkpoint, Tensor};
 use crate::plan::order::{sort_indices, Order};
+use crate::quant::Scheme;
 
 /// Largest chunk compared at once.
 const MAX_CHUNK: usize = 8 << 20;
@@ -85,7 +86,7 @@ pub fn compare(
         .iter()
         .map(|t| (t.name.as_str(), t))
         .collect();
-    let quant = format::quant::detect(&source)?;
+    let quant = crate::quant::detect(&source)?;
     // Dense name -> (codes, scale, scheme), and what a dense output leaves out.
     let mut dense: HashMap<&str, (&Tensor, &Tensor, &Scheme)> = HashMap::new();
     let mut folded: std::collections::HashSet<&str> = std::collections::HashSet::new();

@@ -89,7 +89,7 @@ pub enum ValidateError {
         to: format::Dtype,
     },
     #[error(transparent)]
-    Quant(#[from] crate::format::quant::QuantError),
+    Quant(#[from] crate::quant::QuantError),
     #[error(transparent)]
     Dequant(#[from] crate::cast::dequant::DequantError),
     #[error("the budget child process failed: {reason}")]

@@ -5,9 +5,9 @@
 //! weight ([`DequantStream`]): each code is decoded to f32 exactly, multiplied
 //! once by the f32 value of its block's (channel's, tensor's) scale, and
 //! rounded to the target with round-to-nearest-even by the same kernels as
-//! the casts. It also owns the plan data that says how ([`Dequant`],
-//! [`Scheme`]). It does not decide which tensors are quantized or which
-//! scale belongs to which weight: that is [`crate::format::quant`].
+//! the casts. The plan data that says how ([`crate::quant::Dequant`],
+//! [`Scheme`]) and which tensors are quantized, with which scale, are
+//! [`crate::quant`]'s.
 //!
 //! The weight's codes and its scales are read as two sequential streams in
 //! row order, so a scale in another shard costs one more open file, never a
@@ -19,74 +19,13 @@ mod mxfp4;
 #[cfg(test)]
 mod tests;
 
-use serde::{Deserialize, Serialize};
-
 use super::{CastStats, OverflowPolicy};
 use crate::format::read::{SourceReader, TensorBytes};
 use crate::format::{Dtype, FormatError, Tensor};
+use crate::quant::Scheme;
 
 pub use self::fp8::e8m0_to_f32;
 pub use self::mxfp4::E2M1_VALUES;
-
-/// How the codes of one quantized weight map to scales.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "kind")]
-pub enum Scheme {
-    /// F8 codes seen as a `[rows, cols]` matrix (rows = the product of the
-    /// leading dims); element `(r, c)` uses scale `[r / block_rows, c /
-    /// block_cols]` of a row-major `[ceil(rows / block_rows), ceil(cols /
-    /// block_cols)]` scale tensor. A per-tensor scale is the one block
-    /// `rows x cols`, a per-channel one `1 x cols`.
-    Blocks {
-        rows: u64,
-        cols: u64,
-        block_rows: u64,
-        block_cols: u64,
-    },
-    /// MXFP4 as gpt-oss stores it: `*_blocks` U8 `[experts, rows, groups,
-    /// 16]` (two E2M1 codes a byte, low nibble first) and `*_scales` U8
-    /// `[experts, rows, groups]` (E8M0, bias 127) per 32 values. The output is
-    /// transformers' dense layout, `[experts, groups * 32, rows]`.
-    Mxfp4 {
-        experts: u64,
-        rows: u64,
-        groups: u64,
-    },
-}
-
-impl Scheme {
-    /// The smallest buffer a [`DequantStream`] into `to` works in: one code
-    /// and its value (FP8), or one expert's codes, scales and values
-    /// (MXFP4).
-    pub fn min_buffer(&self, to: Dtype) -> u64 {
-        let out = (to.bits() / 8).max(1);
-        match *self {
-            Scheme::Blocks { .. } => 1 + out,
-            Scheme::Mxfp4 { rows, groups, .. } => {
-                let cells = rows.saturating_mul(groups);
-                cells.saturating_mul(17 + 32 * out)
-            }
-        }
-    }
-
-    /// Scale values one row of scales holds (FP8) or one expert (MXFP4).
-    fn scale_row(&self) -> u64 {
-        match *self {
-            Scheme::Blocks {
-                cols, block_cols, ..
-            } => cols.div_ceil(block_cols.max(1)),
-            Scheme::Mxfp4 { rows, groups, .. } => rows.saturating_mul(groups),
-        }
-    }
-}
-
-/// A planned tensor that is dequantized: the source index of its scale
-/// tensor and the scheme. The weight is the planned tensor's `source`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Dequant {
-    pub scale: usize,
-    pub scheme: Scheme,
-}
 
 /// Why a dequantization stopped. Each names the tensor.
 #[derive(Debug, thiserror::Error)]

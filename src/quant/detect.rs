@@ -12,13 +12,14 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{Checkpoint, Dtype, Finding, FormatError, Tensor};
-use crate::cast::dequant::Scheme;
+pub use super::error::QuantError;
+use super::Scheme;
+use crate::format::{Checkpoint, Dtype, Finding, FormatError, Tensor};
 
 /// The quantization schemes reshard dequantizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,19 +92,8 @@ impl Quantization {
     }
 }
 
-/// Why a checkpoint's quantization cannot be read.
-#[derive(Debug, thiserror::Error)]
-pub enum QuantError {
-    #[error(transparent)]
-    Read(#[from] FormatError),
-    #[error("{}: {reason}", .path.display())]
-    BadConfig { path: PathBuf, reason: String },
-    #[error("{}: ambiguous quantization: {reason}; reshard does not guess", .path.display())]
-    Ambiguous { path: PathBuf, reason: String },
-}
-
 /// Largest quantization config file read (they are a few KiB).
-const MAX_QUANT_CONFIG: u64 = crate::cast::MAX_CONFIG;
+const MAX_QUANT_CONFIG: u64 = crate::format::config::MAX_CONFIG;
 
 /// Tensor-name endings that serve only the quantization.
 const EXTRA_SUFFIXES: [&str; 6] = [
@@ -161,7 +151,7 @@ pub fn detect(ck: &Checkpoint) -> Result<Option<Quantization>, QuantError> {
         (_, Some(_)) => return Ok(None),
         (Some("fp8"), None) => (QuantFormat::Fp8, qc.clone(), "config.json"),
         (Some("compressed-tensors"), None) => {
-            if !qc.as_ref().is_some_and(crate::cast::is_compressed_fp8) {
+            if !qc.as_ref().is_some_and(super::config::is_compressed_fp8) {
                 return Ok(None);
             }
             (QuantFormat::CompressedTensorsFp8, qc.clone(), "config.json")
@@ -239,12 +229,12 @@ pub fn detect(ck: &Checkpoint) -> Result<Option<Quantization>, QuantError> {
 
 /// Reads a small JSON file, `None` when it is not there.
 fn read_json(path: &Path) -> Result<Option<Value>, QuantError> {
-    let text = match super::read::read_regular_string(path, MAX_QUANT_CONFIG) {
+    let text = match crate::format::read::read_regular_string(path, MAX_QUANT_CONFIG) {
         Ok(t) => t,
         Err(FormatError::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
-    crate::cast::parse_config(&text)
+    crate::format::config::parse_config(&text)
         .map(Some)
         .map_err(|e| QuantError::BadConfig {
             path: path.to_path_buf(),
