@@ -23,6 +23,7 @@ pub mod batch;
 pub mod cast;
 pub mod convert;
 pub mod exec;
+pub mod fit;
 pub mod format;
 pub mod inspect;
 pub mod names;

@@ -35,8 +35,8 @@ use crate::convert::{convert_gated, ConvertError, ConvertOptions, GateError};
 use crate::exec::{Reporter, WindowPool};
 use crate::format::discover::resolve_hf_cache;
 use crate::format::FormatError;
-use crate::plan::fit::{FitError, FitOptions};
-use crate::plan::machine::Machine;
+use crate::fit::{FitError, FitOptions};
+use crate::fit::machine::Machine;
 use crate::validate::{validate_with_budget, ValidateError, ValidateOptions};
 use crate::write::manifest::{Manifest, MANIFEST};
 
@@ -382,7 +382,7 @@ pub fn fit_model(model: &Model, job: &FitJob, ctx: &JobContext) -> Result<Outcom
     let mut options = job.options.clone();
     options.what_if = Some(ctx.convert.plan.clone());
     options.path = model.source.display().to_string();
-    let report = crate::plan::fit::fit(&ck, job.machine.clone(), &options)?;
+    let report = crate::fit::fit(&ck, job.machine.clone(), &options)?;
     if report.fits {
         return Ok(Outcome {
             status: Status::Passed,

@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use reshard::format::{self, Dtype};
-use reshard::plan::fit::loader::{Loader, Os};
-use reshard::plan::fit::{self, FitOptions, FitReport, HostBudgetKind, LoaderFit, Scenario};
-use reshard::plan::machine::{self, Figure, Given, Machine, Source};
+use reshard::fit::loader::{Loader, Os};
+use reshard::fit::{self, FitOptions, FitReport, HostBudgetKind, LoaderFit, Scenario};
+use reshard::fit::machine::{self, Figure, Given, Machine, Source};
 use reshard::plan::PlanOptions;
 use reshard::units::{human, ByteSize};
 

@@ -214,7 +214,7 @@ fn run_python(args: &Args, loader: PythonLoader) -> anyhow::Result<ExitStatus> {
         python,
         device: args.load.device,
         commit_budget: args.load.commit_budget.map(ByteSize::bytes),
-        baseline: reshard::plan::fit::DEFAULT_BASELINE,
+        baseline: reshard::fit::DEFAULT_BASELINE,
         timeout: args.loader_timeout.0,
     };
     // The loader heads its own process group, out of the terminal's reach:

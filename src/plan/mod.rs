@@ -1,13 +1,11 @@
-//! Planning: the order tensors are written in ([`order`]), how they are
-//! packed into shards ([`pack`]), and what a load of the result will cost
-//! ([`fit`]). A [`Plan`] is plain serde data: `convert --dry-run` prints it
+//! Planning: the order tensors are written in ([`order`]) and how they are
+//! packed into shards ([`pack`]). What a load of the result will cost is
+//! the next stage's, [`crate::fit`]. A [`Plan`] is plain serde data: `convert --dry-run` prints it
 //! and `convert` executes it. Building a plan reads nothing but headers
 //! and, for quantized sources ([`dequant`]), the small quantization config
 //! files.
 
 pub mod dequant;
-pub mod fit;
-pub mod machine;
 pub mod order;
 pub mod pack;
 

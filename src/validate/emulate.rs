@@ -1,6 +1,6 @@
 //! Reproducing other loaders' memory patterns, to measure what they commit.
 //!
-//! The pattern of each loader is fit's model ([`crate::plan::fit::loader::pattern`]),
+//! The pattern of each loader is fit's model ([`crate::fit::loader::pattern`]),
 //! term by term, so `validate --emulate` and `fit` agree by construction:
 //! the model's own storage (sum(T), one block, filled tensor by tensor as
 //! the real loader fills its parameters), the loader's fixed overhead (one
@@ -31,7 +31,7 @@ use super::options::Loader;
 use super::report::{EmulationReport, Failure, ShardTiming, ValidateReport};
 use super::ValidateError;
 use crate::format::{Checkpoint, DataRef};
-use crate::plan::fit::loader::{self as model, LoadParams, Os, Pattern, ShardHold, Sizes};
+use crate::fit::loader::{self as model, LoadParams, Os, Pattern, ShardHold, Sizes};
 use crate::platform::PrivateMemory;
 
 /// One shard held the way the loader holds it.

@@ -10,7 +10,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 /// Default size of the one staging buffer every byte goes through.
-pub const DEFAULT_STAGING: u64 = crate::plan::fit::loader::DEFAULT_WINDOW;
+pub const DEFAULT_STAGING: u64 = crate::fit::loader::DEFAULT_WINDOW;
 
 /// Which device the load step puts tensors on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -80,7 +80,7 @@ impl Default for ValidateOptions {
 
 /// A loader whose memory pattern `--emulate` reproduces: fit's own
 /// loaders, so both use one model.
-pub use crate::plan::fit::loader::Loader;
+pub use crate::fit::loader::Loader;
 
 #[cfg(test)]
 mod tests {

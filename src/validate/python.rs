@@ -21,7 +21,7 @@
 //! process group no longer gets the terminal's signal).
 //!
 //! Next to the measurement stands fit's prediction for the same checkpoint
-//! ([`crate::plan::fit::loader::peak`]), so a user sees both. Nothing here
+//! ([`crate::fit::loader::peak`]), so a user sees both. Nothing here
 //! prints.
 
 use std::collections::BTreeMap;
@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 
 use super::options::DeviceSpec;
 use crate::format::{self, FormatError};
-use crate::plan::fit::loader::{self as model, LoadParams, Os, Sizes};
+use crate::fit::loader::{self as model, LoadParams, Os, Sizes};
 use crate::platform::ProcessTree;
 use crate::units::TimeSpan;
 

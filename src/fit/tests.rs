@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::*;
 use crate::format::{DataRef, Format, Layout, SourceFile, Tensor};
-use crate::plan::machine::{Detected, Given, MemoryStatus};
+use crate::fit::machine::{Detected, Given, MemoryStatus};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;

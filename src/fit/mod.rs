@@ -2,21 +2,22 @@
 //! what conversion would make it?
 //!
 //! This module compares each loader's predicted peaks ([`loader`]) with the
-//! machine's budget ([`super::machine`]) for the checkpoint as it is, for a
+//! machine's budget ([`machine`]) for the checkpoint as it is, for a
 //! what-if conversion, and for a few candidate conversions it searches to
 //! recommend one. It reads headers only (through the [`Checkpoint`] and the
 //! [`Plan`]s it builds), returns a plain [`FitReport`] and never prints.
 
 pub mod loader;
+pub mod machine;
 
 use serde::{Deserialize, Serialize};
 
 use crate::format::{Checkpoint, Dtype};
 
 use self::loader::{peak, LoadParams, Loader, Os, Peak, Sizes};
-use super::machine::Machine;
-use super::order::{block_of, sort_indices, Order};
-use super::{Plan, PlanError, PlanOptions};
+use self::machine::Machine;
+use crate::plan::order::{block_of, sort_indices, Order};
+use crate::plan::{Plan, PlanError, PlanOptions, ShardPlan};
 
 pub use self::loader::{DEFAULT_BASELINE, DEFAULT_CUDA_OVERHEAD, DEFAULT_WINDOW};
 
@@ -206,7 +207,7 @@ pub fn vram_fit(tensors: &[(&str, u64)], dedicated: u64) -> VramFit {
     let names: Vec<&str> = tensors.iter().map(|t| t.0).collect();
     let order = sort_indices(&names, Order::Forward);
     // Cumulative bytes at the last tensor of each block, in forward order.
-    let mut ends: Vec<(super::order::Block, u64)> = Vec::new();
+    let mut ends: Vec<(crate::plan::order::Block, u64)> = Vec::new();
     let mut total = 0u64;
     for i in order {
         let (name, bytes) = tensors[i];
@@ -218,7 +219,7 @@ pub fn vram_fit(tensors: &[(&str, u64)], dedicated: u64) -> VramFit {
             }
         }
     }
-    let mut blocks: Vec<&super::order::Block> = ends.iter().map(|e| &e.0).collect();
+    let mut blocks: Vec<&crate::plan::order::Block> = ends.iter().map(|e| &e.0).collect();
     blocks.sort();
     blocks.dedup();
     VramFit {
@@ -311,7 +312,7 @@ impl Scenario {
 }
 
 /// A generous bound on a shard header when the exact one cannot be built.
-fn header_estimate(s: &super::ShardPlan) -> u64 {
+fn header_estimate(s: &ShardPlan) -> u64 {
     8 + 1024
         + s.tensors
             .iter()
