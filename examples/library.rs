@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 
 use reshard::convert::{convert, ConvertOptions};
 use reshard::exec::NoReport;
-use reshard::plan::{Plan, PlanOptions};
+use reshard::plan::PlanOptions;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args_os().skip(1).map(PathBuf::from);
@@ -39,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         window: 16 << 20,
         ..ConvertOptions::default()
     };
-    let plan = Plan::build(&ck, &options.plan)?;
+    let plan = reshard::write::format::plan(&ck, &options.plan)?;
     for shard in &plan.shards {
         println!(
             "  {} {} bytes, {} tensors",

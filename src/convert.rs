@@ -248,7 +248,7 @@ pub fn convert_gated(
         within: options.within.as_deref(),
     };
     let mut scope = OutputScope::resolve(ck, dst, rules)?;
-    let plan = Plan::build(ck, &options.plan)?;
+    let plan = crate::write::format::plan(ck, &options.plan)?;
     crate::plan::check_expanded(ck, &plan, options.allow_expanded)?;
     let mut source = SourceIdentity::of(ck);
     source.root = Some(scope.root().display().to_string());
@@ -369,7 +369,11 @@ pub fn convert_gated(
     manifest.copied_sources = other::records(&others.files);
     sync_dir(dst)?;
     if let Some(index) = &plan.index_file {
-        write_atomic(dst, index, &crate::write::index::index_json(&plan))?;
+        write_atomic(
+            dst,
+            index,
+            &crate::write::format::of_plan(&plan).index_bytes(&plan),
+        )?;
     }
     write_atomic(dst, MANIFEST, &manifest.to_json())?;
     let _ = std::fs::remove_file(dst.join(PARTIAL));

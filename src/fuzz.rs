@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use crate::format::{self, Checkpoint, DataRef, Dtype, Format, Layout, SourceFile, Tensor};
 use crate::plan::order::Order;
-use crate::plan::{Plan, PlanOptions};
+use crate::plan::PlanOptions;
 
 /// The safetensors header parser: accepted headers tile their data exactly.
 pub fn safetensors_header(data: &[u8]) {
@@ -111,7 +111,7 @@ pub fn planner(data: &[u8]) {
         dtype: (data[2] & 4 != 0).then_some(Dtype::BF16),
         ..PlanOptions::default()
     };
-    let plan = Plan::build(&ck, &options).expect("a plan for valid tensors");
+    let plan = crate::write::format::plan(&ck, &options).expect("a plan for valid tensors");
     let mut seen = HashSet::new();
     for shard in &plan.shards {
         let mut offset = 0;

@@ -33,10 +33,10 @@ use serde::Serialize;
 
 use crate::convert::{convert_gated, ConvertError, ConvertOptions, GateError};
 use crate::exec::{Reporter, WindowPool};
+use crate::fit::machine::Machine;
+use crate::fit::{FitError, FitOptions};
 use crate::format::discover::resolve_hf_cache;
 use crate::format::FormatError;
-use crate::fit::{FitError, FitOptions};
-use crate::fit::machine::Machine;
 use crate::validate::{validate_with_budget, ValidateError, ValidateOptions};
 use crate::write::manifest::{Manifest, MANIFEST};
 

@@ -151,6 +151,7 @@ impl ConvertArgs {
                 },
                 dedupe_tied: self.dedupe_tied,
                 allow_unscaled: self.allow_unscaled,
+                format: Default::default(),
             },
             window: self.window.bytes(),
             threads: self

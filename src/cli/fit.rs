@@ -7,10 +7,10 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use reshard::format::{self, Dtype};
 use reshard::fit::loader::{Loader, Os};
-use reshard::fit::{self, FitOptions, FitReport, HostBudgetKind, LoaderFit, Scenario};
 use reshard::fit::machine::{self, Figure, Given, Machine, Source};
+use reshard::fit::{self, FitOptions, FitReport, HostBudgetKind, LoaderFit, Scenario};
+use reshard::format::{self, Dtype};
 use reshard::plan::PlanOptions;
 use reshard::units::{human, ByteSize};
 

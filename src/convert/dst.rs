@@ -175,15 +175,15 @@ fn planned_bytes(plan: &Plan, done: &[ShardRecord], tensors: usize, others: u64)
         .iter()
         .filter(|s| !done.iter().any(|d| d.file == s.file))
         .map(|s| {
-            let header = crate::write::shard::header_bytes(Path::new(&s.file), s, &plan.metadata)
+            let header = crate::write::format::of_plan(plan)
+                .header_bytes(Path::new(&s.file), s, &plan.metadata)
                 .map_or(0, |h| h.len() as u64);
             header.saturating_add(s.data_len)
         })
         .fold(0u64, u64::saturating_add);
-    let index = plan
-        .index_file
-        .as_ref()
-        .map_or(0, |_| crate::write::index::index_json(plan).len() as u64);
+    let index = plan.index_file.as_ref().map_or(0, |_| {
+        crate::write::format::of_plan(plan).index_bytes(plan).len() as u64
+    });
     let manifests = (tensors as u64)
         .saturating_mul(MANIFEST_BYTES_PER_TENSOR)
         .saturating_add(4096)

@@ -45,7 +45,7 @@ use crate::format::{Checkpoint, DataRef, FormatError, Tensor};
 use crate::plan::{Plan, PlannedTensor, ShardPlan};
 use crate::write::digest::Xxh3;
 use crate::write::manifest::{ShardRecord, TensorRecord};
-use crate::write::shard::{header_bytes, ShardWriter};
+use crate::write::shard::ShardWriter;
 
 /// How shard bytes that need no cast are moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -171,7 +171,7 @@ pub fn copy_shard(
         }
     }
     let path = dst.join(&shard.file);
-    let header = header_bytes(&path, shard, &plan.metadata)?;
+    let header = crate::write::format::of_plan(plan).header_bytes(&path, shard, &plan.metadata)?;
     let mut writer =
         ShardWriter::create(dst, &shard.file, &header, shard.data_len, options.digest)?;
     reporter.shard_started(&shard.file);
@@ -396,7 +396,7 @@ mod tests {
 
     fn run(ck: &Checkpoint, dst: &Path, copy: CopyPath) -> Vec<ShardRecord> {
         std::fs::create_dir_all(dst).unwrap();
-        let plan = Plan::build(ck, &PlanOptions::default()).unwrap();
+        let plan = crate::write::format::plan(ck, &PlanOptions::default()).unwrap();
         let cancel = AtomicBool::new(false);
         let pool = WindowPool::new(1 << 20);
         crate::exec::execute(ck, &plan, dst, &pool, &options(&cancel, copy), &NoReport).unwrap()
@@ -408,7 +408,7 @@ mod tests {
         for names in [IN_ORDER, scrambled] {
             let tmp = tempfile::tempdir().unwrap();
             let ck = source(tmp.path(), names);
-            let plan = Plan::build(&ck, &PlanOptions::default()).unwrap();
+            let plan = crate::write::format::plan(&ck, &PlanOptions::default()).unwrap();
             let shard = &plan.shards[0];
             assert!(eligible(&ck, shard));
             // Called directly with a small share: many mappings per tensor.
@@ -449,7 +449,7 @@ mod tests {
     fn adjacent_tensors_share_a_run() {
         let tmp = tempfile::tempdir().unwrap();
         let ck = source(tmp.path(), IN_ORDER);
-        let plan = Plan::build(&ck, &PlanOptions::default()).unwrap();
+        let plan = crate::write::format::plan(&ck, &PlanOptions::default()).unwrap();
         let mut shard = plan.shards[0].clone();
         // In the file's order, every byte is one run.
         shard
@@ -476,7 +476,7 @@ mod tests {
     fn a_source_truncated_after_open_is_an_error_naming_file_and_tensor() {
         let tmp = tempfile::tempdir().unwrap();
         let ck = source(tmp.path(), IN_ORDER);
-        let plan = Plan::build(&ck, &PlanOptions::default()).unwrap();
+        let plan = crate::write::format::plan(&ck, &PlanOptions::default()).unwrap();
         let reader = SourceReader::open(&ck).unwrap();
         let file = &ck.files[0].path;
         let f = std::fs::OpenOptions::new().write(true).open(file).unwrap();
@@ -513,7 +513,7 @@ mod tests {
             dtype: Some(crate::format::Dtype::BF16),
             ..PlanOptions::default()
         };
-        let plan = Plan::build(&ck, &options).unwrap();
+        let plan = crate::write::format::plan(&ck, &options).unwrap();
         assert!(!eligible(&ck, &plan.shards[0]));
     }
 }

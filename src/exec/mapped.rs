@@ -262,7 +262,7 @@ mod tests {
             on_overflow: OverflowPolicy::Inf,
             ..PlanOptions::default()
         };
-        Plan::build(ck, &options).unwrap()
+        crate::write::format::plan(ck, &options).unwrap()
     }
 
     fn run(ck: &Checkpoint, plan: &Plan, dst: &Path, copy: CopyPath) -> Vec<ShardRecord> {

@@ -30,7 +30,7 @@ use crate::format::{Checkpoint, DataRef, FormatError};
 use crate::plan::{Plan, ShardPlan};
 use crate::write::digest::DigestAlgo;
 use crate::write::manifest::{CastRecord, ShardRecord, TensorRecord};
-use crate::write::shard::{header_bytes, ShardWriter};
+use crate::write::shard::ShardWriter;
 use crate::write::WriteError;
 
 pub use self::copy::CopyPath;
@@ -259,7 +259,7 @@ fn write_shard(
     reporter: &dyn Reporter,
 ) -> Result<ShardRecord, ExecError> {
     let path = dst.join(&shard.file);
-    let header = header_bytes(&path, shard, &plan.metadata)?;
+    let header = crate::write::format::of_plan(plan).header_bytes(&path, shard, &plan.metadata)?;
     let mut writer =
         ShardWriter::create(dst, &shard.file, &header, shard.data_len, options.digest)?;
     reporter.shard_started(&shard.file);

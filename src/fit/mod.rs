@@ -280,12 +280,9 @@ impl Scenario {
             .shards
             .iter()
             .map(|s| {
-                let header = crate::write::shard::header_bytes(
-                    std::path::Path::new(&s.file),
-                    s,
-                    &plan.metadata,
-                )
-                .map_or_else(|_| header_estimate(s), |h| h.len() as u64);
+                let header = crate::write::format::of_plan(plan)
+                    .header_bytes(std::path::Path::new(&s.file), s, &plan.metadata)
+                    .map_or_else(|_| header_estimate(s), |h| h.len() as u64);
                 s.data_len.saturating_add(header)
             })
             .collect();
@@ -385,7 +382,7 @@ pub fn fit(ck: &Checkpoint, machine: Machine, options: &FitOptions) -> Result<Fi
     };
     let today = Scenario::of_checkpoint(ck, &ctx);
     let what_if = match &options.what_if {
-        Some(o) => Some(Scenario::of_plan(&Plan::build(ck, o)?, &ctx)),
+        Some(o) => Some(Scenario::of_plan(&crate::write::format::plan(ck, o)?, &ctx)),
         None => None,
     };
     let judged = what_if.as_ref().unwrap_or(&today);
@@ -437,7 +434,7 @@ fn recommend(
                 dtype,
                 ..PlanOptions::default()
             };
-            let s = Scenario::of_plan(&Plan::build(ck, &options)?, ctx);
+            let s = Scenario::of_plan(&crate::write::format::plan(ck, &options)?, ctx);
             let fits = s.fitting_host();
             if dtype.is_none() {
                 reshard_fixes.extend(fits.iter().copied());

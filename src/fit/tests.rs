@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::*;
-use crate::format::{DataRef, Format, Layout, SourceFile, Tensor};
 use crate::fit::machine::{Detected, Given, MemoryStatus};
+use crate::format::{DataRef, Format, Layout, SourceFile, Tensor};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;

@@ -7,6 +7,7 @@
 
 pub mod dequant;
 pub mod order;
+pub mod output;
 pub mod pack;
 
 use std::collections::BTreeMap;
@@ -19,6 +20,7 @@ use crate::quant::Dequant;
 use crate::quant::QuantError;
 
 use self::dequant::{QuantPlan, QuantRecord, Role};
+pub use self::output::{OutputFormat, ShardLayout};
 
 use self::order::{block_of, sort_indices, Order};
 use self::pack::{pack, Item};
@@ -42,6 +44,9 @@ pub struct PlanOptions {
     /// refusing them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_unscaled: bool,
+    /// The format written (left out of the JSON when safetensors).
+    #[serde(default, skip_serializing_if = "OutputFormat::is_default")]
+    pub format: OutputFormat,
 }
 
 impl Default for PlanOptions {
@@ -54,6 +59,7 @@ impl Default for PlanOptions {
             on_overflow: OverflowPolicy::Error,
             dedupe_tied: false,
             allow_unscaled: false,
+            format: OutputFormat::Safetensors,
         }
     }
 }
@@ -199,7 +205,8 @@ pub struct Plan {
     pub oversized: Vec<Oversized>,
     pub casts: Vec<CastPair>,
     pub dropped: Vec<Dropped>,
-    /// `__metadata__` of every output shard (always with `format: pt`).
+    /// Metadata of every output shard (for safetensors, `__metadata__`,
+    /// always with `format: pt`).
     pub metadata: BTreeMap<String, String>,
     /// A quantized source: its scheme and what was dequantized.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -207,8 +214,14 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Plans the conversion of `ck` under `options`.
-    pub fn build(ck: &Checkpoint, options: &PlanOptions) -> Result<Plan, PlanError> {
+    /// Plans the conversion of `ck` under `options`, naming and laying out
+    /// its files as `layout` (the output format of `options.format`, from
+    /// `crate::write::format::of`) says.
+    pub fn build(
+        ck: &Checkpoint,
+        options: &PlanOptions,
+        layout: &dyn ShardLayout,
+    ) -> Result<Plan, PlanError> {
         if options.max_shard_size == 0 {
             return Err(PlanError::ZeroShardSize);
         }
@@ -287,7 +300,7 @@ impl Plan {
         // rather than copy them (a checkpoint may hold 262,144 tensors).
         let mut rest = planned.into_iter();
         for (n, range) in ranges.into_iter().enumerate() {
-            let file = shard_name(&prefix, n, count);
+            let file = layout.shard_name(&prefix, n, count);
             let tensors: Vec<PlannedTensor> = rest.by_ref().take(range.len()).collect();
             if tensors.len() == 1 && tensors[0].len > options.max_shard_size {
                 oversized.push(Oversized {
@@ -296,13 +309,12 @@ impl Plan {
                     file: file.clone(),
                 });
             }
-            shards.push(layout_shard(file, tensors));
+            shards.push(lay_out_shard(layout, file, tensors));
         }
-        let mut metadata = ck.metadata.clone();
-        metadata.insert("format".into(), "pt".into());
+        let metadata = layout.shard_metadata(&ck.metadata);
         Ok(Plan {
             options: options.clone(),
-            index_file: (count > 1).then(|| format!("{prefix}.safetensors.index.json")),
+            index_file: layout.index_name(&prefix, count),
             prefix,
             layer_order,
             total_size,
@@ -377,18 +389,12 @@ fn output_prefix(ck: &Checkpoint) -> String {
     }
 }
 
-/// `<prefix>.safetensors` alone, else `<prefix>-00001-of-0000N.safetensors`.
-pub fn shard_name(prefix: &str, n: usize, count: usize) -> String {
-    if count <= 1 {
-        format!("{prefix}.safetensors")
-    } else {
-        format!("{prefix}-{:05}-of-{count:05}.safetensors", n + 1)
-    }
-}
-
-/// Lays tensors out in a shard: layer order, stably regrouped by descending
-/// alignment so every offset is a multiple of its element size, no holes.
-fn layout_shard(file: String, mut tensors: Vec<PlannedTensor>) -> ShardPlan {
+/// One shard of `tensors` (in layer order) as `layout` lays it out.
+fn lay_out_shard(
+    layout: &dyn ShardLayout,
+    file: String,
+    mut tensors: Vec<PlannedTensor>,
+) -> ShardPlan {
     let first_block = tensors
         .iter()
         .find_map(|t| block_of(&t.name))
@@ -398,16 +404,11 @@ fn layout_shard(file: String, mut tensors: Vec<PlannedTensor>) -> ShardPlan {
         .rev()
         .find_map(|t| block_of(&t.name))
         .map(|b| b.name());
-    tensors.sort_by_key(|t| std::cmp::Reverse(t.dtype.alignment()));
-    let mut offset = 0u64;
-    for t in &mut tensors {
-        t.offset = offset;
-        offset = offset.saturating_add(t.len);
-    }
+    let data_len = layout.lay_out(&mut tensors);
     ShardPlan {
         file,
         tensors,
-        data_len: offset,
+        data_len,
         first_block,
         last_block,
     }

@@ -30,8 +30,8 @@ use super::ledger::CommitLedger;
 use super::options::Loader;
 use super::report::{EmulationReport, Failure, ShardTiming, ValidateReport};
 use super::ValidateError;
-use crate::format::{Checkpoint, DataRef};
 use crate::fit::loader::{self as model, LoadParams, Os, Pattern, ShardHold, Sizes};
+use crate::format::{Checkpoint, DataRef};
 use crate::platform::PrivateMemory;
 
 /// One shard held the way the loader holds it.

@@ -37,8 +37,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::options::DeviceSpec;
-use crate::format::{self, FormatError};
 use crate::fit::loader::{self as model, LoadParams, Os, Sizes};
+use crate::format::{self, FormatError};
 use crate::platform::ProcessTree;
 use crate::units::TimeSpan;
 

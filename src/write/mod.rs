@@ -1,5 +1,5 @@
 //! Writing output: shards under temporary names that are flushed and renamed
-//! ([`shard`]), the Hugging Face index ([`index`]) and reshard's manifest
+//! ([`shard`]), the index the output format has ([`format`]) and reshard's manifest
 //! ([`manifest`]), which are written last and are the commit point.
 //!
 //! Nothing here ever writes to a final name directly: a crash leaves either
@@ -8,7 +8,7 @@
 
 pub mod digest;
 pub mod failpoint;
-pub mod index;
+pub mod format;
 pub mod lock;
 pub mod manifest;
 pub mod owned;

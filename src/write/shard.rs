@@ -1,7 +1,6 @@
-//! One output shard: header built from the plan, data streamed in, its digest ([`super::digest`]) computed on the
+//! One output shard: its header (from [`super::format`]), data streamed in, its digest ([`super::digest`]) computed on the
 //! bytes written, then fsync and rename.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -9,65 +8,6 @@ use std::path::{Path, PathBuf};
 pub use super::digest::hex;
 use super::digest::{DigestAlgo, ShardDigest, ShardHasher};
 use super::{create_temp, temp_path, WriteError};
-use crate::plan::ShardPlan;
-
-/// The header of a shard: 8-byte little-endian length, then JSON padded with
-/// spaces to a multiple of 8 so the data section starts 8-aligned.
-///
-/// Built through the safetensors crate's `Metadata`, which checks the
-/// offsets, and serialized in our order (the crate's `serialize_to_file`
-/// would re-sort by dtype and name).
-pub fn header_bytes(
-    path: &Path,
-    shard: &ShardPlan,
-    metadata: &std::collections::BTreeMap<String, String>,
-) -> Result<Vec<u8>, WriteError> {
-    use safetensors::tensor::{Metadata, TensorInfo};
-    let bad = |reason: String| WriteError::Header {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let tensors = shard
-        .tensors
-        .iter()
-        .map(|t| {
-            let shape = t
-                .shape
-                .iter()
-                .map(|&d| usize::try_from(d))
-                .collect::<Result<Vec<_>, _>>();
-            let begin = usize::try_from(t.offset);
-            let end = usize::try_from(t.offset + t.len);
-            match (shape, begin, end) {
-                (Ok(shape), Ok(b), Ok(e)) => Ok((
-                    t.name.clone(),
-                    TensorInfo {
-                        dtype: t.dtype.to_safetensors(),
-                        shape,
-                        data_offsets: (b, e),
-                    },
-                )),
-                _ => Err(bad(format!(
-                    "tensor {:?} does not fit this platform's usize",
-                    t.name
-                ))),
-            }
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let meta: HashMap<String, String> = metadata
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let metadata = Metadata::new(Some(meta), tensors).map_err(|e| bad(e.to_string()))?;
-    let mut json = serde_json::to_vec(&metadata).map_err(|e| bad(e.to_string()))?;
-    while json.len() % 8 != 0 {
-        json.push(b' ');
-    }
-    let mut out = Vec::with_capacity(8 + json.len());
-    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
-    out.extend_from_slice(&json);
-    Ok(out)
-}
 
 /// Bytes hashed by both hashes before moving on: well inside a core's L2.
 const HASH_BLOCK: usize = 256 << 10;

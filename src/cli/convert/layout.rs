@@ -9,7 +9,6 @@ use reshard::convert::{convert_split, ComponentSummary, ConvertOptions, ConvertS
 use reshard::exec::WindowPool;
 use reshard::format;
 use reshard::format::layout::{self, ModelLayout};
-use reshard::plan::Plan;
 
 use super::{render_plan, render_summary, Args};
 use crate::cli::progress::Bar;
@@ -90,7 +89,7 @@ pub(super) fn run_split(args: &Args, options: &ConvertOptions) -> anyhow::Result
         for (component, part) in &parts {
             let mut o = options.plan.clone();
             o.max_shard_size = u64::MAX;
-            let plan = Plan::build(part, &o)
+            let plan = reshard::write::format::plan(part, &o)
                 .with_context(|| format!("cannot plan {}", args.src.display()))?;
             plans.push((component.clone(), plan));
         }
@@ -142,7 +141,7 @@ pub(super) fn dry_run(
     options: &ConvertOptions,
 ) -> anyhow::Result<ExitStatus> {
     let plan_of = |ck: &format::Checkpoint, o: &ConvertOptions| {
-        Plan::build(ck, &o.plan)
+        reshard::write::format::plan(ck, &o.plan)
             .and_then(|plan| {
                 reshard::plan::check_expanded(ck, &plan, o.allow_expanded)?;
                 Ok(plan)

@@ -1,0 +1,200 @@
+//! The output-format seam: everything that depends on which format a plan
+//! writes, behind one trait.
+//!
+//! [`ShardFormat`] extends the planner's [`ShardLayout`] (file names, the
+//! index name, where each tensor of a shard goes, the metadata each shard
+//! carries) with the bytes only a writer makes: a shard's header and the
+//! index file. exec, convert, fit and validate ask [`of`] for the format of
+//! a plan's `options.format` and go through it; nothing else in the crate
+//! knows a safetensors header or index from another format's.
+//!
+//! [`Safetensors`] is the first implementation: `<prefix>.safetensors`
+//! alone, or `<prefix>-00001-of-0000N.safetensors` with
+//! `<prefix>.safetensors.index.json`; tensors grouped by descending
+//! alignment so every offset is a multiple of its element size with no
+//! holes; `"format": "pt"` in `__metadata__`, which transformers and
+//! accelerate ask for. A new format (GGUF) is one more implementation here
+//! and one more [`OutputFormat`] tag.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use super::WriteError;
+use crate::plan::{OutputFormat, Plan, PlannedTensor, ShardLayout, ShardPlan};
+
+/// An output format: the planner's layout rules and the writer's bytes.
+pub trait ShardFormat: ShardLayout {
+    /// The planner's view of this format (for [`Plan::build`]).
+    fn layout(&self) -> &dyn ShardLayout;
+    /// The bytes before a shard's data section, for `shard` as planned,
+    /// written to `path` (named in errors).
+    fn header_bytes(
+        &self,
+        path: &Path,
+        shard: &ShardPlan,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Vec<u8>, WriteError>;
+    /// The index file's bytes, for a plan that has one.
+    fn index_bytes(&self, plan: &Plan) -> Vec<u8>;
+}
+
+/// The format a plan's `options.format` names.
+pub fn of(format: OutputFormat) -> &'static dyn ShardFormat {
+    match format {
+        OutputFormat::Safetensors => &Safetensors,
+    }
+}
+
+/// Plans the conversion of `ck` under `options` in the output format
+/// `options.format` names: [`Plan::build`] with that format's layout.
+pub fn plan(
+    ck: &crate::format::Checkpoint,
+    options: &crate::plan::PlanOptions,
+) -> Result<Plan, crate::plan::PlanError> {
+    Plan::build(ck, options, of(options.format).layout())
+}
+
+/// The format `plan` writes.
+pub fn of_plan(plan: &Plan) -> &'static dyn ShardFormat {
+    of(plan.options.format)
+}
+
+/// safetensors shards with a Hugging Face index.
+pub struct Safetensors;
+
+impl ShardLayout for Safetensors {
+    fn shard_name(&self, prefix: &str, n: usize, count: usize) -> String {
+        if count <= 1 {
+            format!("{prefix}.safetensors")
+        } else {
+            format!("{prefix}-{:05}-of-{count:05}.safetensors", n + 1)
+        }
+    }
+
+    fn index_name(&self, prefix: &str, count: usize) -> Option<String> {
+        (count > 1).then(|| format!("{prefix}.safetensors.index.json"))
+    }
+
+    /// Layer order, stably regrouped by descending alignment so every
+    /// offset is a multiple of its element size, no holes.
+    fn lay_out(&self, tensors: &mut [PlannedTensor]) -> u64 {
+        tensors.sort_by_key(|t| std::cmp::Reverse(t.dtype.alignment()));
+        let mut offset = 0u64;
+        for t in tensors.iter_mut() {
+            t.offset = offset;
+            offset = offset.saturating_add(t.len);
+        }
+        offset
+    }
+
+    fn shard_metadata(&self, source: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+        let mut metadata = source.clone();
+        metadata.insert("format".into(), "pt".into());
+        metadata
+    }
+}
+
+impl ShardFormat for Safetensors {
+    fn layout(&self) -> &dyn ShardLayout {
+        self
+    }
+
+    fn header_bytes(
+        &self,
+        path: &Path,
+        shard: &ShardPlan,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Vec<u8>, WriteError> {
+        safetensors_header(path, shard, metadata)
+    }
+
+    fn index_bytes(&self, plan: &Plan) -> Vec<u8> {
+        index_json(plan)
+    }
+}
+
+/// The header of a shard: 8-byte little-endian length, then JSON padded with
+/// spaces to a multiple of 8 so the data section starts 8-aligned.
+///
+/// Built through the safetensors crate's `Metadata`, which checks the
+/// offsets, and serialized in our order (the crate's `serialize_to_file`
+/// would re-sort by dtype and name).
+fn safetensors_header(
+    path: &Path,
+    shard: &ShardPlan,
+    metadata: &std::collections::BTreeMap<String, String>,
+) -> Result<Vec<u8>, WriteError> {
+    use safetensors::tensor::{Metadata, TensorInfo};
+    let bad = |reason: String| WriteError::Header {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let tensors = shard
+        .tensors
+        .iter()
+        .map(|t| {
+            let shape = t
+                .shape
+                .iter()
+                .map(|&d| usize::try_from(d))
+                .collect::<Result<Vec<_>, _>>();
+            let begin = usize::try_from(t.offset);
+            let end = usize::try_from(t.offset + t.len);
+            match (shape, begin, end) {
+                (Ok(shape), Ok(b), Ok(e)) => Ok((
+                    t.name.clone(),
+                    TensorInfo {
+                        dtype: t.dtype.to_safetensors(),
+                        shape,
+                        data_offsets: (b, e),
+                    },
+                )),
+                _ => Err(bad(format!(
+                    "tensor {:?} does not fit this platform's usize",
+                    t.name
+                ))),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let meta: HashMap<String, String> = metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let metadata = Metadata::new(Some(meta), tensors).map_err(|e| bad(e.to_string()))?;
+    let mut json = serde_json::to_vec(&metadata).map_err(|e| bad(e.to_string()))?;
+    while json.len() % 8 != 0 {
+        json.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + json.len());
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    Ok(out)
+}
+
+/// The Hugging Face index: `{"metadata": {"total_size": N}, "weight_map":
+/// {tensor: file}}`, with the weight map in layer order so a reader of the
+/// index sees the load order. transformers raises without `metadata`.
+fn index_json(plan: &Plan) -> Vec<u8> {
+    let file_of: std::collections::HashMap<&str, &str> = plan
+        .shards
+        .iter()
+        .flat_map(|s| {
+            s.tensors
+                .iter()
+                .map(move |t| (t.name.as_str(), s.file.as_str()))
+        })
+        .collect();
+    let mut weight_map = serde_json::Map::new();
+    for name in &plan.layer_order {
+        if let Some(file) = file_of.get(name.as_str()) {
+            weight_map.insert(name.clone(), serde_json::Value::String((*file).to_string()));
+        }
+    }
+    let value = serde_json::json!({
+        "metadata": { "total_size": plan.total_size },
+        "weight_map": weight_map,
+    });
+    let mut bytes = serde_json::to_vec_pretty(&value).unwrap_or_default();
+    bytes.push(b'\n');
+    bytes
+}
