@@ -338,7 +338,7 @@ pub fn convert_gated(
         .shards
         .iter()
         .filter(|s| !finished.contains(&s.file))
-        .flat_map(|s| s.tensors.iter().map(|t| ck.tensors[t.source].len))
+        .flat_map(|s| s.tensors.iter().map(|t| ck.tensors[t.input.primary()].len))
         .sum();
     reporter.start(todo_bytes);
     let exec_options = ExecOptions {

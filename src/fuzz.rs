@@ -116,7 +116,11 @@ pub fn planner(data: &[u8]) {
     for shard in &plan.shards {
         let mut offset = 0;
         for t in &shard.tensors {
-            assert!(seen.insert(t.source), "tensor {} planned twice", t.name);
+            assert!(
+                seen.insert(t.input.primary()),
+                "tensor {} planned twice",
+                t.name
+            );
             assert_eq!(t.offset, offset, "hole in {}", shard.file);
             assert_eq!(t.offset % t.dtype.alignment(), 0, "{} misaligned", t.name);
             offset += t.len;

@@ -66,8 +66,11 @@ const MAP_CHUNK: u64 = 8 << 20;
 pub fn eligible(ck: &Checkpoint, shard: &ShardPlan) -> bool {
     shard.tensors.iter().all(|t| {
         t.dtype == t.source_dtype
-            && t.dequant.is_none()
-            && matches!(ck.tensors[t.source].data, DataRef::Contiguous { .. })
+            && t.input.is_source()
+            && matches!(
+                ck.tensors[t.input.primary()].data,
+                DataRef::Contiguous { .. }
+            )
     })
 }
 
@@ -84,11 +87,11 @@ struct Run {
 fn runs(ck: &Checkpoint, shard: &ShardPlan) -> Vec<Run> {
     let mut runs: Vec<Run> = Vec::new();
     for (k, planned) in shard.tensors.iter().enumerate() {
-        let source = &ck.tensors[planned.source];
+        let source = &ck.tensors[planned.input.primary()];
         let start = source.offset();
         match runs.last_mut() {
             Some(run)
-                if ck.tensors[shard.tensors[run.first].source].file == source.file
+                if ck.tensors[shard.tensors[run.first].input.primary()].file == source.file
                     && run.start.checked_add(run.len) == Some(start) =>
             {
                 run.end = k + 1;
@@ -158,7 +161,7 @@ pub fn copy_shard(
     // system that refuses to map leaves nothing to undo (the shard's small
     // runs may come first).
     if let Some(run) = runs.iter().find(|r| r.len >= MAP_MIN) {
-        let first = &ck.tensors[shard.tensors[run.first].source];
+        let first = &ck.tensors[shard.tensors[run.first].input.primary()];
         match map_at(
             reader,
             first,
@@ -191,7 +194,7 @@ pub fn copy_shard(
             check_length(reader, ck, shard, run, at + n)?;
             tensors.close_full();
             // The tensor these bytes start in, for messages.
-            let named = &ck.tensors[shard.tensors[tensors.next].source];
+            let named = &ck.tensors[shard.tensors[tensors.next].input.primary()];
             if run.len < MAP_MIN {
                 let buf = small.as_deref_mut().unwrap_or(&mut []);
                 let buf = &mut buf[..n as usize];
@@ -229,7 +232,7 @@ fn check_length(
     let tensors = || {
         shard.tensors[run.first..run.end]
             .iter()
-            .map(|p| &ck.tensors[p.source])
+            .map(|p| &ck.tensors[p.input.primary()])
     };
     let Some(first) = tensors().next() else {
         return Ok(());
@@ -452,9 +455,12 @@ mod tests {
         let plan = crate::write::format::plan(&ck, &PlanOptions::default()).unwrap();
         let mut shard = plan.shards[0].clone();
         // In the file's order, every byte is one run.
-        shard
-            .tensors
-            .sort_by_key(|t| (ck.tensors[t.source].offset(), ck.tensors[t.source].len));
+        shard.tensors.sort_by_key(|t| {
+            (
+                ck.tensors[t.input.primary()].offset(),
+                ck.tensors[t.input.primary()].len,
+            )
+        });
         let total: u64 = ck.tensors.iter().map(|t| t.len).sum();
         let one = runs(&ck, &shard);
         assert_eq!(one.len(), 1);
@@ -462,13 +468,13 @@ mod tests {
         // The large tensor moved to the end: it starts a run of its own,
         // and the rest stay one.
         let large = shard.tensors.remove(0);
-        let large_at = ck.tensors[large.source].offset();
+        let large_at = ck.tensors[large.input.primary()].offset();
         shard.tensors.push(large);
         let two: Vec<_> = runs(&ck, &shard)
             .iter()
             .map(|r| (r.first, r.end, r.start))
             .collect();
-        let rest_at = ck.tensors[shard.tensors[0].source].offset();
+        let rest_at = ck.tensors[shard.tensors[0].input.primary()].offset();
         assert_eq!(two, [(0, 4, rest_at), (4, 5, large_at)]);
     }
 

@@ -60,7 +60,11 @@ const FUSE_BLOCK: usize = 256 << 10;
 /// tensor stored as one contiguous range, and at least one tensor cast.
 pub fn eligible(ck: &Checkpoint, shard: &ShardPlan) -> bool {
     let plain = shard.tensors.iter().all(|t| {
-        t.dequant.is_none() && matches!(ck.tensors[t.source].data, DataRef::Contiguous { .. })
+        t.input.is_source()
+            && matches!(
+                ck.tensors[t.input.primary()].data,
+                DataRef::Contiguous { .. }
+            )
     });
     plain && shard.tensors.iter().any(|t| t.dtype != t.source_dtype)
 }
@@ -89,7 +93,10 @@ pub fn acquire<'p>(
     if buffer < 4 * MAP_SLACK {
         return Ok(None);
     }
-    let largest_in = shard.tensors.iter().map(|t| ck.tensors[t.source].len);
+    let largest_in = shard
+        .tensors
+        .iter()
+        .map(|t| ck.tensors[t.input.primary()].len);
     let largest_in = largest_in.max().unwrap_or(0).max(8);
     let map_len = (buffer / 2 - MAP_SLACK).min(MAP_CHUNK).min(largest_in);
     // Room for the cast of one full mapping of any mapped tensor of the
@@ -98,7 +105,7 @@ pub fn acquire<'p>(
         .tensors
         .iter()
         .map(|t| {
-            let source = &ck.tensors[t.source];
+            let source = &ck.tensors[t.input.primary()];
             let (from, to) = (source.dtype, t.dtype);
             if source.len < MAP_MIN {
                 source.len + if from == to { 0 } else { t.len }

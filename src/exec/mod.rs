@@ -199,7 +199,7 @@ fn buffer_len(budget: u64, workers: u64, plan: &Plan) -> usize {
     // A dequantized MXFP4 expert is one chunk: both buffers must hold one.
     let dequant = plan
         .tensors()
-        .filter_map(|t| Some(t.dequant.as_ref()?.scheme.min_buffer(t.dtype)))
+        .filter_map(|t| Some(t.input.dequantized()?.1.min_buffer(t.dtype)))
         .max()
         .unwrap_or(0);
     let per_chunk = share.min((MAX_CHUNK * (1 + max_ratio)).max(dequant.saturating_mul(2)));
@@ -211,7 +211,7 @@ fn has_strided(ck: &Checkpoint, shard: &ShardPlan) -> bool {
     shard
         .tensors
         .iter()
-        .any(|t| matches!(ck.tensors[t.source].data, DataRef::Strided { .. }))
+        .any(|t| matches!(ck.tensors[t.input.primary()].data, DataRef::Strided { .. }))
 }
 
 /// The most buffer a shard can use: its largest tensor plus its cast output.
@@ -220,8 +220,8 @@ fn shard_need(ck: &Checkpoint, shard: &ShardPlan) -> usize {
         .tensors
         .iter()
         .map(|t| {
-            let input = ck.tensors[t.source].len;
-            let scale = t.dequant.as_ref().map_or(0, |d| ck.tensors[d.scale].len);
+            let input = ck.tensors[t.input.primary()].len;
+            let scale = t.input.dequantized().map_or(0, |(s, _)| ck.tensors[s].len);
             if t.dtype == t.source_dtype {
                 input
             } else {
@@ -321,16 +321,16 @@ fn fill_shard<'p>(
     let mut records = Vec::with_capacity(shard.tensors.len());
     let policy = plan.options.on_overflow;
     for planned in &shard.tensors {
-        if planned.dequant.is_some() {
+        if !planned.input.is_source() {
             let sent = fill_dequantized(reader, ck, plan, planned, free, to_writer, options)?;
             let Some(record) = sent else {
                 return Ok(records); // the write stage failed; it reports why
             };
-            reporter.advance(ck.tensors[planned.source].len);
+            reporter.advance(ck.tensors[planned.input.primary()].len);
             records.push(record);
             continue;
         }
-        let source = &ck.tensors[planned.source];
+        let source = &ck.tensors[planned.input.primary()];
         let (from, to) = (source.dtype, planned.dtype);
         let casting = from != to;
         let in_elem = (from.bits() / 8).max(1) as usize;
@@ -429,14 +429,13 @@ fn fill_dequantized<'p>(
     to_writer: &mpsc::SyncSender<Filled<'p>>,
     options: &ExecOptions<'_>,
 ) -> Result<Option<TensorRecord>, ExecError> {
-    let Some(how) = &planned.dequant else {
+    let Some((scale, scheme)) = planned.input.dequantized() else {
         return Ok(None);
     };
-    let weight = &ck.tensors[planned.source];
+    let weight = &ck.tensors[planned.input.primary()];
     let policy = plan.options.on_overflow;
-    let scale = &ck.tensors[how.scale];
-    let mut stream =
-        DequantStream::open(reader, weight, scale, &how.scheme, planned.dtype, policy)?;
+    let scale = &ck.tensors[scale];
+    let mut stream = DequantStream::open(reader, weight, scale, scheme, planned.dtype, policy)?;
     let mut hash = Xxh3::new();
     while !stream.is_done() {
         if options.cancel.load(Ordering::Relaxed) {

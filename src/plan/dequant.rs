@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::PlanError;
 use crate::format::Checkpoint;
-use crate::quant::Dequant;
+use crate::quant::Scheme;
 use crate::quant::{self, QuantFormat, Quantization};
 
 /// What the plan does with one source tensor.
@@ -26,7 +26,8 @@ pub enum Role {
     Dequant {
         name: String,
         shape: Vec<u64>,
-        how: Dequant,
+        scale: usize,
+        scheme: Scheme,
     },
     /// Written unchanged, in the same shard as, and right after, this tensor.
     GluedTo(usize),
@@ -111,10 +112,8 @@ impl QuantPlan {
             roles[w.weight] = Role::Dequant {
                 name: w.name.clone(),
                 shape: w.shape.clone(),
-                how: Dequant {
-                    scale,
-                    scheme: scheme.clone(),
-                },
+                scale,
+                scheme: scheme.clone(),
             };
             roles[scale] = Role::Drop;
             record.tensors.push(DequantRecord {

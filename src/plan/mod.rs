@@ -6,6 +6,7 @@
 //! files.
 
 pub mod dequant;
+pub mod input;
 pub mod order;
 pub mod output;
 pub mod pack;
@@ -16,10 +17,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::cast::{self, CastError, OverflowPolicy};
 use crate::format::{Checkpoint, Dtype, Format};
-use crate::quant::Dequant;
 use crate::quant::QuantError;
 
 use self::dequant::{QuantPlan, QuantRecord, Role};
+pub use self::input::TensorInput;
 pub use self::output::{OutputFormat, ShardLayout};
 
 use self::order::{block_of, sort_indices, Order};
@@ -123,7 +124,7 @@ pub fn check_expanded(ck: &Checkpoint, plan: &Plan, allow: bool) -> Result<(), P
         return Ok(());
     }
     for t in plan.tensors() {
-        let source = &ck.tensors[t.source];
+        let source = &ck.tensors[t.input.primary()];
         let stored = source.stored_bytes();
         if t.len > EXPANSION_FLOOR && t.len / MAX_EXPANSION > stored {
             return Err(PlanError::ExpandedView {
@@ -141,8 +142,9 @@ pub fn check_expanded(ck: &Checkpoint, plan: &Plan, allow: bool) -> Result<(), P
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlannedTensor {
     pub name: String,
-    /// Index into the source checkpoint's `tensors`.
-    pub source: usize,
+    /// What it is made from (source tensor indices).
+    pub input: TensorInput,
+    /// The dtype of its primary input (the codes of a dequantized tensor).
     pub source_dtype: Dtype,
     pub dtype: Dtype,
     pub shape: Vec<u64>,
@@ -150,9 +152,6 @@ pub struct PlannedTensor {
     pub len: u64,
     /// Offset in the shard's data section.
     pub offset: u64,
-    /// Quantized codes written dense: with which scale, how.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dequant: Option<Dequant>,
 }
 
 /// One output shard: its file name and its tensors in file (offset) order.
@@ -241,12 +240,26 @@ impl Plan {
         let mut casts: BTreeMap<(Dtype, Dtype), CastPair> = BTreeMap::new();
         for &i in &ordered {
             let t = &ck.tensors[i];
-            let (name, shape, dequant) = match &quant.roles[i] {
-                Role::Dequant { name, shape, how } => (name, shape, Some(how.clone())),
-                _ => (&t.name, &t.shape, None),
+            let (name, shape, input) = match &quant.roles[i] {
+                Role::Dequant {
+                    name,
+                    shape,
+                    scale,
+                    scheme,
+                } => (
+                    name,
+                    shape,
+                    TensorInput::Dequantized {
+                        weight: i,
+                        scale: *scale,
+                        scheme: scheme.clone(),
+                    },
+                ),
+                _ => (&t.name, &t.shape, TensorInput::Source { tensor: i }),
             };
+            let dequant = !input.is_source();
             let target = match options.dtype {
-                Some(to) if dequant.is_some() => cast::target_for(Dtype::F32, to)?.or(Some(to)),
+                Some(to) if dequant => cast::target_for(Dtype::F32, to)?.or(Some(to)),
                 Some(to) if !keep.is_match(&t.name) => cast::target_for(t.dtype, to)?,
                 _ => None,
             };
@@ -270,13 +283,12 @@ impl Plan {
             }
             planned.push(PlannedTensor {
                 name: name.clone(),
-                source: i,
+                input,
                 source_dtype: t.dtype,
                 dtype,
                 shape: shape.clone(),
                 len,
                 offset: 0,
-                dequant,
             });
         }
 
@@ -285,7 +297,7 @@ impl Plan {
             .map(|t| Item {
                 bytes: t.len,
                 block: block_of(&t.name),
-                glued: matches!(quant.roles[t.source], Role::GluedTo(_)),
+                glued: matches!(quant.roles[t.input.primary()], Role::GluedTo(_)),
             })
             .collect();
         let ranges = pack(&items, options.max_shard_size);

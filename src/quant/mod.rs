@@ -14,4 +14,4 @@ pub mod error;
 pub mod scheme;
 
 pub use self::detect::{detect, QuantError, QuantFormat, QuantWeight, Quantization};
-pub use self::scheme::{Dequant, Scheme};
+pub use self::scheme::Scheme;

@@ -1,5 +1,5 @@
 //! The plan data of a quantized weight: how its codes map to scales
-//! ([`Scheme`]) and which scale a dequantized tensor reads ([`Dequant`]).
+//! ([`Scheme`]).
 //! Plain serde data that `convert --dry-run` prints; the arithmetic that
 //! follows it is [`crate::cast::dequant`].
 
@@ -57,12 +57,4 @@ impl Scheme {
             Scheme::Mxfp4 { rows, groups, .. } => rows.saturating_mul(groups),
         }
     }
-}
-
-/// A planned tensor that is dequantized: the source index of its scale
-/// tensor and the scheme. The weight is the planned tensor's `source`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Dequant {
-    pub scale: usize,
-    pub scheme: Scheme,
 }

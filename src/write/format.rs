@@ -161,7 +161,8 @@ fn safetensors_header(
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     let metadata = Metadata::new(Some(meta), tensors).map_err(|e| bad(e.to_string()))?;
-    let mut json = serde_json::to_vec(&metadata).map_err(|e| bad(e.to_string()))?;
+    let json = serde_json::to_vec(&metadata).map_err(|e| bad(e.to_string()))?;
+    let mut json = sorted_metadata(json).map_err(|e| bad(e.to_string()))?;
     while json.len() % 8 != 0 {
         json.push(b' ');
     }
@@ -169,6 +170,27 @@ fn safetensors_header(
     out.extend_from_slice(&(json.len() as u64).to_le_bytes());
     out.extend_from_slice(&json);
     Ok(out)
+}
+
+/// The header JSON with its `__metadata__` keys in sorted order. The
+/// safetensors crate keeps metadata in a `HashMap`, whose order differs
+/// from one map to the next: with more than one key, two runs wrote
+/// different bytes for the same plan. Tensors keep the plan's order
+/// (serde_json's `preserve_order`), and the text is serde_json's compact
+/// form, as the crate writes it.
+fn sorted_metadata(json: Vec<u8>) -> Result<Vec<u8>, serde_json::Error> {
+    let mut value: serde_json::Value = serde_json::from_slice(&json)?;
+    let Some(meta) = value
+        .get_mut(crate::names::METADATA_KEY)
+        .and_then(serde_json::Value::as_object_mut)
+    else {
+        return Ok(json);
+    };
+    if meta.len() < 2 {
+        return Ok(json);
+    }
+    meta.sort_keys();
+    serde_json::to_vec(&value)
 }
 
 /// The Hugging Face index: `{"metadata": {"total_size": N}, "weight_map":
@@ -197,4 +219,64 @@ fn index_json(plan: &Plan) -> Vec<u8> {
     let mut bytes = serde_json::to_vec_pretty(&value).unwrap_or_default();
     bytes.push(b'\n');
     bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::Dtype;
+    use crate::plan::TensorInput;
+
+    fn shard() -> ShardPlan {
+        let t = |name: &str, offset: u64| PlannedTensor {
+            name: name.into(),
+            input: TensorInput::Source { tensor: 0 },
+            source_dtype: Dtype::F32,
+            dtype: Dtype::F32,
+            shape: vec![2],
+            len: 8,
+            offset,
+        };
+        ShardPlan {
+            file: "model.safetensors".into(),
+            tensors: vec![t("b", 0), t("a", 8)],
+            data_len: 16,
+            first_block: None,
+            last_block: None,
+        }
+    }
+
+    #[test]
+    fn headers_are_the_same_bytes_every_time_with_metadata_sorted() {
+        let metadata: BTreeMap<String, String> = (0..8)
+            .map(|i| (format!("key{i}"), format!("value {i}")))
+            .collect();
+        let first = Safetensors
+            .header_bytes(Path::new("m"), &shard(), &metadata)
+            .unwrap();
+        for _ in 0..20 {
+            let again = Safetensors
+                .header_bytes(Path::new("m"), &shard(), &metadata)
+                .unwrap();
+            assert_eq!(again, first);
+        }
+        let text = String::from_utf8_lossy(&first[8..]).trim_end().to_string();
+        let at = |k: &str| text.find(k).unwrap();
+        assert!((0..7).all(|i| at(&format!("key{i}")) < at(&format!("key{}", i + 1))));
+        // Tensors stay in the plan's order, not sorted.
+        assert!(at("\"b\"") < at("\"a\""), "{text}");
+    }
+
+    #[test]
+    fn one_metadata_key_is_written_as_the_safetensors_crate_writes_it() {
+        let metadata = Safetensors.shard_metadata(&BTreeMap::new());
+        let header = Safetensors
+            .header_bytes(Path::new("m"), &shard(), &metadata)
+            .unwrap();
+        let text = String::from_utf8_lossy(&header[8..]).trim_end().to_string();
+        assert_eq!(
+            text,
+            r#"{"__metadata__":{"format":"pt"},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}"#
+        );
+    }
 }

@@ -5,8 +5,8 @@
 //! weight ([`DequantStream`]): each code is decoded to f32 exactly, multiplied
 //! once by the f32 value of its block's (channel's, tensor's) scale, and
 //! rounded to the target with round-to-nearest-even by the same kernels as
-//! the casts. The plan data that says how ([`crate::quant::Dequant`],
-//! [`Scheme`]) and which tensors are quantized, with which scale, are
+//! the casts. The plan data that says how ([`Scheme`], and the plan's
+//! `TensorInput::Dequantized`) and which tensors are quantized, with which scale, are
 //! [`crate::quant`]'s.
 //!
 //! The weight's codes and its scales are read as two sequential streams in
