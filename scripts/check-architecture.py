@@ -1,9 +1,16 @@
 #!/usr/bin/env python3
-"""Checks two rules of the crate's shape, and fails when either is broken:
+"""Checks the rules of the crate's shape, and fails when one is broken:
 
-1. No import cycles between files: a newcomer should read every module top
+1. The stage order (STAGES below, also written in docs/architecture.md and
+   src/lib.rs): a file may name paths in its own stage and earlier ones,
+   never a later one. A stage is a top-level module of src/.
+2. Children never import their ancestors: a module file with children
+   (`mod.rs`, or `foo.rs` beside `foo/`) only declares, re-exports and glues;
+   what its children share (errors, data types) lives in leaf files. A path
+   through a parent's `pub use` counts as the leaf it re-exports.
+3. No import cycles between files: a newcomer should read every module top
    down without meeting a file twice.
-2. Only src/platform/ branches on the operating system: no other file names
+4. Only src/platform/ branches on the operating system: no other file names
    cfg(unix), cfg(windows), target_os or target_family outside its tests.
 
 The graph has one node per file under src/. An edge A -> B means A names a
@@ -19,6 +26,34 @@ import re
 import sys
 
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+
+# The stage order, earliest first; modules in one tuple are one stage and
+# may name each other. `lib`, `main` and `cli` (the binary) come last.
+STAGES = [
+    ("platform",),
+    ("units", "names"),
+    ("format",),
+    ("quant",),
+    ("cast",),
+    ("plan",),
+    ("write",),
+    ("fit",),
+    ("exec",),
+    ("validate",),
+    ("convert",),
+    ("batch",),
+    ("inspect",),
+    ("fuzz",),
+    ("", "cli"),
+]
+
+
+def stage_of(mod):
+    top = mod[0] if mod else ""
+    for i, names in enumerate(STAGES):
+        if top in names:
+            return i
+    return None
 OS_CFG = re.compile(r"\bcfg(?:_attr)?!?\s*\((?:[^()]|\([^()]*\))*\b(?:unix|windows|target_os|target_family)\b")
 
 
@@ -75,12 +110,31 @@ def paths_in(text):
     out = []
     for m in re.finditer(r"\buse\s+([^;]+);", text):
         out += expand_use(m.group(1))
-    for m in re.finditer(r"\b(?:crate|super|self)(?:\s*::\s*" + IDENT + r")+", text):
+    # Paths in code; use trees were expanded above (their bare prefix,
+    # `crate::format` of `use crate::format::{A, B}`, names nothing).
+    code = re.sub(r"\buse\s+[^;]+;", "", text)
+    for m in re.finditer(r"\b(?:crate|super|self)(?:\s*::\s*" + IDENT + r")+", code):
         out.append(m.group(0))
     return [re.sub(r"\s+", "", p) for p in out]
 
 
-def resolve(path, here, modules):
+def reexports_in(text, here, modules):
+    """`pub use` items of one file: name -> the module path it names."""
+    out = {}
+    for m in re.finditer(r"\bpub\s+use\s+([^;]+);", text):
+        for p in expand_use(m.group(1)):
+            p = re.sub(r"\s+", "", p)
+            if p.split("::")[0] not in ("crate", "super", "self"):
+                p = "self::" + p  # a child module named without `self::`
+            alias = re.search(r"\s+as\s+(" + IDENT + r")$", m.group(1))
+            name = p.split("::")[-1]
+            if name in ("*", "self"):
+                continue
+            out[name] = p
+    return out
+
+
+def resolve(path, here, modules, reexports=None, depth=0):
     parts = path.split("::")
     if parts[0] == "crate":
         base, rest = (), parts[1:]
@@ -92,11 +146,18 @@ def resolve(path, here, modules):
             rest = rest[1:]
     else:
         return None  # an external crate or a local name
-    best = None
+    best, used = None, 0
     for i in range(len(rest) + 1):
         cand = base + tuple(rest[:i])
         if cand in modules:
-            best = cand
+            best, used = cand, i
+    # `parent::Name` where the parent re-exports Name: the leaf it names.
+    if reexports is not None and best is not None and used < len(rest) and depth < 8:
+        target = reexports.get(best, {}).get(rest[used])
+        if target is not None:
+            again = resolve(target, best, modules, reexports, depth + 1)
+            if again is not None:
+                return again
     return best
 
 
@@ -109,18 +170,33 @@ def main():
                 p = os.path.join(root, n)
                 files[module_path(src, p)] = p
     modules = set(files)
-    edges = {m: set() for m in modules}
+    texts = {}
     for mod, path in files.items():
         with open(path, encoding="utf-8") as f:
-            text = strip_code(f.read())
-        for p in paths_in(text):
-            target = resolve(p, mod, modules)
+            texts[mod] = strip_code(f.read())
+    reexports = {mod: reexports_in(texts[mod], mod, modules) for mod in modules}
+    edges = {m: set() for m in modules}
+    upward, ancestors = [], []
+    for mod, path in files.items():
+        for p in paths_in(texts[mod]):
+            target = resolve(p, mod, modules, reexports)
             if target is None or target == mod:
                 continue
             if target[: len(mod)] == mod:
                 continue  # a parent naming its own descendants
             edges[mod].add(target)
+            if mod[: len(target)] == target:
+                ancestors.append((path, files[target], p))
+            here, there = stage_of(mod), stage_of(target)
+            if here is None or there is None or there > here:
+                upward.append((path, files[target], p))
     status = 0
+    for path, target, p in sorted(set(upward)):
+        print(f"{path}: names a later stage: {p} ({target})")
+        status = 1
+    for path, target, p in sorted(set(ancestors)):
+        print(f"{path}: imports its ancestor: {p} ({target}); move what it needs into a leaf file")
+        status = 1
     for mod, path in sorted(files.items()):
         if mod[:1] == ("platform",):
             continue
@@ -132,8 +208,8 @@ def main():
             status = 1
     cycles = strongly_connected(edges)
     if not cycles and status == 0:
-        print(f"no import cycles between the {len(files)} files under {src}/, "
-              "and no OS branches outside src/platform/")
+        print(f"the {len(files)} files under {src}/ keep the stage order, import no ancestor, "
+              "have no import cycles and no OS branches outside src/platform/")
         return 0
     for comp in cycles:
         names = sorted(files[m] for m in comp)

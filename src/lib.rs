@@ -3,13 +3,17 @@
 //! The library is the pipeline; the `reshard` binary is a thin CLI over it.
 //!
 //! ```text
-//! format (read)  ->  plan (order, pack, fit)  ->  exec (windows, dequant, cast, hash)
-//!                ->  write (atomic shards, index, manifest)  ->  validate
+//! format (read) -> quant (schemes) -> cast (kernels) -> plan (order, pack)
+//!   -> write (output format, atomic shards, manifest) -> fit (will it load)
+//!   -> exec (windows, dequant, cast, hash) -> validate -> convert -> batch
 //! ```
 //!
-//! Each stage takes plain data and returns plain data; nothing here prints.
-//! Beneath every stage, [`platform`] is the one module that knows which
-//! operating system it runs on.
+//! That is also the stage order: a module may use earlier stages only
+//! (`scripts/check-architecture.py` enforces it; docs/architecture.md
+//! explains the seams). Each stage takes plain data and returns plain data;
+//! nothing here prints. Beneath every stage, [`platform`] is the one module
+//! that knows which operating system it runs on, and [`units`] and [`names`]
+//! hold the rules every stage shares.
 //!
 //! ```no_run
 //! let ck = reshard::format::open(std::path::Path::new("examples/tiny-llama"))?;

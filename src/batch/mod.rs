@@ -20,6 +20,7 @@
 //! source that fails fails the model whatever the job did.
 
 pub mod discover;
+mod mode;
 pub mod part;
 pub mod report;
 pub mod verify;
@@ -28,8 +29,6 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
-
-use serde::Serialize;
 
 use crate::convert::{convert_gated, ConvertError, ConvertOptions, GateError};
 use crate::exec::{Reporter, WindowPool};
@@ -41,30 +40,12 @@ use crate::validate::{validate_with_budget, ValidateError, ValidateOptions};
 use crate::write::manifest::{Manifest, MANIFEST};
 
 pub use self::discover::{discover, DiscoverError, Discovery, Model, Skipped};
+pub use self::mode::Mode;
 pub use self::part::{part_of, BadPart, Balance, Part};
 pub use self::report::{
     error_chain, merge, BatchReport, MergeError, MergedReport, ModelResult, Status, Totals,
 };
 pub use self::verify::{verify_snapshot, Gate, Verified, VerifyError};
-
-/// What each model's job does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    Convert,
-    Fit,
-    Validate,
-}
-
-impl std::fmt::Display for Mode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Mode::Convert => "convert",
-            Mode::Fit => "fit",
-            Mode::Validate => "validate",
-        })
-    }
-}
 
 /// How to run a batch.
 #[derive(Debug, Clone)]

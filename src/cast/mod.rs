@@ -27,101 +27,20 @@
 mod config;
 pub mod dequant;
 mod f8;
+mod generic;
 mod kernels;
+mod policy;
 mod simd;
 #[cfg(test)]
 mod tests;
 
 use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
 
 use crate::format::Dtype;
-use kernels::{drive, then};
 
 pub use config::{rewrite_config_dtype, torch_name};
-
-/// What to do with finite values too large for the target dtype.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OverflowPolicy {
-    /// Write infinity (as torch does), count it, and let the caller fail the
-    /// tensor.
-    #[default]
-    Error,
-    /// Write the largest finite value of the target, with the input's sign.
-    Saturate,
-    /// Write infinity with the input's sign, as torch does.
-    Inf,
-}
-
-/// Counts for one tensor (or one chunk; they add up with `+=`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct CastStats {
-    /// Finite inputs whose rounded value exceeds the target's largest finite
-    /// value (written as infinity, or saturated).
-    pub overflow: u64,
-    /// Non-zero finite inputs that became zero.
-    pub underflow: u64,
-    /// NaN inputs.
-    pub nan: u64,
-}
-
-impl std::ops::AddAssign for CastStats {
-    fn add_assign(&mut self, rhs: CastStats) {
-        self.overflow += rhs.overflow;
-        self.underflow += rhs.underflow;
-        self.nan += rhs.nan;
-    }
-}
-
-/// Errors of the cast stage.
-#[derive(Debug, thiserror::Error)]
-pub enum CastError {
-    /// The requested dtype is not one reshard casts to.
-    #[error("casting to {to}{} is not supported; choose bf16, f16, f32 or f64", needs_scales(*.to))]
-    UnsupportedTarget { to: Dtype },
-    /// [`cast_slice`] has no kernel for this pair.
-    #[error("casting {from} to {to} is not supported")]
-    UnsupportedPair { from: Dtype, to: Dtype },
-    /// A tensor had finite values too large for the target and the policy
-    /// was [`OverflowPolicy::Error`]. Built by the executor from
-    /// [`CastStats::overflow`].
-    #[error(
-        "tensor {tensor:?}: {count} {from} {} {to} (largest finite {to} is {}); use --on-overflow saturate or inf",
-        if *.count == 1 { "value overflows" } else { "values overflow" },
-        max_finite_text(*.to)
-    )]
-    Overflow {
-        tensor: String,
-        from: Dtype,
-        to: Dtype,
-        count: u64,
-    },
-    /// `config.json` could not be read as a config.
-    #[error(transparent)]
-    Config(#[from] crate::format::config::ConfigError),
-}
-
-fn needs_scales(to: Dtype) -> &'static str {
-    if to.is_float() && to.bits() <= 8 {
-        " needs scales and"
-    } else {
-        ""
-    }
-}
-
-fn max_finite_text(d: Dtype) -> &'static str {
-    match d {
-        Dtype::F16 => "65504",
-        Dtype::BF16 => "3.3895e38",
-        Dtype::F32 => "3.4028e38",
-        Dtype::F64 => "1.7977e308",
-        _ => "unknown",
-    }
-}
-
-/// The dtypes reshard casts to.
-pub const TARGETS: [Dtype; 4] = [Dtype::F64, Dtype::F32, Dtype::F16, Dtype::BF16];
+use generic::elem_size;
+pub use policy::{CastError, CastStats, OverflowPolicy, TARGETS};
 
 /// The dtype a tensor of dtype `from` is written as when the user asked for `to`:
 /// `Ok(None)` = written unchanged (integers, BOOL, C64, already `to`, and
@@ -215,66 +134,4 @@ pub fn cast_parallel(
             a += b;
             a
         })
-}
-
-/// Bytes per element of a dtype [`cast_slice`] handles (all whole bytes).
-fn elem_size(d: Dtype) -> usize {
-    (d.bits() / 8).max(1) as usize
-}
-
-/// The kernel table. `SAT` selects saturation; the caller checked the pair.
-/// Inlined into each of `simd`'s builds (baseline and AVX2).
-#[inline(always)]
-fn cast_generic<const SAT: bool>(from: Dtype, to: Dtype, i: &[u8], o: &mut [u8]) -> CastStats {
-    use kernels as k;
-    use Dtype::*;
-    match (from, to) {
-        (F32, BF16) => drive(i, o, k::f32_to_bf16::<SAT>),
-        (F32, F16) => drive(i, o, k::f32_to_f16::<SAT>),
-        (F32, F64) => drive(i, o, k::f32_to_f64),
-        (F64, F32) => drive(i, o, k::f64_to_f32::<SAT>),
-        (F64, F16) => drive(i, o, k::f64_to_f16::<SAT>),
-        (F64, BF16) => drive(i, o, k::f64_to_bf16::<SAT>),
-        (F16, F32) => drive(i, o, k::f16_to_f32),
-        (F16, F64) => drive(i, o, then(k::f16_to_f32, k::f32_to_f64)),
-        (F16, BF16) => drive(i, o, then(k::f16_to_f32, k::f32_to_bf16::<SAT>)),
-        (BF16, F32) => drive(i, o, k::bf16_to_f32),
-        (BF16, F64) => drive(i, o, then(k::bf16_to_f32, k::f32_to_f64)),
-        (BF16, F16) => drive(i, o, then(k::bf16_to_f32, k::f32_to_f16::<SAT>)),
-        (F16, F16) => drive(i, o, k::same_f16),
-        (BF16, BF16) => drive(i, o, k::same_bf16),
-        (F32, F32) => drive(i, o, k::same_f32),
-        (F64, F64) => drive(i, o, k::same_f64),
-        (F8_E4M3 | F8_E5M2, _) => cast_f8(from, to, i, o),
-        _ => unreachable!("cast_slice checked the pair {from} -> {to}"),
-    }
-}
-
-/// F8 sources: decode through a 256-entry table of target bits (exact).
-#[inline(always)]
-fn cast_f8(from: Dtype, to: Dtype, i: &[u8], o: &mut [u8]) -> CastStats {
-    use kernels as k;
-    let decode = if from == Dtype::F8_E4M3 {
-        f8::e4m3_to_f32
-    } else {
-        f8::e5m2_to_f32
-    };
-    match to {
-        Dtype::F32 => {
-            let t = f8::Table::new(decode, k::same_f32);
-            drive(i, o, |b: u8| t.lookup(b))
-        }
-        Dtype::F64 => {
-            let t = f8::Table::new(decode, k::f32_to_f64);
-            drive(i, o, |b: u8| t.lookup(b))
-        }
-        Dtype::F16 => {
-            let t = f8::Table::new(decode, k::f32_to_f16::<false>);
-            drive(i, o, |b: u8| t.lookup(b))
-        }
-        _ => {
-            let t = f8::Table::new(decode, k::f32_to_bf16::<false>);
-            drive(i, o, |b: u8| t.lookup(b))
-        }
-    }
 }

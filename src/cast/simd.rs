@@ -2,7 +2,7 @@
 //! same code.
 //!
 //! This module owns the one place the cast stage uses `unsafe`: calling a
-//! copy of [`super::cast_generic`] compiled with `#[target_feature]` after
+//! copy of [`super::generic::cast_generic`] compiled with `#[target_feature]` after
 //! checking that the CPU has the features. The kernels are plain branchless
 //! integer code; a default release build targets SSE2 (4 lanes), the AVX2
 //! copy vectorizes the same loops 8 lanes wide and the AVX-512 copy 16
@@ -13,10 +13,10 @@
 
 #![allow(unsafe_code)]
 
-use super::CastStats;
+use super::policy::CastStats;
 use crate::format::Dtype;
 
-/// [`super::cast_generic`], on the widest vector unit this CPU has.
+/// [`super::generic::cast_generic`], on the widest vector unit this CPU has.
 pub(super) fn cast_with<const SAT: bool>(
     from: Dtype,
     to: Dtype,
@@ -40,10 +40,10 @@ pub(super) fn cast_with<const SAT: bool>(
             return unsafe { cast_avx2::<SAT>(from, to, i, o) };
         }
     }
-    super::cast_generic::<SAT>(from, to, i, o)
+    super::generic::cast_generic::<SAT>(from, to, i, o)
 }
 
-/// The same code as [`super::cast_generic`], compiled for AVX2.
+/// The same code as [`super::generic::cast_generic`], compiled for AVX2.
 ///
 /// # Safety
 ///
@@ -51,10 +51,10 @@ pub(super) fn cast_with<const SAT: bool>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn cast_avx2<const SAT: bool>(from: Dtype, to: Dtype, i: &[u8], o: &mut [u8]) -> CastStats {
-    super::cast_generic::<SAT>(from, to, i, o)
+    super::generic::cast_generic::<SAT>(from, to, i, o)
 }
 
-/// The same code as [`super::cast_generic`], compiled for AVX-512 (F, BW,
+/// The same code as [`super::generic::cast_generic`], compiled for AVX-512 (F, BW,
 /// VL): 16 lanes of 32 bits.
 ///
 /// # Safety
@@ -68,7 +68,7 @@ unsafe fn cast_avx512<const SAT: bool>(
     i: &[u8],
     o: &mut [u8],
 ) -> CastStats {
-    super::cast_generic::<SAT>(from, to, i, o)
+    super::generic::cast_generic::<SAT>(from, to, i, o)
 }
 
 /// A build of the kernels, as a plain function.
@@ -79,7 +79,8 @@ pub(super) type Build = fn(Dtype, Dtype, &[u8], &mut [u8]) -> CastStats;
 /// dispatch picks only the widest, which would leave the others untested.
 #[cfg(test)]
 pub(super) fn builds<const SAT: bool>() -> Vec<(&'static str, Build)> {
-    let mut builds: Vec<(&'static str, Build)> = vec![("baseline", super::cast_generic::<SAT>)];
+    let mut builds: Vec<(&'static str, Build)> =
+        vec![("baseline", super::generic::cast_generic::<SAT>)];
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") {

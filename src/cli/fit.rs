@@ -1,6 +1,6 @@
 //! `reshard fit`: will a checkpoint load on this (or a given) machine with
 //! each loader, and what conversion would make it? Renders a
-//! [`FitReport`] as text or JSON; the arithmetic lives in `reshard::plan::fit`.
+//! [`FitReport`] as text or JSON; the arithmetic lives in `reshard::fit`.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;

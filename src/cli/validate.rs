@@ -298,9 +298,10 @@ pub fn render_python(r: &PythonReport) -> String {
 
 /// The hidden entry of the budget child process.
 pub fn run_child() -> ExitStatus {
-    match validate::budget::child_main() {
-        0 => ExitStatus::Ok,
-        _ => ExitStatus::Error,
+    let json = validate::budget::child_main();
+    match printer::text(&format!("{json}\n")) {
+        Ok(()) => ExitStatus::Ok,
+        Err(_) => ExitStatus::Error,
     }
 }
 

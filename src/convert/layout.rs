@@ -20,26 +20,14 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-use serde::Serialize;
-
+use super::error::ConvertError;
+use super::options::{ComponentSummary, ConvertOptions, ConvertSummary};
 use super::other::{self, Walk};
+use super::run::convert_with_pool;
 use super::split::{self, ComponentPrefix};
-use super::{convert_with_pool, ConvertError, ConvertOptions, ConvertSummary};
 use crate::exec::{Reporter, WindowPool};
 use crate::format::layout::{Library, ModelLayout, WeightSet};
-use crate::format::{self, Checkpoint, Finding, Format, Layout};
-
-/// What converting one weight set other than the root did.
-#[derive(Debug, Clone, Serialize)]
-pub struct ComponentSummary {
-    /// Its folder under DST (and under SRC), `/` separators.
-    pub path: String,
-    pub library: Library,
-    pub one_file: bool,
-    /// What inspect would report about its source.
-    pub findings: Vec<Finding>,
-    pub summary: ConvertSummary,
-}
+use crate::format::{self, Checkpoint, Format, Layout};
 
 /// Converts every weight set of `layout` into `dst` (see the module doc).
 pub fn convert_layout(

@@ -38,25 +38,15 @@
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
+use super::job::{ExecError, ExecOptions};
 use super::mapped::{map_at, MAP_MIN, MAP_SLACK};
-use super::{ExecError, ExecOptions, Reporter, WindowPool};
+use super::{Reporter, WindowPool};
 use crate::format::read::SourceReader;
 use crate::format::{Checkpoint, DataRef, FormatError, Tensor};
 use crate::plan::{Plan, PlannedTensor, ShardPlan};
 use crate::write::digest::Xxh3;
 use crate::write::manifest::{ShardRecord, TensorRecord};
 use crate::write::shard::ShardWriter;
-
-/// How shard bytes that need no cast are moved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CopyPath {
-    /// Write from mappings of the source where the file system allows it,
-    /// else read and write.
-    #[default]
-    Auto,
-    /// Always read into a buffer and write from it.
-    ReadWrite,
-}
 
 /// Most input bytes one mapping holds: larger mappings are no faster.
 const MAP_CHUNK: u64 = 8 << 20;
@@ -353,6 +343,7 @@ impl<'a> TensorHashes<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exec::CopyPath;
     use crate::exec::NoReport;
     use crate::plan::PlanOptions;
     use std::sync::atomic::AtomicBool;

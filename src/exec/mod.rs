@@ -11,6 +11,7 @@
 //! commit step.
 
 pub mod copy;
+mod job;
 pub mod mapped;
 pub mod reporter;
 pub mod window;
@@ -22,57 +23,19 @@ use std::sync::mpsc;
 use crate::write::digest::Xxh3;
 use rayon::prelude::*;
 
-use crate::cast::dequant::{DequantError, DequantStream};
+use crate::cast::dequant::DequantStream;
 use crate::cast::{self, CastError, OverflowPolicy};
 use crate::format::read::SourceReader;
 use crate::format::strided::GATHER_MAX;
-use crate::format::{Checkpoint, DataRef, FormatError};
+use crate::format::{Checkpoint, DataRef};
 use crate::plan::{Plan, ShardPlan};
-use crate::write::digest::DigestAlgo;
 use crate::write::manifest::{CastRecord, ShardRecord, TensorRecord};
 use crate::write::shard::ShardWriter;
 use crate::write::WriteError;
 
-pub use self::copy::CopyPath;
+pub use self::job::{CopyPath, ExecError, ExecOptions, MAX_CHUNK};
 pub use self::reporter::{NoReport, Reporter};
 pub use self::window::{WindowBuf, WindowPool, WindowTooSmall};
-
-/// Largest chunk a worker reads at once: past a few MiB, bigger reads do not
-/// go faster, they only hold more memory.
-pub const MAX_CHUNK: u64 = 16 << 20;
-
-/// Why execution stopped. Every variant names the file and, where known, the
-/// tensor.
-#[derive(Debug, thiserror::Error)]
-pub enum ExecError {
-    #[error(transparent)]
-    Read(#[from] FormatError),
-    #[error(transparent)]
-    Write(#[from] WriteError),
-    #[error(transparent)]
-    Cast(#[from] CastError),
-    #[error(transparent)]
-    Window(#[from] WindowTooSmall),
-    #[error(transparent)]
-    Dequant(#[from] DequantError),
-    #[error("interrupted; finished shards are kept and a rerun resumes")]
-    Interrupted,
-}
-
-/// How to run a plan.
-pub struct ExecOptions<'a> {
-    pub threads: usize,
-    /// Set from another thread (Ctrl-C) to stop between chunks.
-    pub cancel: &'a AtomicBool,
-    /// Shards to leave alone (finished by an earlier run).
-    pub skip: &'a (dyn Fn(&ShardPlan) -> bool + Sync),
-    /// Called from the worker as each shard is committed.
-    pub on_shard: &'a (dyn Fn(&ShardRecord) -> Result<(), WriteError> + Sync),
-    /// The shard digest to record.
-    pub digest: DigestAlgo,
-    /// How bytes that need no cast are moved.
-    pub copy: CopyPath,
-}
 
 /// Writes the shards of `plan` that `options.skip` does not rule out into
 /// `dst`, calling `options.on_shard` as each one is committed.

@@ -13,26 +13,14 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::sync::Arc;
 
-use super::Tensor;
+pub use super::checkpoint::span;
+use super::checkpoint::Tensor;
 
 /// The most of a strided view's storage span read into memory at once, per
 /// open stream: 4 MiB. The executor lends each worker with a strided view a
 /// third buffer from the window for it (see
 /// [`super::read::SourceReader::tensor_bytes_gathered`]).
 pub const GATHER_MAX: usize = 4 << 20;
-
-/// The bytes of storage a view with these dimensions can reach, from its
-/// first element to just past its last; 0 for an empty view, `None` on
-/// overflow.
-pub fn span(shape: &[u64], strides: &[u64], elem_size: u64) -> Option<u64> {
-    if shape.contains(&0) {
-        return Some(0);
-    }
-    let last = shape.iter().zip(strides).try_fold(0u64, |acc, (&d, &s)| {
-        acc.checked_add((d - 1).checked_mul(s)?)
-    })?;
-    last.checked_add(1)?.checked_mul(elem_size)
-}
 
 pub(crate) struct StridedReader {
     file: Arc<File>,

@@ -6,114 +6,28 @@
 //! files.
 
 pub mod dequant;
+mod error;
 pub mod input;
 pub mod order;
 pub mod output;
 pub mod pack;
+mod types;
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
-use crate::cast::{self, CastError, OverflowPolicy};
+use crate::cast::{self};
 use crate::format::{Checkpoint, Dtype, Format};
-use crate::quant::QuantError;
 
-use self::dequant::{QuantPlan, QuantRecord, Role};
+use self::dequant::{QuantPlan, Role};
+pub use self::error::{PlanError, EXPANSION_FLOOR, MAX_EXPANSION};
 pub use self::input::TensorInput;
-pub use self::output::{OutputFormat, ShardLayout};
+pub use self::output::ShardLayout;
+pub use self::types::{
+    CastPair, Dropped, OutputFormat, Oversized, Plan, PlanOptions, PlannedTensor, ShardPlan,
+};
 
-use self::order::{block_of, sort_indices, Order};
+use self::order::{block_of, sort_indices};
 use self::pack::{pack, Item};
-
-/// The options that decide what `convert` writes. Two runs with equal
-/// options on an unchanged source write identical bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PlanOptions {
-    /// Largest data section of a shard, in bytes (a single larger tensor
-    /// still gets a shard of its own).
-    pub max_shard_size: u64,
-    pub order: Order,
-    /// Cast floating-point tensors to this dtype.
-    pub dtype: Option<Dtype>,
-    /// Globs on tensor names that keep their dtype.
-    pub keep_dtype: Vec<String>,
-    pub on_overflow: OverflowPolicy,
-    /// Drop later names of tensors that are exact views of the same bytes.
-    pub dedupe_tied: bool,
-    /// Write quantized weights that have no scale as plain codes instead of
-    /// refusing them.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub allow_unscaled: bool,
-    /// The format written (left out of the JSON when safetensors).
-    #[serde(default, skip_serializing_if = "OutputFormat::is_default")]
-    pub format: OutputFormat,
-}
-
-impl Default for PlanOptions {
-    fn default() -> Self {
-        PlanOptions {
-            max_shard_size: 1 << 30,
-            order: Order::Forward,
-            dtype: None,
-            keep_dtype: Vec::new(),
-            on_overflow: OverflowPolicy::Error,
-            dedupe_tied: false,
-            allow_unscaled: false,
-            format: OutputFormat::Safetensors,
-        }
-    }
-}
-
-/// Why a plan cannot be made.
-#[derive(Debug, thiserror::Error)]
-pub enum PlanError {
-    #[error("--max-shard-size must be at least 1 byte")]
-    ZeroShardSize,
-    #[error("invalid --keep-dtype glob {glob:?}")]
-    BadGlob {
-        glob: String,
-        #[source]
-        source: globset::Error,
-    },
-    #[error(transparent)]
-    Cast(#[from] CastError),
-    #[error(transparent)]
-    Quant(#[from] QuantError),
-    #[error("{file}: quantized weight {tensor:?} has no scale; its values would be wrong by the missing factor (pass --allow-unscaled to write its codes unscaled)")]
-    MissingScale { file: String, tensor: String },
-    #[error("{file}: scale {tensor:?} of weight {weight:?} has a shape that does not fit the weight and the block size (see reshard inspect)")]
-    BadScale {
-        file: String,
-        tensor: String,
-        weight: String,
-    },
-    #[error("--keep-dtype matches quantized weight {tensor:?}; a dequantized output cannot keep some weights quantized")]
-    KeepQuantized { tensor: String },
-    #[error(
-        "quantized weight {tensor:?} would be written as {name:?}, which another tensor already is"
-    )]
-    DenseNameTaken { tensor: String, name: String },
-    #[error("tensor {tensor:?}: its {bytes}-byte header entry makes the shard header larger than safetensors allows")]
-    HeaderTooLarge { tensor: String, bytes: u64 },
-    #[error("{file}: tensor {tensor:?} is an expanded view: {bytes} bytes of output from {stored} bytes stored, more than {MAX_EXPANSION} times; pass --allow-expanded to write it anyway")]
-    ExpandedView {
-        file: String,
-        tensor: String,
-        bytes: u64,
-        stored: u64,
-    },
-}
-
-/// Most output bytes a tensor may have per byte of storage it reads
-/// (`convert` without `--allow-expanded`). A transpose or slice reads each
-/// element once (1x); only a view whose elements repeat (`expand`, stride
-/// 0) goes past it, and torch writes such views only when a user saves
-/// one.
-pub const MAX_EXPANSION: u64 = 16;
-/// Expanded views of at most 16 MiB of output pass whatever their ratio:
-/// they cost nothing worth refusing.
-pub const EXPANSION_FLOOR: u64 = 16 << 20;
 
 /// Refuses, unless `allow`, every planned tensor whose output is more than
 /// [`MAX_EXPANSION`] times the bytes it reads and more than
@@ -136,80 +50,6 @@ pub fn check_expanded(ck: &Checkpoint, plan: &Plan, allow: bool) -> Result<(), P
         }
     }
     Ok(())
-}
-
-/// One tensor as it will be written.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PlannedTensor {
-    pub name: String,
-    /// What it is made from (source tensor indices).
-    pub input: TensorInput,
-    /// The dtype of its primary input (the codes of a dequantized tensor).
-    pub source_dtype: Dtype,
-    pub dtype: Dtype,
-    pub shape: Vec<u64>,
-    /// Output byte length.
-    pub len: u64,
-    /// Offset in the shard's data section.
-    pub offset: u64,
-}
-
-/// One output shard: its file name and its tensors in file (offset) order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShardPlan {
-    pub file: String,
-    pub tensors: Vec<PlannedTensor>,
-    pub data_len: u64,
-    pub first_block: Option<String>,
-    pub last_block: Option<String>,
-}
-
-/// A tensor larger than the shard limit. It sets the floor of every
-/// loader's peak, so the user hears about it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Oversized {
-    pub tensor: String,
-    pub bytes: u64,
-    pub file: String,
-}
-
-/// Bytes before and after for one cast pair.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CastPair {
-    pub from: Dtype,
-    pub to: Dtype,
-    pub tensors: usize,
-    pub bytes_before: u64,
-    pub bytes_after: u64,
-}
-
-/// A tied name left out under `dedupe_tied`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Dropped {
-    pub tensor: String,
-    pub same_as: String,
-}
-
-/// Everything `convert` will write, decided before a byte is read.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Plan {
-    pub options: PlanOptions,
-    pub prefix: String,
-    pub shards: Vec<ShardPlan>,
-    /// `None` when everything fits in one shard (`<prefix>.safetensors`).
-    pub index_file: Option<String>,
-    /// Tensor names in layer order, as the index's weight_map lists them.
-    pub layer_order: Vec<String>,
-    pub total_size: u64,
-    pub oversized: Vec<Oversized>,
-    pub casts: Vec<CastPair>,
-    pub dropped: Vec<Dropped>,
-    /// Metadata of every output shard (for safetensors, `__metadata__`,
-    /// always with `format: pt`).
-    pub metadata: BTreeMap<String, String>,
-    /// A quantized source: its scheme and what was dequantized.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub quantization: Option<QuantRecord>,
 }
 
 impl Plan {

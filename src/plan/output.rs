@@ -11,26 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
-use super::PlannedTensor;
-
-/// Which format `convert` writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OutputFormat {
-    /// safetensors shards with a Hugging Face index.
-    #[default]
-    Safetensors,
-}
-
-impl OutputFormat {
-    /// True for the default, which plans and manifests leave out (so
-    /// plans made before the tag existed serialize as they did).
-    pub fn is_default(&self) -> bool {
-        *self == OutputFormat::default()
-    }
-}
+use super::types::PlannedTensor;
 
 /// What an output format decides while a plan is built.
 pub trait ShardLayout: Sync {

@@ -27,9 +27,11 @@ use std::process::{Command, Stdio};
 
 use serde::{Deserialize, Serialize};
 
+use super::error::ValidateError;
 use super::ledger::CommitLedger;
+use super::load::{self, validate};
+use super::options::ValidateOptions;
 use super::report::{Failure, ValidateReport};
-use super::{validate, ValidateError, ValidateOptions};
 
 /// The hidden subcommand the child runs under.
 pub const CHILD_SUBCOMMAND: &str = "__validate-child";
@@ -124,8 +126,9 @@ fn interpret(
 }
 
 /// The child's entry point: runs the validation its environment describes
-/// under the budget and prints the outcome as JSON. Returns the exit code.
-pub fn child_main() -> i32 {
+/// under the budget and returns the outcome as the one line of JSON the
+/// parent reads from the child's stdout (the binary prints it).
+pub fn child_main() -> String {
     let outcome = match child_run() {
         Ok(report) => ChildOutcome::Report(Box::new(report)),
         Err(e) => {
@@ -138,9 +141,7 @@ pub fn child_main() -> i32 {
             ChildOutcome::Error { chain }
         }
     };
-    let json = serde_json::to_string(&outcome).unwrap_or_else(|_| "{}".into());
-    println!("{json}");
-    0
+    serde_json::to_string(&outcome).unwrap_or_else(|_| "{}".into())
 }
 
 fn child_run() -> Result<ValidateReport, ValidateError> {
@@ -154,7 +155,7 @@ fn child_run() -> Result<ValidateReport, ValidateError> {
     let mut ledger = CommitLedger::start();
     let mut limit = None;
     let mut enforced = None;
-    let result = super::run(&args.path, &args.options, &mut ledger, |ledger| {
+    let result = load::run(&args.path, &args.options, &mut ledger, |ledger| {
         ledger.rebase();
         let total = ledger.baseline().saturating_add(budget);
         let set = crate::platform::CommitLimit::set(total).map_err(|e| ValidateError::Io {

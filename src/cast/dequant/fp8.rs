@@ -5,10 +5,9 @@
 //! decodes the F8 code through a 256-entry f32 table, multiplies by the
 //! scale in f32 and rounds with the cast kernels.
 
-use super::{Chunk, DequantError, DequantStream, Scheme};
 use crate::cast::f8;
 use crate::cast::kernels::{self as k, drive, Flags};
-use crate::cast::{CastStats, OverflowPolicy};
+use crate::cast::policy::{CastStats, OverflowPolicy};
 use crate::format::Dtype;
 
 /// F8_E8M0 (UE8M0) bits -> f32: `2^(e - 127)`, 255 is NaN. Exponent 0 is
@@ -76,13 +75,13 @@ pub(super) fn product<const SAT: bool>(w: f32, s: f32) -> (u32, bool) {
 }
 
 #[inline(always)]
-fn with_overflow<T>((bits, mut f): (T, Flags), overflow: bool) -> (T, Flags) {
+pub(super) fn with_overflow<T>((bits, mut f): (T, Flags), overflow: bool) -> (T, Flags) {
     f.overflow |= overflow;
     (bits, f)
 }
 
 /// Dequantizes one run of codes sharing scale `s` into `to`.
-fn scaled_run<const SAT: bool>(
+pub(super) fn scaled_run<const SAT: bool>(
     table: &[f32; 256],
     s: f32,
     to: Dtype,
@@ -124,79 +123,5 @@ pub(super) fn run(
         OverflowPolicy::Error | OverflowPolicy::Inf => {
             scaled_run::<false>(table, s, to, input, out)
         }
-    }
-}
-
-impl DequantStream<'_> {
-    pub(super) fn fill_fp8(&mut self, buf: &mut [u8]) -> Result<Chunk, DequantError> {
-        let Scheme::Blocks {
-            cols,
-            block_rows,
-            block_cols,
-            ..
-        } = self.scheme
-        else {
-            unreachable!("fill_fp8 on a blocks scheme only");
-        };
-        let (block_rows, block_cols, cols) = (block_rows.max(1), block_cols.max(1), cols.max(1));
-        let osz = (self.to.bits() / 8) as usize;
-        let left = self.units() - self.done;
-        let n = usize::try_from(left)
-            .unwrap_or(usize::MAX)
-            .min(buf.len() / (1 + osz));
-        let (input, rest) = buf.split_at_mut(n);
-        self.reader
-            .read_chunk(self.weight, &mut self.weights, input)?;
-        let out = &mut rest[..n * osz];
-        let table = code_table(self.weight.dtype);
-        let mut at = 0usize;
-        while at < n {
-            let pos = self.done + at as u64;
-            let (r, c) = (pos / cols, pos % cols);
-            let scale_row = r / block_rows;
-            if self.row != Some(scale_row) {
-                self.load_scale_row(scale_row)?;
-            }
-            let run_len = (block_cols - c % block_cols).min(cols - c);
-            let run_len = usize::try_from(run_len).unwrap_or(usize::MAX).min(n - at);
-            let s = self.row_values[usize::try_from(c / block_cols).unwrap_or(usize::MAX)];
-            self.stats += run(
-                &table,
-                s,
-                self.to,
-                self.policy,
-                &input[at..at + run_len],
-                &mut out[at * osz..(at + run_len) * osz],
-            );
-            at += run_len;
-        }
-        self.done += n as u64;
-        Ok(Chunk {
-            start: n,
-            len: n * osz,
-            read: n as u64,
-        })
-    }
-
-    /// Reads scale rows up to `row` (the stream moves forward only: rows of
-    /// a row-major weight meet their scale rows in order).
-    fn load_scale_row(&mut self, row: u64) -> Result<(), DequantError> {
-        let Some((size, decode)) = scale_decoder(self.scale.dtype) else {
-            return Err(DequantError::ScaleDtype {
-                tensor: self.weight.name.clone(),
-                scale: self.scale.name.clone(),
-                dtype: self.scale.dtype,
-            });
-        };
-        let per_row = usize::try_from(self.scheme.scale_row()).unwrap_or(usize::MAX);
-        let mut bytes = vec![0u8; per_row * size];
-        let mut next = self.row.map_or(0, |r| r + 1);
-        while next <= row {
-            self.read_scales(&mut bytes)?;
-            next += 1;
-        }
-        self.row_values = bytes.chunks_exact(size).map(decode).collect();
-        self.row = Some(row);
-        Ok(())
     }
 }

@@ -10,9 +10,8 @@
 //! 32, rows]`. One expert is done per chunk: its codes, its scales and its
 //! output all sit in the caller's buffer.
 
-use super::{Chunk, DequantError, DequantStream, Scheme};
 use crate::cast::kernels as k;
-use crate::cast::{CastStats, OverflowPolicy};
+use crate::cast::policy::CastStats;
 use crate::format::Dtype;
 
 /// The value of each E2M1 code (sign, 2 exponent bits, 1 mantissa bit), as
@@ -60,7 +59,7 @@ fn one<const SAT: bool>(c: u8, p2: f64, to: Dtype, out: &mut [u8], stats: &mut C
 
 /// Dequantizes one expert: `codes` `[rows, groups, 16]`, `scales` `[rows,
 /// groups]`, into `out` `[groups * 32, rows]` of `to`.
-fn expert<const SAT: bool>(
+pub(super) fn expert<const SAT: bool>(
     codes: &[u8],
     scales: &[u8],
     rows: usize,
@@ -84,37 +83,4 @@ fn expert<const SAT: bool>(
         }
     }
     stats
-}
-
-impl DequantStream<'_> {
-    pub(super) fn fill_mxfp4(&mut self, buf: &mut [u8]) -> Result<Chunk, DequantError> {
-        let Scheme::Mxfp4 { rows, groups, .. } = self.scheme else {
-            unreachable!("fill_mxfp4 on an mxfp4 scheme only");
-        };
-        let (rows, groups) = (
-            usize::try_from(rows).unwrap_or(usize::MAX),
-            usize::try_from(groups).unwrap_or(usize::MAX),
-        );
-        // min_buffer() checked that codes, scales and output fit.
-        let osz = (self.to.bits() / 8) as usize;
-        let cells = rows * groups;
-        let (codes, rest) = buf.split_at_mut(cells * 16);
-        let (scales, rest) = rest.split_at_mut(cells);
-        let out = &mut rest[..cells * 32 * osz];
-        self.reader
-            .read_chunk(self.weight, &mut self.weights, codes)?;
-        self.read_scales(scales)?;
-        self.stats += match self.policy {
-            OverflowPolicy::Saturate => expert::<true>(codes, scales, rows, groups, self.to, out),
-            OverflowPolicy::Error | OverflowPolicy::Inf => {
-                expert::<false>(codes, scales, rows, groups, self.to, out)
-            }
-        };
-        self.done += 1;
-        Ok(Chunk {
-            start: cells * 17,
-            len: cells * 32 * osz,
-            read: (cells * 16) as u64,
-        })
-    }
 }

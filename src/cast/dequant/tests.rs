@@ -5,6 +5,8 @@
 use super::fp8::{code_table, run};
 use super::mxfp4::power_of_two;
 use super::*;
+use crate::cast::OverflowPolicy;
+use crate::format::Dtype;
 
 /// sign * 2^exp * (1 + mant / 2^mbits), or the subnormal, from first principles.
 fn reference_minifloat(b: u8, ebits: u32, mbits: u32, bias: i32) -> f64 {

@@ -4,78 +4,15 @@
 
 use anyhow::Context;
 
-use reshard::convert::split::ComponentPrefix;
 use reshard::convert::{convert_split, ComponentSummary, ConvertOptions, ConvertSummary};
 use reshard::exec::WindowPool;
 use reshard::format;
 use reshard::format::layout::{self, ModelLayout};
 
-use super::{render_plan, render_summary, Args};
+use super::args::Args;
+use super::render::{render_plan, render_summary};
 use crate::cli::progress::Bar;
 use crate::cli::{printer, ExitStatus};
-
-/// The options about the output's layout (one file, components).
-#[derive(Debug, Clone, clap::Args)]
-pub struct LayoutArgs {
-    /// Write each weight set as one `<prefix>.safetensors` (no index), for
-    /// UIs that load one file (ComfyUI, A1111/Forge, InvokeAI): streamed
-    /// through the window like shards, layer-ordered, the source's
-    /// `__metadata__` kept. Merges a sharded checkpoint into one file.
-    #[arg(long, conflicts_with = "max_shard_size")]
-    pub single_file: bool,
-    /// Split an all-in-one UI checkpoint into one file per component,
-    /// `DST/NAME/NAME.safetensors`, names without their prefix (see
-    /// docs/layouts.md for the prefix table).
-    #[arg(long, conflicts_with = "max_shard_size")]
-    pub split_components: bool,
-    /// With --split-components: tensors starting with PREFIX form component
-    /// NAME (repeatable; wins over the built-in table).
-    #[arg(long, value_name = "NAME=PREFIX", requires = "split_components")]
-    pub component_prefix: Vec<ComponentPrefix>,
-    /// With --dtype: keep these in their dtype (repeatable): `vae` (a
-    /// pipeline's or a split's `vae`, and `first_stage_model.*` in one
-    /// file), `norms` (every `*norm*` and `*ln_*` tensor).
-    #[arg(long, value_enum, value_name = "PRESET")]
-    pub keep_dtype_preset: Vec<KeepPreset>,
-}
-
-/// Common cases of `--keep-dtype` (docs/layouts.md says why).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum KeepPreset {
-    /// The VAE: in f16 the SD and SDXL VAEs overflow to NaN (black images).
-    Vae,
-    /// Normalization weights: tiny, and the scales most hurt by rounding.
-    Norms,
-}
-
-impl KeepPreset {
-    /// The tensor-name globs the preset keeps.
-    pub fn globs(self) -> &'static [&'static str] {
-        match self {
-            KeepPreset::Vae => &["first_stage_model.*"],
-            KeepPreset::Norms => &["*norm*", "*ln_*"],
-        }
-    }
-
-    /// The weight sets (layout folders, split components) kept whole.
-    pub fn components(self) -> &'static [&'static str] {
-        match self {
-            KeepPreset::Vae => &["vae"],
-            KeepPreset::Norms => &[],
-        }
-    }
-}
-
-impl LayoutArgs {
-    /// The shard limit these options leave: none with `--single-file`.
-    pub(super) fn max_shard_size(&self, given: u64) -> u64 {
-        if self.single_file {
-            u64::MAX
-        } else {
-            given
-        }
-    }
-}
 
 /// `convert --split-components`.
 pub(super) fn run_split(args: &Args, options: &ConvertOptions) -> anyhow::Result<ExitStatus> {
@@ -202,7 +139,7 @@ pub(super) fn print_notes(s: &ConvertSummary, folder: &str) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::ConvertArgs;
+    use super::super::args::ConvertArgs;
     use clap::Parser;
 
     #[derive(clap::Parser)]

@@ -1,0 +1,248 @@
+//! One quantized weight being dequantized, chunk after chunk: the stream
+//! the executor and validate drive. The per-scheme arithmetic is in
+//! [`super::fp8`] and [`super::mxfp4`], as `impl` blocks of this type.
+
+use super::error::DequantError;
+use super::fp8::{self, code_table, run, scale_decoder};
+use super::mxfp4::expert;
+use crate::cast::policy::{CastStats, OverflowPolicy, TARGETS};
+use crate::format::read::{SourceReader, TensorBytes};
+use crate::format::{Dtype, Tensor};
+use crate::quant::Scheme;
+
+/// The output chunk [`DequantStream::fill`] wrote: `buf[start..start + len]`,
+/// from `read` bytes of the weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    pub start: usize,
+    pub len: usize,
+    pub read: u64,
+}
+
+/// One quantized weight being dequantized, chunk after chunk.
+pub struct DequantStream<'a> {
+    reader: &'a SourceReader,
+    weight: &'a Tensor,
+    scale: &'a Tensor,
+    weights: TensorBytes,
+    scales: TensorBytes,
+    scheme: Scheme,
+    to: Dtype,
+    policy: OverflowPolicy,
+    /// Elements (FP8) or experts (MXFP4) done.
+    done: u64,
+    /// FP8: the scale row `row` as f32.
+    row: Option<u64>,
+    row_values: Vec<f32>,
+    stats: CastStats,
+}
+
+impl<'a> DequantStream<'a> {
+    /// Starts dequantizing `weight` with `scale` into `to` (BF16, F16, F32 or
+    /// F64). Fails on a dtype pair this stage has no kernel for.
+    pub fn open(
+        reader: &'a SourceReader,
+        weight: &'a Tensor,
+        scale: &'a Tensor,
+        scheme: &Scheme,
+        to: Dtype,
+        policy: OverflowPolicy,
+    ) -> Result<Self, DequantError> {
+        let codes_ok = match scheme {
+            Scheme::Blocks { .. } => matches!(weight.dtype, Dtype::F8_E4M3 | Dtype::F8_E5M2),
+            Scheme::Mxfp4 { .. } => weight.dtype == Dtype::U8,
+        };
+        if !codes_ok || !TARGETS.contains(&to) {
+            return Err(DequantError::Unsupported {
+                tensor: weight.name.clone(),
+                from: weight.dtype,
+                to,
+            });
+        }
+        let scale_ok = match scheme {
+            Scheme::Blocks { .. } => fp8::scale_decoder(scale.dtype).is_some(),
+            Scheme::Mxfp4 { .. } => matches!(scale.dtype, Dtype::U8 | Dtype::F8_E8M0),
+        };
+        if !scale_ok {
+            return Err(DequantError::ScaleDtype {
+                tensor: weight.name.clone(),
+                scale: scale.name.clone(),
+                dtype: scale.dtype,
+            });
+        }
+        Ok(DequantStream {
+            reader,
+            weight,
+            scale,
+            weights: reader.tensor_bytes_gathered(weight, 0),
+            scales: reader.tensor_bytes_gathered(scale, 0),
+            scheme: scheme.clone(),
+            to,
+            policy,
+            done: 0,
+            row: None,
+            row_values: Vec::new(),
+            stats: CastStats::default(),
+        })
+    }
+
+    /// True once every element has been written.
+    pub fn is_done(&self) -> bool {
+        self.done >= self.units()
+    }
+
+    /// Counts so far (overflow, underflow, NaN), as for a cast.
+    pub fn stats(&self) -> CastStats {
+        self.stats
+    }
+
+    /// The smallest buffer [`DequantStream::fill`] accepts.
+    pub fn min_buffer(&self) -> u64 {
+        self.scheme.min_buffer(self.to)
+    }
+
+    fn units(&self) -> u64 {
+        match self.scheme {
+            Scheme::Blocks { rows, cols, .. } => rows.saturating_mul(cols),
+            // An expert of no values has nothing to write: a `[1, 2^62, 0,
+            // 16]` weight is done at once, not after 2^62 empty rows.
+            Scheme::Mxfp4 {
+                experts,
+                rows,
+                groups,
+            } if rows.saturating_mul(groups) > 0 => experts,
+            Scheme::Mxfp4 { .. } => 0,
+        }
+    }
+
+    /// Reads the next chunk of the weight into the front of `buf` and
+    /// writes its dequantized values after it.
+    pub fn fill(&mut self, buf: &mut [u8]) -> Result<Chunk, DequantError> {
+        let need = self.min_buffer();
+        if (buf.len() as u64) < need {
+            return Err(DequantError::BufferTooSmall {
+                tensor: self.weight.name.clone(),
+                needed: need,
+                have: buf.len() as u64,
+            });
+        }
+        match self.scheme {
+            Scheme::Blocks { .. } => self.fill_fp8(buf),
+            Scheme::Mxfp4 { .. } => self.fill_mxfp4(buf),
+        }
+    }
+
+    /// Reads `n` scale values' bytes (sequentially) into `out`.
+    fn read_scales(&mut self, out: &mut [u8]) -> Result<(), DequantError> {
+        self.reader
+            .read_chunk(self.scale, &mut self.scales, out)
+            .map_err(DequantError::from)
+    }
+}
+
+impl DequantStream<'_> {
+    fn fill_fp8(&mut self, buf: &mut [u8]) -> Result<Chunk, DequantError> {
+        let Scheme::Blocks {
+            cols,
+            block_rows,
+            block_cols,
+            ..
+        } = self.scheme
+        else {
+            unreachable!("fill_fp8 on a blocks scheme only");
+        };
+        let (block_rows, block_cols, cols) = (block_rows.max(1), block_cols.max(1), cols.max(1));
+        let osz = (self.to.bits() / 8) as usize;
+        let left = self.units() - self.done;
+        let n = usize::try_from(left)
+            .unwrap_or(usize::MAX)
+            .min(buf.len() / (1 + osz));
+        let (input, rest) = buf.split_at_mut(n);
+        self.reader
+            .read_chunk(self.weight, &mut self.weights, input)?;
+        let out = &mut rest[..n * osz];
+        let table = code_table(self.weight.dtype);
+        let mut at = 0usize;
+        while at < n {
+            let pos = self.done + at as u64;
+            let (r, c) = (pos / cols, pos % cols);
+            let scale_row = r / block_rows;
+            if self.row != Some(scale_row) {
+                self.load_scale_row(scale_row)?;
+            }
+            let run_len = (block_cols - c % block_cols).min(cols - c);
+            let run_len = usize::try_from(run_len).unwrap_or(usize::MAX).min(n - at);
+            let s = self.row_values[usize::try_from(c / block_cols).unwrap_or(usize::MAX)];
+            self.stats += run(
+                &table,
+                s,
+                self.to,
+                self.policy,
+                &input[at..at + run_len],
+                &mut out[at * osz..(at + run_len) * osz],
+            );
+            at += run_len;
+        }
+        self.done += n as u64;
+        Ok(Chunk {
+            start: n,
+            len: n * osz,
+            read: n as u64,
+        })
+    }
+
+    /// Reads scale rows up to `row` (the stream moves forward only: rows of
+    /// a row-major weight meet their scale rows in order).
+    fn load_scale_row(&mut self, row: u64) -> Result<(), DequantError> {
+        let Some((size, decode)) = scale_decoder(self.scale.dtype) else {
+            return Err(DequantError::ScaleDtype {
+                tensor: self.weight.name.clone(),
+                scale: self.scale.name.clone(),
+                dtype: self.scale.dtype,
+            });
+        };
+        let per_row = usize::try_from(self.scheme.scale_row()).unwrap_or(usize::MAX);
+        let mut bytes = vec![0u8; per_row * size];
+        let mut next = self.row.map_or(0, |r| r + 1);
+        while next <= row {
+            self.read_scales(&mut bytes)?;
+            next += 1;
+        }
+        self.row_values = bytes.chunks_exact(size).map(decode).collect();
+        self.row = Some(row);
+        Ok(())
+    }
+}
+
+impl DequantStream<'_> {
+    fn fill_mxfp4(&mut self, buf: &mut [u8]) -> Result<Chunk, DequantError> {
+        let Scheme::Mxfp4 { rows, groups, .. } = self.scheme else {
+            unreachable!("fill_mxfp4 on an mxfp4 scheme only");
+        };
+        let (rows, groups) = (
+            usize::try_from(rows).unwrap_or(usize::MAX),
+            usize::try_from(groups).unwrap_or(usize::MAX),
+        );
+        // min_buffer() checked that codes, scales and output fit.
+        let osz = (self.to.bits() / 8) as usize;
+        let cells = rows * groups;
+        let (codes, rest) = buf.split_at_mut(cells * 16);
+        let (scales, rest) = rest.split_at_mut(cells);
+        let out = &mut rest[..cells * 32 * osz];
+        self.reader
+            .read_chunk(self.weight, &mut self.weights, codes)?;
+        self.read_scales(scales)?;
+        self.stats += match self.policy {
+            OverflowPolicy::Saturate => expert::<true>(codes, scales, rows, groups, self.to, out),
+            OverflowPolicy::Error | OverflowPolicy::Inf => {
+                expert::<false>(codes, scales, rows, groups, self.to, out)
+            }
+        };
+        self.done += 1;
+        Ok(Chunk {
+            start: cells * 17,
+            len: cells * 32 * osz,
+            read: (cells * 16) as u64,
+        })
+    }
+}

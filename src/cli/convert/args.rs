@@ -1,0 +1,236 @@
+//! The flags of `reshard convert`: parsed by clap, turned into the
+//! library's [`ConvertOptions`] by [`ConvertArgs::to_options`].
+
+use std::path::PathBuf;
+
+use reshard::cast::OverflowPolicy;
+use reshard::convert::ConvertOptions;
+use reshard::exec::CopyPath;
+use reshard::format::Dtype;
+use reshard::plan::PlanOptions;
+use reshard::units::ByteSize;
+use reshard::write::digest::DigestAlgo;
+
+use crate::cli::inspect::OrderArg;
+use crate::cli::validate::LoadArgs;
+use reshard::convert::split::ComponentPrefix;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The checkpoint to read (file, folder or Hugging Face cache folder).
+    pub src: PathBuf,
+    /// The folder to write (created if missing; never the source folder).
+    pub dst: PathBuf,
+    #[command(flatten)]
+    pub options: ConvertArgs,
+    /// Print the plan and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print a JSON summary (or, with --dry-run, the plan) on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Print only errors.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// Also list every shard written.
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// After converting, run `reshard validate DST --against SRC`: load the
+    /// output through reshard's loader and compare every tensor with the
+    /// source (exit 1 when a check fails).
+    #[arg(long)]
+    pub validate: bool,
+    #[command(flatten, next_help_heading = "Validation (--validate)")]
+    pub load: LoadArgs,
+}
+
+/// The options `convert` and `batch` share.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConvertArgs {
+    /// Largest shard (tensor bytes). IEC units (KiB, MiB, GiB) are powers of
+    /// 1024; SI units (KB, MB, GB) are powers of 1000, as Hugging Face uses.
+    #[arg(long, default_value = "1GiB", value_name = "SIZE")]
+    pub max_shard_size: ByteSize,
+    #[command(flatten)]
+    pub layout: LayoutArgs,
+    /// Memory for buffers in flight, for the whole process.
+    #[arg(long, default_value = "256MiB", value_name = "SIZE")]
+    pub window: ByteSize,
+    /// Tensor order in the output.
+    #[arg(long, value_enum, default_value = "forward")]
+    pub order: OrderArg,
+    /// Worker threads (default: all cores).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Replace a DST that holds another conversion or other files.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Hide the progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+    /// Cast floating-point tensors to this dtype (bf16, f16, f32, f64).
+    #[arg(long, value_name = "DTYPE")]
+    pub dtype: Option<Dtype>,
+    /// Keep tensors whose names match this glob in their dtype (repeatable).
+    #[arg(long, value_name = "GLOB")]
+    pub keep_dtype: Vec<String>,
+    /// What to do with values too large for --dtype.
+    #[arg(long, value_enum, default_value = "error")]
+    pub on_overflow: OverflowArg,
+    /// Write only the first name of tensors that share one storage.
+    #[arg(long)]
+    pub dedupe_tied: bool,
+    /// Write expanded (stride-0) views even when their output is more than
+    /// 16 times the bytes they read (a tiny .bin can otherwise ask for
+    /// petabytes).
+    #[arg(long)]
+    pub allow_expanded: bool,
+    /// Write quantized (FP8, MXFP4) weights that have no scale as their
+    /// plain codes instead of refusing them.
+    #[arg(long)]
+    pub allow_unscaled: bool,
+    /// Record each shard's sha256 in reshard.json (what `sha256sum` prints
+    /// and Hub LFS object ids are) instead of its BLAKE3, which costs a
+    /// fraction of the CPU.
+    #[arg(long)]
+    pub sha256: bool,
+    /// Read and write every byte through buffers instead of reading the
+    /// source through read-only shared mappings (never copy-on-write).
+    /// Mappings already fall back by themselves where a file system refuses
+    /// them; this avoids the one risk they carry, a source truncated by
+    /// another program mid-read (see docs/convert.md).
+    #[arg(long, alias = "no-kernel-copy")]
+    pub no_mmap: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum OverflowArg {
+    /// Fail, naming the tensor and the count.
+    Error,
+    /// Clamp to the largest finite value of the target.
+    Saturate,
+    /// Become +-inf, as torch does.
+    Inf,
+}
+
+impl ConvertArgs {
+    pub fn to_options(&self) -> ConvertOptions {
+        ConvertOptions {
+            plan: PlanOptions {
+                max_shard_size: self.layout.max_shard_size(self.max_shard_size.bytes()),
+                order: self.order.into(),
+                dtype: self.dtype,
+                keep_dtype: self
+                    .keep_dtype
+                    .iter()
+                    .cloned()
+                    .chain(
+                        self.layout
+                            .keep_dtype_preset
+                            .iter()
+                            .flat_map(|p| p.globs().iter().map(|g| g.to_string())),
+                    )
+                    .collect(),
+                on_overflow: match self.on_overflow {
+                    OverflowArg::Error => OverflowPolicy::Error,
+                    OverflowArg::Saturate => OverflowPolicy::Saturate,
+                    OverflowArg::Inf => OverflowPolicy::Inf,
+                },
+                dedupe_tied: self.dedupe_tied,
+                allow_unscaled: self.allow_unscaled,
+                format: Default::default(),
+            },
+            window: self.window.bytes(),
+            threads: self
+                .threads
+                .unwrap_or_else(|| ConvertOptions::default().threads),
+            overwrite: self.overwrite,
+            copy_other_files: true,
+            walk: reshard::convert::Walk::Flat,
+            config_dtype: true,
+            single_file: false,
+            within: None,
+            allow_expanded: self.allow_expanded,
+            id_salt: None,
+            keep_components: self
+                .layout
+                .keep_dtype_preset
+                .iter()
+                .flat_map(|p| p.components().iter().map(|c| c.to_string()))
+                .collect(),
+            digest: if self.sha256 {
+                DigestAlgo::Sha256
+            } else {
+                DigestAlgo::Blake3
+            },
+            copy: if self.no_mmap {
+                CopyPath::ReadWrite
+            } else {
+                CopyPath::Auto
+            },
+        }
+    }
+}
+
+/// The options about the output's layout (one file, components).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LayoutArgs {
+    /// Write each weight set as one `<prefix>.safetensors` (no index), for
+    /// UIs that load one file (ComfyUI, A1111/Forge, InvokeAI): streamed
+    /// through the window like shards, layer-ordered, the source's
+    /// `__metadata__` kept. Merges a sharded checkpoint into one file.
+    #[arg(long, conflicts_with = "max_shard_size")]
+    pub single_file: bool,
+    /// Split an all-in-one UI checkpoint into one file per component,
+    /// `DST/NAME/NAME.safetensors`, names without their prefix (see
+    /// docs/layouts.md for the prefix table).
+    #[arg(long, conflicts_with = "max_shard_size")]
+    pub split_components: bool,
+    /// With --split-components: tensors starting with PREFIX form component
+    /// NAME (repeatable; wins over the built-in table).
+    #[arg(long, value_name = "NAME=PREFIX", requires = "split_components")]
+    pub component_prefix: Vec<ComponentPrefix>,
+    /// With --dtype: keep these in their dtype (repeatable): `vae` (a
+    /// pipeline's or a split's `vae`, and `first_stage_model.*` in one
+    /// file), `norms` (every `*norm*` and `*ln_*` tensor).
+    #[arg(long, value_enum, value_name = "PRESET")]
+    pub keep_dtype_preset: Vec<KeepPreset>,
+}
+
+impl LayoutArgs {
+    /// The shard limit these options leave: none with `--single-file`.
+    pub(super) fn max_shard_size(&self, given: u64) -> u64 {
+        if self.single_file {
+            u64::MAX
+        } else {
+            given
+        }
+    }
+}
+
+/// Common cases of `--keep-dtype` (docs/layouts.md says why).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeepPreset {
+    /// The VAE: in f16 the SD and SDXL VAEs overflow to NaN (black images).
+    Vae,
+    /// Normalization weights: tiny, and the scales most hurt by rounding.
+    Norms,
+}
+
+impl KeepPreset {
+    /// The tensor-name globs the preset keeps.
+    pub fn globs(self) -> &'static [&'static str] {
+        match self {
+            KeepPreset::Vae => &["first_stage_model.*"],
+            KeepPreset::Norms => &["*norm*", "*ln_*"],
+        }
+    }
+
+    /// The weight sets (layout folders, split components) kept whole.
+    pub fn components(self) -> &'static [&'static str] {
+        match self {
+            KeepPreset::Vae => &["vae"],
+            KeepPreset::Norms => &[],
+        }
+    }
+}

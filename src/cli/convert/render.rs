@@ -1,0 +1,150 @@
+//! The text `convert` prints: the plan of `--dry-run` and the summary of a
+//! run.
+
+use std::fmt::Write as _;
+
+use reshard::convert::ConvertSummary;
+use reshard::names::escape;
+use reshard::plan::Plan;
+use reshard::units::human;
+
+pub fn render_plan(plan: &Plan, window: u64) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "plan: {} shards, {} of tensors, {} tensors",
+        plan.shards.len(),
+        human(plan.total_size),
+        plan.layer_order.len()
+    );
+    for s in &plan.shards {
+        let blocks = match (&s.first_block, &s.last_block) {
+            (Some(a), Some(b)) if a == b => escape(a).into_owned(),
+            (Some(a), Some(b)) => format!("{} .. {}", escape(a), escape(b)),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            o,
+            "  {}  {:>10}  {:>4} tensors  {blocks}",
+            s.file,
+            human(s.data_len),
+            s.tensors.len()
+        );
+    }
+    if let Some(index) = &plan.index_file {
+        let _ = writeln!(o, "  {index}");
+    }
+    for c in &plan.casts {
+        let _ = writeln!(
+            o,
+            "cast {} -> {}: {} tensors, {} -> {}",
+            c.from,
+            c.to,
+            c.tensors,
+            human(c.bytes_before),
+            human(c.bytes_after)
+        );
+    }
+    for t in &plan.oversized {
+        let _ = writeln!(o, "oversized: {} is {}, larger than --max-shard-size; it gets {} alone and sets the floor of every loader's peak", escape(&t.tensor), human(t.bytes), t.file);
+    }
+    for d in &plan.dropped {
+        let _ = writeln!(
+            o,
+            "dropped tied name {} (same bytes as {})",
+            escape(&d.tensor),
+            escape(&d.same_as)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "peak memory: at most {} of buffers (--window) plus a small fixed overhead",
+        human(window)
+    );
+    o
+}
+
+pub fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
+    let mut o = String::new();
+    if s.up_to_date && s.refreshed_files.is_empty() {
+        let _ = writeln!(
+            o,
+            "{} is up to date ({} shards); nothing written",
+            s.dst, s.shards
+        );
+        return o;
+    }
+    if s.up_to_date {
+        let names: Vec<_> = s.refreshed_files.iter().map(|n| escape(n)).collect();
+        let _ = writeln!(
+            o,
+            "{} is up to date ({} shards); refreshed {} file{} changed in the source: {}",
+            s.dst,
+            s.shards,
+            names.len(),
+            if names.len() == 1 { "" } else { "s" },
+            names.join(", ")
+        );
+        return o;
+    }
+    if s.shards == 0 {
+        let _ = writeln!(
+            o,
+            "copied {} files to {} (no weights in this folder)",
+            s.manifest.copied_files.len(),
+            s.dst
+        );
+        return o;
+    }
+    let rate = human((s.bytes_read as f64 / s.seconds.max(1e-9)) as u64);
+    let _ = writeln!(
+        o,
+        "wrote {} shard{} ({}) to {} in {:.2} s ({rate}/s), buffers peaked at {} of a {} window",
+        s.shards,
+        if s.shards == 1 { "" } else { "s" },
+        human(s.bytes_written),
+        s.dst,
+        s.seconds,
+        human(s.peak_buffer_bytes),
+        human(s.window)
+    );
+    if s.resumed_shards > 0 {
+        let _ = writeln!(
+            o,
+            "resumed: kept {} shards an earlier run had finished",
+            s.resumed_shards
+        );
+    }
+    for sh in &s.manifest.shards {
+        if verbose {
+            let _ = writeln!(o, "  {}  {}  {}", sh.file, human(sh.size), sh.digest);
+        }
+        for t in &sh.tensors {
+            if let Some(c) = &t.cast {
+                let st = &c.stats;
+                if st.overflow + st.underflow + st.nan > 0 {
+                    let _ = writeln!(
+                        o,
+                        "  {}: {} -> {}: {} overflowed, {} underflowed to zero, {} NaN",
+                        escape(&t.name),
+                        c.from,
+                        c.to,
+                        st.overflow,
+                        st.underflow,
+                        st.nan
+                    );
+                }
+            }
+        }
+    }
+    for t in &s.manifest.oversized {
+        let _ = writeln!(
+            o,
+            "note: {} ({}) is larger than --max-shard-size and sits alone in {}",
+            escape(&t.tensor),
+            human(t.bytes),
+            t.file
+        );
+    }
+    o
+}

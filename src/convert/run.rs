@@ -1,0 +1,274 @@
+//! One conversion, start to finish: plan, lock and clean DST, execute,
+//! copy the other files, commit the index and manifest.
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::exec::{self, ExecOptions, Reporter, WindowPool};
+use crate::format::Checkpoint;
+use crate::plan::Plan;
+use crate::write::digest::{file_matches, DigestAlgo};
+use crate::write::lock::DstLock;
+use crate::write::manifest::{plan_id, Manifest, ShardRecord, SourceIdentity, MANIFEST, PARTIAL};
+use crate::write::owned::DstInventory;
+use crate::write::scope::{OutputScope, ScopeRules};
+use crate::write::{remove_stale_temps, sync_dir, write_atomic, WriteError};
+
+use super::error::ConvertError;
+use super::options::{BeforeCommit, ConvertOptions, ConvertSummary};
+use super::{dst, other};
+
+/// Converts `ck` into `dst`. `cancel` stops the run between chunks (Ctrl-C).
+pub fn convert(
+    ck: &Checkpoint,
+    dst: &Path,
+    options: &ConvertOptions,
+    reporter: &dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<ConvertSummary, ConvertError> {
+    convert_with_pool(
+        ck,
+        dst,
+        options,
+        &WindowPool::new(options.window),
+        reporter,
+        cancel,
+    )
+}
+
+/// As [`convert`], with buffers from a pool shared with other jobs (`batch`).
+pub fn convert_with_pool(
+    ck: &Checkpoint,
+    dst: &Path,
+    options: &ConvertOptions,
+    pool: &WindowPool,
+    reporter: &dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<ConvertSummary, ConvertError> {
+    convert_gated(ck, dst, options, pool, reporter, cancel, &|| Ok(()))
+}
+
+/// As [`convert_with_pool`], asking `before_commit` first where the run
+/// would remove what an earlier run left in DST, and again after the shards
+/// are written, before the other files, the index and the manifest. When it
+/// refuses, the shards this run wrote are removed (the partial manifest
+/// stops recording them first), so DST holds no output a rerun could call
+/// up to date and nothing this run did not write is gone.
+pub fn convert_gated(
+    ck: &Checkpoint,
+    dst: &Path,
+    options: &ConvertOptions,
+    pool: &WindowPool,
+    reporter: &dyn Reporter,
+    cancel: &AtomicBool,
+    before_commit: BeforeCommit,
+) -> Result<ConvertSummary, ConvertError> {
+    let not_committed = |source| ConvertError::NotCommitted {
+        dst: dst.to_path_buf(),
+        source,
+    };
+    let started = Instant::now();
+    let rules = ScopeRules {
+        single_file: options.single_file,
+        within: options.within.as_deref(),
+    };
+    let mut scope = OutputScope::resolve(ck, dst, rules)?;
+    let plan = crate::write::format::plan(ck, &options.plan)?;
+    crate::plan::check_expanded(ck, &plan, options.allow_expanded)?;
+    let mut source = SourceIdentity::of(ck);
+    source.root = Some(scope.root().display().to_string());
+    let id = match &options.id_salt {
+        None => plan_id(&source, &options.plan),
+        Some(salt) => {
+            use sha2::{Digest, Sha256};
+            let key = format!("{}\n{salt}", plan_id(&source, &options.plan));
+            crate::write::shard::hex(&Sha256::digest(key.as_bytes()))
+        }
+    };
+    let mut others = if options.copy_other_files {
+        other::select(ck, &scope, &options.walk)?
+    } else {
+        other::OtherFiles::default()
+    };
+    if plan.quantization.as_ref().is_some_and(|q| q.dequantized) {
+        // ModelOpt's quantization config: the output is dense.
+        others.files.retain(|f| f.name != "hf_quant_config.json");
+    }
+    // A config.json that cannot be rewritten fails now, before any shard.
+    let dtype = options.plan.dtype.filter(|_| options.config_dtype);
+    let config = other::rewritten_config(ck, &others, dtype)?;
+    std::fs::create_dir_all(dst).map_err(|e| WriteError::io(dst, e))?;
+    scope.confirm(ck, rules)?;
+    let lock = DstLock::acquire(dst)?;
+    remove_stale_temps(dst, &lock)?;
+    let inventory = DstInventory::read(dst, &lock)?;
+
+    let (done, doomed) = match dst::decide(dst, &inventory, &id, options.overwrite)? {
+        dst::DstState::UpToDate(mut manifest) => {
+            let refreshed = other::refresh(&mut others, dst, config.as_deref(), &mut manifest)?;
+            let mut s = summary(dst, true, 0, &plan, 0, started, pool, options, manifest);
+            s.refreshed_files = refreshed;
+            s.skipped_files = others.skipped;
+            s.copied_as_is = others.copied_as_is;
+            return Ok(s);
+        }
+        dst::DstState::Resume(partial) => (
+            verified_shards(dst, &plan, partial.shards, options.digest),
+            None,
+        ),
+        dst::DstState::Fresh { remove } => (Vec::new(), Some(remove)),
+    };
+    dst::check_space(dst, ck, &plan, &done, &others, doomed.as_ref())?;
+    if let Some(doomed) = &doomed {
+        if !doomed.is_empty() || inventory.manifest.is_some() {
+            // An earlier run's output stays until the check has passed.
+            before_commit().map_err(not_committed)?;
+        }
+        dst::clear(dst, &inventory, doomed, &lock)?;
+    }
+    let resumed = done.len();
+
+    let mut manifest = Manifest {
+        reshard_version: env!("CARGO_PKG_VERSION").to_string(),
+        plan_id: id,
+        source,
+        options: options.plan.clone(),
+        index_file: plan.index_file.clone(),
+        shards: done,
+        copied_files: Vec::new(),
+        copied_sources: Vec::new(),
+        oversized: plan.oversized.clone(),
+        dropped: plan.dropped.clone(),
+        planned: Vec::new(),
+        quantization: plan.quantization.clone(),
+    };
+    let mut partial = manifest.clone();
+    partial.planned = plan
+        .shards
+        .iter()
+        .map(|s| s.file.clone())
+        .chain(plan.index_file.clone())
+        .collect();
+    write_atomic(dst, PARTIAL, &partial.to_json())?;
+    let progress = Mutex::new(partial);
+    let record_shard = |record: &ShardRecord| -> Result<(), WriteError> {
+        let mut partial = progress
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        partial.shards.push(record.clone());
+        write_atomic(dst, PARTIAL, &partial.to_json())
+    };
+    let finished: Vec<String> = manifest.shards.iter().map(|s| s.file.clone()).collect();
+    let todo_bytes: u64 = plan
+        .shards
+        .iter()
+        .filter(|s| !finished.contains(&s.file))
+        .flat_map(|s| s.tensors.iter().map(|t| ck.tensors[t.input.primary()].len))
+        .sum();
+    reporter.start(todo_bytes);
+    let exec_options = ExecOptions {
+        threads: options.threads,
+        cancel,
+        skip: &|s| finished.contains(&s.file),
+        on_shard: &record_shard,
+        digest: options.digest,
+        copy: options.copy,
+    };
+    let new = exec::execute(ck, &plan, dst, pool, &exec_options, reporter);
+    reporter.finish();
+    let new = new?;
+    ck.check_unchanged()?;
+    if let Err(source) = before_commit() {
+        let partial = progress
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        dst::forget(dst, &partial, &new, &lock)?;
+        return Err(not_committed(source));
+    }
+    manifest.shards.extend(new);
+    // Shards in plan order, whatever order the workers finished in.
+    let position = |f: &str| plan.shards.iter().position(|s| s.file == f);
+    manifest.shards.sort_by_key(|s| position(&s.file));
+
+    manifest.copied_files = other::copy(&others.files, dst, config.as_deref())?;
+    manifest.copied_sources = other::records(&others.files);
+    sync_dir(dst)?;
+    if let Some(index) = &plan.index_file {
+        write_atomic(
+            dst,
+            index,
+            &crate::write::format::of_plan(&plan).index_bytes(&plan),
+        )?;
+    }
+    write_atomic(dst, MANIFEST, &manifest.to_json())?;
+    let _ = std::fs::remove_file(dst.join(PARTIAL));
+    sync_dir(dst)?;
+    drop(lock);
+    let mut s = summary(
+        dst, false, resumed, &plan, todo_bytes, started, pool, options, manifest,
+    );
+    s.skipped_files = others.skipped;
+    s.copied_as_is = others.copied_as_is;
+    Ok(s)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn summary(
+    dst: &Path,
+    up_to_date: bool,
+    resumed: usize,
+    plan: &Plan,
+    bytes_read: u64,
+    started: Instant,
+    pool: &WindowPool,
+    options: &ConvertOptions,
+    manifest: Manifest,
+) -> ConvertSummary {
+    ConvertSummary {
+        dst: dst.display().to_string(),
+        up_to_date,
+        refreshed_files: Vec::new(),
+        shards: plan.shards.len(),
+        resumed_shards: resumed,
+        tensors: plan.layer_order.len(),
+        bytes_read,
+        bytes_written: if up_to_date {
+            0
+        } else {
+            manifest.shards.iter().map(|s| s.size).sum()
+        },
+        seconds: started.elapsed().as_secs_f64(),
+        peak_buffer_bytes: pool.peak(),
+        window: options.window,
+        skipped_files: Vec::new(),
+        copied_as_is: Vec::new(),
+        components: Vec::new(),
+        manifest,
+    }
+}
+
+/// The shards of a partial run that are still on disk and intact, and
+/// recorded with the digest this run records (a shard with the other one is
+/// rewritten, so a manifest holds one kind).
+fn verified_shards(
+    dst: &Path,
+    plan: &Plan,
+    recorded: Vec<ShardRecord>,
+    digest: DigestAlgo,
+) -> Vec<ShardRecord> {
+    recorded
+        .into_iter()
+        .filter(|r| plan.shards.iter().any(|s| s.file == r.file))
+        .filter(|r| r.digest.algo() == digest)
+        .filter(|r| {
+            // A regular file under its own name: a symlink there is not a
+            // shard reshard wrote, and is never read through.
+            let path = dst.join(&r.file);
+            std::fs::symlink_metadata(&path)
+                .is_ok_and(|m| m.file_type().is_file() && m.len() == r.size)
+                && file_matches(&path, &r.digest)
+        })
+        .collect()
+}

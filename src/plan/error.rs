@@ -1,0 +1,55 @@
+//! Why a plan cannot be made.
+
+use crate::cast::CastError;
+use crate::quant::QuantError;
+
+/// Why a plan cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("--max-shard-size must be at least 1 byte")]
+    ZeroShardSize,
+    #[error("invalid --keep-dtype glob {glob:?}")]
+    BadGlob {
+        glob: String,
+        #[source]
+        source: globset::Error,
+    },
+    #[error(transparent)]
+    Cast(#[from] CastError),
+    #[error(transparent)]
+    Quant(#[from] QuantError),
+    #[error("{file}: quantized weight {tensor:?} has no scale; its values would be wrong by the missing factor (pass --allow-unscaled to write its codes unscaled)")]
+    MissingScale { file: String, tensor: String },
+    #[error("{file}: scale {tensor:?} of weight {weight:?} has a shape that does not fit the weight and the block size (see reshard inspect)")]
+    BadScale {
+        file: String,
+        tensor: String,
+        weight: String,
+    },
+    #[error("--keep-dtype matches quantized weight {tensor:?}; a dequantized output cannot keep some weights quantized")]
+    KeepQuantized { tensor: String },
+    #[error(
+        "quantized weight {tensor:?} would be written as {name:?}, which another tensor already is"
+    )]
+    DenseNameTaken { tensor: String, name: String },
+    #[error("tensor {tensor:?}: its {bytes}-byte header entry makes the shard header larger than safetensors allows")]
+    HeaderTooLarge { tensor: String, bytes: u64 },
+    #[error("{file}: tensor {tensor:?} is an expanded view: {bytes} bytes of output from {stored} bytes stored, more than {MAX_EXPANSION} times; pass --allow-expanded to write it anyway")]
+    ExpandedView {
+        file: String,
+        tensor: String,
+        bytes: u64,
+        stored: u64,
+    },
+}
+
+/// Most output bytes a tensor may have per byte of storage it reads
+/// (`convert` without `--allow-expanded`). A transpose or slice reads each
+/// element once (1x); only a view whose elements repeat (`expand`, stride
+/// 0) goes past it, and torch writes such views only when a user saves
+/// one.
+pub const MAX_EXPANSION: u64 = 16;
+
+/// Expanded views of at most 16 MiB of output pass whatever their ratio:
+/// they cost nothing worth refusing.
+pub const EXPANSION_FLOOR: u64 = 16 << 20;

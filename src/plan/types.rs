@@ -1,0 +1,142 @@
+//! The plan as data: what `convert --dry-run` prints and `convert`
+//! executes. [`Plan::build`](super::Plan) (in the parent) makes one.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::dequant::QuantRecord;
+use super::input::TensorInput;
+use super::order::Order;
+use crate::cast::OverflowPolicy;
+use crate::format::Dtype;
+
+/// The options that decide what `convert` writes. Two runs with equal
+/// options on an unchanged source write identical bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanOptions {
+    /// Largest data section of a shard, in bytes (a single larger tensor
+    /// still gets a shard of its own).
+    pub max_shard_size: u64,
+    pub order: Order,
+    /// Cast floating-point tensors to this dtype.
+    pub dtype: Option<Dtype>,
+    /// Globs on tensor names that keep their dtype.
+    pub keep_dtype: Vec<String>,
+    pub on_overflow: OverflowPolicy,
+    /// Drop later names of tensors that are exact views of the same bytes.
+    pub dedupe_tied: bool,
+    /// Write quantized weights that have no scale as plain codes instead of
+    /// refusing them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_unscaled: bool,
+    /// The format written (left out of the JSON when safetensors).
+    #[serde(default, skip_serializing_if = "OutputFormat::is_default")]
+    pub format: OutputFormat,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            max_shard_size: 1 << 30,
+            order: Order::Forward,
+            dtype: None,
+            keep_dtype: Vec::new(),
+            on_overflow: OverflowPolicy::Error,
+            dedupe_tied: false,
+            allow_unscaled: false,
+            format: OutputFormat::Safetensors,
+        }
+    }
+}
+
+/// One tensor as it will be written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedTensor {
+    pub name: String,
+    /// What it is made from (source tensor indices).
+    pub input: TensorInput,
+    /// The dtype of its primary input (the codes of a dequantized tensor).
+    pub source_dtype: Dtype,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    /// Output byte length.
+    pub len: u64,
+    /// Offset in the shard's data section.
+    pub offset: u64,
+}
+
+/// One output shard: its file name and its tensors in file (offset) order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardPlan {
+    pub file: String,
+    pub tensors: Vec<PlannedTensor>,
+    pub data_len: u64,
+    pub first_block: Option<String>,
+    pub last_block: Option<String>,
+}
+
+/// A tensor larger than the shard limit. It sets the floor of every
+/// loader's peak, so the user hears about it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Oversized {
+    pub tensor: String,
+    pub bytes: u64,
+    pub file: String,
+}
+
+/// Bytes before and after for one cast pair.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CastPair {
+    pub from: Dtype,
+    pub to: Dtype,
+    pub tensors: usize,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+}
+
+/// A tied name left out under `dedupe_tied`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dropped {
+    pub tensor: String,
+    pub same_as: String,
+}
+
+/// Everything `convert` will write, decided before a byte is read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    pub options: PlanOptions,
+    pub prefix: String,
+    pub shards: Vec<ShardPlan>,
+    /// `None` when everything fits in one shard (`<prefix>.safetensors`).
+    pub index_file: Option<String>,
+    /// Tensor names in layer order, as the index's weight_map lists them.
+    pub layer_order: Vec<String>,
+    pub total_size: u64,
+    pub oversized: Vec<Oversized>,
+    pub casts: Vec<CastPair>,
+    pub dropped: Vec<Dropped>,
+    /// Metadata of every output shard (for safetensors, `__metadata__`,
+    /// always with `format: pt`).
+    pub metadata: BTreeMap<String, String>,
+    /// A quantized source: its scheme and what was dequantized.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<QuantRecord>,
+}
+
+/// Which format `convert` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputFormat {
+    /// safetensors shards with a Hugging Face index.
+    #[default]
+    Safetensors,
+}
+
+impl OutputFormat {
+    /// True for the default, which plans and manifests leave out (so
+    /// plans made before the tag existed serialize as they did).
+    pub fn is_default(&self) -> bool {
+        *self == OutputFormat::default()
+    }
+}

@@ -1,0 +1,108 @@
+//! Atomic files: every final name appears by rename of a temporary file in
+//! the same folder, flushed first; temporary names are recognisable so a
+//! rerun removes what a killed run left.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use super::error::WriteError;
+use super::failpoint;
+
+/// The temporary name a final file is written under: hidden, in the same
+/// folder (so the rename is atomic), unique to this run (the pid and a
+/// random token, so two runs never share or delete each other's temps), and
+/// recognisable for cleanup by its suffix.
+pub fn temp_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!(".{name}.{}{TEMP_SUFFIX}", run_token()))
+}
+
+/// `PID-TOKEN`: the same for every temp file of one process.
+fn run_token() -> &'static str {
+    static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TOKEN.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        // std's RandomState is seeded from the OS's random source.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        format!("{}-{:08x}", std::process::id(), h.finish() as u32)
+    })
+}
+
+/// Suffix of every temporary file reshard writes.
+pub const TEMP_SUFFIX: &str = ".reshard-tmp";
+
+/// Creates a temporary file that must not exist yet: never opens (and so
+/// never truncates) a file or a symlink's target someone left at the name.
+pub fn create_temp(tmp: &Path) -> io::Result<File> {
+    // Readable too: a shard copied in the kernel is hashed from a read-only
+    // mapping of what was written.
+    File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(tmp)
+}
+
+/// Writes `bytes` to `dir/name` atomically: temp file, fsync, rename.
+pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), WriteError> {
+    let tmp = temp_path(dir, name);
+    let result = (|| {
+        let mut f = create_temp(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    })();
+    commit_temp(result, &tmp, &dir.join(name))
+}
+
+/// Copies `src` to `dir/name` atomically with a small fixed buffer.
+pub fn copy_atomic(src: &Path, dir: &Path, name: &str) -> Result<(), WriteError> {
+    let tmp = temp_path(dir, name);
+    let mut input = File::open(src).map_err(|e| WriteError::io(src, e))?;
+    let result = (|| {
+        let mut f = create_temp(&tmp)?;
+        io::copy(&mut input, &mut f)?;
+        f.sync_all()
+    })();
+    commit_temp(result, &tmp, &dir.join(name))
+}
+
+/// Renames `tmp` to `dst` if `result` is Ok; removes `tmp` otherwise.
+fn commit_temp(result: io::Result<()>, tmp: &Path, dst: &Path) -> Result<(), WriteError> {
+    failpoint::step();
+    match result.and_then(|()| std::fs::rename(tmp, dst)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(tmp);
+            Err(WriteError::io(dst, e))
+        }
+    }
+}
+
+/// Flushes a folder's entries (the renames) to disk.
+pub fn sync_dir(dir: &Path) -> Result<(), WriteError> {
+    crate::platform::sync_dir(dir).map_err(|e| WriteError::io(dir, e))
+}
+
+/// Removes temporary files a killed run left in `dir`. Only a run holding
+/// `dir`'s lock may do this (no other run can be writing there then); a
+/// symlink with a temp name is removed itself, never its target.
+pub fn remove_stale_temps(dir: &Path, _held: &super::lock::DstLock) -> Result<usize, WriteError> {
+    let mut removed = 0;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(WriteError::io(dir, e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| WriteError::io(dir, e))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if name.starts_with('.') && name.ends_with(TEMP_SUFFIX) && !is_dir {
+            std::fs::remove_file(entry.path()).map_err(|e| WriteError::io(&entry.path(), e))?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
