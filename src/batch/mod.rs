@@ -19,11 +19,11 @@
 //! a conversion is committed only once its source has verified, and a
 //! source that fails fails the model whatever the job did.
 
-pub mod discover;
+pub(crate) mod discover;
 mod mode;
 pub mod part;
-pub mod report;
-pub mod verify;
+pub(crate) mod report;
+pub(crate) mod verify;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

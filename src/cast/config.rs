@@ -183,10 +183,10 @@ mod tests {
     fn rejects_non_objects_and_bad_json() {
         assert!(matches!(
             rewrite_config_dtype("[1, 2]", Dtype::F16),
-            Err(CastError::Config(ConfigError::ConfigNotObject))
+            Err(CastError::Config(ConfigError::NotObject))
         ));
         let err = rewrite_config_dtype("{", Dtype::F16).unwrap_err();
-        assert!(matches!(err, CastError::Config(ConfigError::ConfigJson(_))));
+        assert!(matches!(err, CastError::Config(ConfigError::Json(_))));
         assert_eq!(err.to_string(), "config.json is not valid json");
     }
 
@@ -198,7 +198,7 @@ mod tests {
         );
         assert!(matches!(
             rewrite_config_dtype(&huge, Dtype::BF16),
-            Err(CastError::Config(ConfigError::ConfigTooLarge { .. }))
+            Err(CastError::Config(ConfigError::TooLarge { .. }))
         ));
         let labels: Vec<String> = (0..20_000)
             .map(|i| format!("\"{i}\": \"class {i}\""))

@@ -35,15 +35,14 @@
 //! describes; `--no-mmap` (plain read and write for everything)
 //! avoids it.
 
-use std::path::Path;
 use std::sync::atomic::Ordering;
 
-use super::job::{ExecError, ExecOptions};
+use super::job::{ExecError, Job};
 use super::mapped::{map_at, MAP_MIN, MAP_SLACK};
-use super::{Reporter, WindowPool};
+use super::Reporter;
 use crate::format::read::SourceReader;
 use crate::format::{Checkpoint, DataRef, FormatError, Tensor};
-use crate::plan::{Plan, PlannedTensor, ShardPlan};
+use crate::plan::{PlannedTensor, ShardPlan};
 use crate::write::digest::Xxh3;
 use crate::write::manifest::{ShardRecord, TensorRecord};
 use crate::write::shard::ShardWriter;
@@ -114,18 +113,20 @@ pub enum Copied {
 /// Writes `shard` from mappings of its source, at most `buffer` bytes of
 /// the window (this worker's share) in use. Unless it is `Done`, nothing
 /// was written or reported and the caller writes the shard through buffers.
-#[allow(clippy::too_many_arguments)]
-pub fn copy_shard(
-    reader: &SourceReader,
-    ck: &Checkpoint,
-    plan: &Plan,
+pub(crate) fn copy_shard(
+    job: &Job<'_>,
     shard: &ShardPlan,
-    dst: &Path,
-    pool: &WindowPool,
     buffer: u64,
-    options: &ExecOptions<'_>,
-    reporter: &dyn Reporter,
 ) -> Result<Copied, ExecError> {
+    let Job {
+        reader,
+        ck,
+        plan,
+        dst,
+        pool,
+        options,
+        reporter,
+    } = *job;
     let runs = runs(ck, shard);
     let longest = |small: bool| {
         runs.iter()
@@ -343,9 +344,10 @@ impl<'a> TensorHashes<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::CopyPath;
     use crate::exec::NoReport;
+    use crate::exec::{CopyPath, ExecOptions, WindowPool};
     use crate::plan::PlanOptions;
+    use std::path::Path;
     use std::sync::atomic::AtomicBool;
 
     /// Names that sort in the file's order.
@@ -411,18 +413,17 @@ mod tests {
             let reader = SourceReader::open(&ck).unwrap();
             let cancel = AtomicBool::new(false);
             let pool = WindowPool::new(1 << 20);
-            let got = copy_shard(
-                &reader,
-                &ck,
-                &plan,
-                shard,
-                &direct,
-                &pool,
-                4 * MAP_SLACK + 8192,
-                &options(&cancel, CopyPath::Auto),
-                &NoReport,
-            )
-            .unwrap();
+            let options = options(&cancel, CopyPath::Auto);
+            let job = Job {
+                reader: &reader,
+                ck: &ck,
+                plan: &plan,
+                dst: &direct,
+                pool: &pool,
+                options: &options,
+                reporter: &NoReport,
+            };
+            let got = copy_shard(&job, shard, 4 * MAP_SLACK + 8192).unwrap();
             let Copied::Done(got) = got else {
                 panic!("the mapped copy did not take the shard: {got:?}");
             };
@@ -482,19 +483,19 @@ mod tests {
         std::fs::create_dir_all(&dst).unwrap();
         let cancel = AtomicBool::new(false);
         let pool = WindowPool::new(1 << 20);
-        let err = copy_shard(
-            &reader,
-            &ck,
-            &plan,
-            &plan.shards[0],
-            &dst,
-            &pool,
-            1 << 20,
-            &options(&cancel, CopyPath::Auto),
-            &NoReport,
-        )
-        .unwrap_err()
-        .to_string();
+        let options = options(&cancel, CopyPath::Auto);
+        let job = Job {
+            reader: &reader,
+            ck: &ck,
+            plan: &plan,
+            dst: &dst,
+            pool: &pool,
+            options: &options,
+            reporter: &NoReport,
+        };
+        let err = copy_shard(&job, &plan.shards[0], 1 << 20)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("model.safetensors"), "{err}");
         assert!(err.contains("model.e"), "{err}");
         assert!(err.contains("ends early"), "{err}");

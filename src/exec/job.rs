@@ -1,13 +1,17 @@
 //! What a run of the executor is asked to do ([`ExecOptions`]) and why it
 //! stops ([`ExecError`]).
 
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
+use super::reporter::Reporter;
+use super::window::WindowPool;
 use super::window::WindowTooSmall;
 use crate::cast::dequant::DequantError;
 use crate::cast::CastError;
-use crate::format::FormatError;
-use crate::plan::ShardPlan;
+use crate::format::read::SourceReader;
+use crate::format::{Checkpoint, FormatError};
+use crate::plan::{Plan, ShardPlan};
 use crate::write::digest::DigestAlgo;
 use crate::write::manifest::ShardRecord;
 use crate::write::WriteError;
@@ -58,4 +62,17 @@ pub enum CopyPath {
     Auto,
     /// Always read into a buffer and write from it.
     ReadWrite,
+}
+
+/// One run of the executor: what every shard's worker reads from and
+/// writes to, passed as one value instead of seven arguments.
+#[derive(Clone, Copy)]
+pub(crate) struct Job<'a> {
+    pub reader: &'a SourceReader,
+    pub ck: &'a Checkpoint,
+    pub plan: &'a Plan,
+    pub dst: &'a Path,
+    pub pool: &'a WindowPool,
+    pub options: &'a ExecOptions<'a>,
+    pub reporter: &'a dyn Reporter,
 }

@@ -343,26 +343,21 @@ mod tests {
         let input = super::super::Input::Mapped {
             map_len: layout.map_len,
         };
-        let mapped = super::super::write_shard(
-            &reader,
-            &ck,
-            &plan,
-            shard,
-            &a,
-            layout.bufs,
-            input,
-            &options,
-            &NoReport,
-        )
-        .unwrap();
+        let job = |dst| super::super::Job {
+            reader: &reader,
+            ck: &ck,
+            plan: &plan,
+            dst,
+            pool: &pool,
+            options: &options,
+            reporter: &NoReport,
+        };
+        let mapped = super::super::write_shard(&job(&a), shard, layout.bufs, input).unwrap();
         drop(layout.reserved);
         assert_eq!(pool.in_use(), 0);
         let bufs = pool.acquire_many(300 << 10, 2).unwrap();
         let input = super::super::Input::Read { gather: 0 };
-        let read = super::super::write_shard(
-            &reader, &ck, &plan, shard, &b, bufs, input, &options, &NoReport,
-        )
-        .unwrap();
+        let read = super::super::write_shard(&job(&b), shard, bufs, input).unwrap();
         assert_eq!(mapped, read);
         let file = &shard.file;
         assert_eq!(

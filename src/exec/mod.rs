@@ -10,11 +10,11 @@
 //! executor writes shards only; the index and manifest are the caller's
 //! commit step.
 
-pub mod copy;
+pub(crate) mod copy;
 mod job;
-pub mod mapped;
-pub mod reporter;
-pub mod window;
+pub(crate) mod mapped;
+pub(crate) mod reporter;
+pub(crate) mod window;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,6 +33,7 @@ use crate::write::manifest::{CastRecord, ShardRecord, TensorRecord};
 use crate::write::shard::ShardWriter;
 use crate::write::WriteError;
 
+use self::job::Job;
 pub use self::job::{CopyPath, ExecError, ExecOptions, MAX_CHUNK};
 pub use self::reporter::{NoReport, Reporter};
 pub use self::window::{WindowBuf, WindowPool, WindowTooSmall};
@@ -54,22 +55,21 @@ pub fn execute(
     // Set once the file system refuses a mapping: the other shards go
     // buffered too.
     let refused = AtomicBool::new(options.copy == CopyPath::ReadWrite);
+    let job = Job {
+        reader: &reader,
+        ck,
+        plan,
+        dst,
+        pool,
+        options,
+        reporter,
+    };
     let run = || {
         todo.par_iter()
             .map(|shard| {
                 let mut copied = None;
                 if !refused.load(Ordering::Relaxed) && copy::eligible(ck, shard) {
-                    match copy::copy_shard(
-                        &reader,
-                        ck,
-                        plan,
-                        shard,
-                        dst,
-                        pool,
-                        buffer as u64,
-                        options,
-                        reporter,
-                    )? {
+                    match copy::copy_shard(&job, shard, buffer as u64)? {
                         copy::Copied::Done(record) => copied = Some(record),
                         copy::Copied::TooSmall => {}
                         copy::Copied::Refused => refused.store(true, Ordering::Relaxed),
@@ -77,9 +77,7 @@ pub fn execute(
                 }
                 let record = match copied {
                     Some(record) => record,
-                    None => buffered_shard(
-                        &reader, ck, plan, shard, dst, pool, buffer, options, reporter,
-                    )?,
+                    None => buffered_shard(&job, shard, buffer)?,
                 };
                 (options.on_shard)(&record)?;
                 Ok(record)
@@ -94,35 +92,21 @@ pub fn execute(
 }
 
 /// Writes one shard through buffers from `pool` ([`write_shard`]).
-#[allow(clippy::too_many_arguments)]
 fn buffered_shard(
-    reader: &SourceReader,
-    ck: &Checkpoint,
-    plan: &Plan,
+    job: &Job<'_>,
     shard: &ShardPlan,
-    dst: &Path,
-    pool: &WindowPool,
     buffer: usize,
-    options: &ExecOptions<'_>,
-    reporter: &dyn Reporter,
 ) -> Result<ShardRecord, ExecError> {
+    let Job {
+        ck, pool, options, ..
+    } = *job;
     if options.copy == CopyPath::Auto && mapped::eligible(ck, shard) {
         if let Some(layout) = mapped::acquire(ck, shard, pool, buffer)? {
             let input = Input::Mapped {
                 map_len: layout.map_len,
             };
             let _reserved = layout.reserved;
-            return write_shard(
-                reader,
-                ck,
-                plan,
-                shard,
-                dst,
-                layout.bufs,
-                input,
-                options,
-                reporter,
-            );
+            return write_shard(job, shard, layout.bufs, input);
         }
     }
     // A shard with a strided view takes a third buffer's worth of the
@@ -133,7 +117,7 @@ fn buffered_shard(
     let input = Input::Read {
         gather: gather.as_deref().map_or(0, <[u8]>::len),
     };
-    write_shard(reader, ck, plan, shard, dst, bufs, input, options, reporter)
+    write_shard(job, shard, bufs, input)
 }
 
 /// Where the read stage takes a shard's input bytes from.
@@ -209,18 +193,19 @@ struct Filled<'p> {
 /// checksums chunk N+1 while a scoped writer thread takes the shard digest
 /// of chunk N and writes it. Two buffers circulate between them, so memory stays at the
 /// two buffers the pool lent.
-#[allow(clippy::too_many_arguments)]
 fn write_shard(
-    reader: &SourceReader,
-    ck: &Checkpoint,
-    plan: &Plan,
+    job: &Job<'_>,
     shard: &ShardPlan,
-    dst: &Path,
     bufs: Vec<WindowBuf<'_>>,
     input: Input,
-    options: &ExecOptions<'_>,
-    reporter: &dyn Reporter,
 ) -> Result<ShardRecord, ExecError> {
+    let Job {
+        plan,
+        dst,
+        options,
+        reporter,
+        ..
+    } = *job;
     let path = dst.join(&shard.file);
     let header = crate::write::format::of_plan(plan).header_bytes(&path, shard, &plan.metadata)?;
     let mut writer =
@@ -241,9 +226,7 @@ fn write_shard(
             }
             Ok(writer)
         });
-        let records = fill_shard(
-            reader, ck, plan, shard, &free, &to_writer, input, options, reporter,
-        );
+        let records = fill_shard(job, shard, &free, &to_writer, input);
         drop(to_writer);
         let written = write_stage.join().unwrap_or_else(|_| {
             Err(WriteError::io(
@@ -269,23 +252,26 @@ fn write_shard(
 /// The read stage: streams every tensor of the shard through the free
 /// buffers, casting and taking each tensor's xxh3, and hands the output to
 /// the write stage. Stops early (Ok) if the write stage is gone.
-#[allow(clippy::too_many_arguments)]
 fn fill_shard<'p>(
-    reader: &SourceReader,
-    ck: &Checkpoint,
-    plan: &Plan,
+    job: &Job<'_>,
     shard: &ShardPlan,
     free: &mpsc::Receiver<WindowBuf<'p>>,
     to_writer: &mpsc::SyncSender<Filled<'p>>,
     input: Input,
-    options: &ExecOptions<'_>,
-    reporter: &dyn Reporter,
 ) -> Result<Vec<TensorRecord>, ExecError> {
+    let Job {
+        reader,
+        ck,
+        plan,
+        options,
+        reporter,
+        ..
+    } = *job;
     let mut records = Vec::with_capacity(shard.tensors.len());
     let policy = plan.options.on_overflow;
     for planned in &shard.tensors {
         if !planned.input.is_source() {
-            let sent = fill_dequantized(reader, ck, plan, planned, free, to_writer, options)?;
+            let sent = fill_dequantized(job, planned, free, to_writer)?;
             let Some(record) = sent else {
                 return Ok(records); // the write stage failed; it reports why
             };
@@ -384,14 +370,18 @@ fn fill_shard<'p>(
 /// each free buffer takes a chunk of codes and their dense values, and the
 /// values go to the writer. `None` when the write stage is gone.
 fn fill_dequantized<'p>(
-    reader: &SourceReader,
-    ck: &Checkpoint,
-    plan: &Plan,
+    job: &Job<'_>,
     planned: &crate::plan::PlannedTensor,
     free: &mpsc::Receiver<WindowBuf<'p>>,
     to_writer: &mpsc::SyncSender<Filled<'p>>,
-    options: &ExecOptions<'_>,
 ) -> Result<Option<TensorRecord>, ExecError> {
+    let Job {
+        reader,
+        ck,
+        plan,
+        options,
+        ..
+    } = *job;
     let Some((scale, scheme)) = planned.input.dequantized() else {
         return Ok(None);
     };

@@ -23,13 +23,13 @@ pub const MAX_CONFIG_VALUES: usize = 262_144;
 /// into a JSON object.
 pub fn parse_config(config_json: &str) -> Result<Value, ConfigError> {
     if value_bound(config_json) > MAX_CONFIG_VALUES {
-        return Err(ConfigError::ConfigTooLarge {
+        return Err(ConfigError::TooLarge {
             max: MAX_CONFIG_VALUES,
         });
     }
-    let value: Value = serde_json::from_str(config_json).map_err(ConfigError::ConfigJson)?;
+    let value: Value = serde_json::from_str(config_json).map_err(ConfigError::Json)?;
     if !value.is_object() {
-        return Err(ConfigError::ConfigNotObject);
+        return Err(ConfigError::NotObject);
     }
     Ok(value)
 }

@@ -198,17 +198,17 @@ impl FormatError {
 pub enum ConfigError {
     /// The file did not parse.
     #[error("config.json is not valid json")]
-    ConfigJson(#[source] serde_json::Error),
+    Json(#[source] serde_json::Error),
     /// It parsed, but is not a JSON object.
     #[error("config.json is not a json object")]
-    ConfigNotObject,
+    NotObject,
     /// It holds more values than any real config.
     #[error("config.json holds more than {max} json values; no real config has that many")]
-    ConfigTooLarge { max: usize },
+    TooLarge { max: usize },
 }
 
 impl From<serde_json::Error> for ConfigError {
     fn from(e: serde_json::Error) -> Self {
-        ConfigError::ConfigJson(e)
+        ConfigError::Json(e)
     }
 }

@@ -8,20 +8,20 @@
 //! only: no tensor data is touched until a later stage asks [`read`] for it.
 //! It never writes anything.
 
-pub mod checkpoint;
-pub mod config;
-pub mod discover;
-pub mod dtype;
-pub mod error;
-pub mod finding;
-pub mod index;
+pub(crate) mod checkpoint;
+pub(crate) mod config;
+pub(crate) mod discover;
+pub(crate) mod dtype;
+pub(crate) mod error;
+pub(crate) mod finding;
+pub(crate) mod index;
 mod json;
 pub mod layout;
 pub mod pytorch;
 pub mod read;
-pub mod safetensors;
-pub mod strided;
-pub mod tensor_names;
+pub(crate) mod safetensors;
+pub(crate) mod strided;
+pub(crate) mod tensor_names;
 
 pub use self::checkpoint::{Checkpoint, DataRef, Format, Layout, SourceFile, Tensor};
 pub use self::discover::open;

@@ -5,12 +5,12 @@
 //! and, for quantized sources ([`dequant`]), the small quantization config
 //! files.
 
-pub mod dequant;
+pub(crate) mod dequant;
 mod error;
-pub mod input;
+pub(crate) mod input;
 pub mod order;
-pub mod output;
-pub mod pack;
+pub(crate) mod output;
+pub(crate) mod pack;
 mod types;
 
 use std::collections::BTreeMap;

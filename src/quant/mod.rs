@@ -8,10 +8,10 @@
 //! arithmetic: the kernels that decode and encode codes are
 //! [`crate::cast::dequant`]'s.
 
-pub mod config;
-pub mod detect;
-pub mod error;
-pub mod scheme;
+pub(crate) mod config;
+pub(crate) mod detect;
+pub(crate) mod error;
+pub(crate) mod scheme;
 
 pub use self::detect::{detect, QuantError, QuantFormat, QuantWeight, Quantization};
 pub use self::scheme::Scheme;

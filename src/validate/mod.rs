@@ -32,19 +32,19 @@
 //! here prints.
 
 // Bottom layer: plain data, depending on nothing above it.
-pub mod ledger;
-pub mod options;
-pub mod report;
+pub(crate) mod ledger;
+pub(crate) mod options;
+pub(crate) mod report;
 // Middle: what a load checks, and where it puts tensors.
 pub mod device;
-pub mod error;
-pub mod integrity;
+pub(crate) mod error;
+pub(crate) mod integrity;
 // Top: the ways of loading, each over the same ledger, and the budget child.
-pub mod against;
+pub(crate) mod against;
 pub mod budget;
-pub mod emulate;
+pub(crate) mod emulate;
 mod load;
-pub mod own;
+pub(crate) mod own;
 pub mod python;
 
 pub use self::budget::validate_with_budget;

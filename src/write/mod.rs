@@ -11,11 +11,11 @@ pub mod digest;
 mod error;
 pub(crate) mod failpoint;
 pub mod format;
-pub mod lock;
-pub mod manifest;
-pub mod owned;
+pub(crate) mod lock;
+pub(crate) mod manifest;
+pub(crate) mod owned;
 pub mod scope;
-pub mod shard;
+pub(crate) mod shard;
 
 pub use self::atomic::{
     copy_atomic, create_temp, remove_stale_temps, sync_dir, temp_path, write_atomic, TEMP_SUFFIX,

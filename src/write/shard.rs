@@ -63,11 +63,6 @@ impl ShardWriter {
         Ok(w)
     }
 
-    /// The path the shard gets when finished (for error messages).
-    pub fn path(&self) -> &Path {
-        &self.final_path
-    }
-
     fn file(&self) -> Result<&File, WriteError> {
         self.file.as_ref().ok_or_else(|| {
             WriteError::io(

@@ -9,8 +9,6 @@
 //! total bounds what is held at any moment. This module holds the numbers
 //! and the arithmetic; [`super::pickle`] decides what to charge.
 
-use super::value::Value;
-
 /// The budget every pickle gets whatever its length: 8 MiB.
 pub const HELD_BASE: u64 = 8 << 20;
 /// Budget per byte of pickle. The torch-written fixtures charge at most 20
@@ -25,8 +23,6 @@ pub const HELD_PER_BYTE: u64 = 40;
 /// charge about 180 MiB.
 pub const MAX_HELD: u64 = 512 << 20;
 
-/// What one value costs where it is stored (stack, list, tuple, memo).
-pub const VALUE: u64 = std::mem::size_of::<Value>() as u64;
 /// A list, dict or tuple's own allocation (Rc, RefCell, Vec header).
 pub const CONTAINER: u64 = 64;
 /// One memo entry: key, value and the hash table's slack.

@@ -13,13 +13,13 @@
 //! Entry points: [`read_file`] for a checkpoint on disk, [`read_bytes`] and
 //! [`parse_pickle`] for the same work on bytes in memory (the fuzz targets).
 
-pub mod budget;
-pub mod error;
-pub mod globals;
-pub mod pickle;
-pub mod state;
-pub mod value;
-pub mod zip;
+pub(crate) mod budget;
+pub(crate) mod error;
+pub(crate) mod globals;
+pub(crate) mod pickle;
+pub(crate) mod state;
+pub(crate) mod value;
+pub(crate) mod zip;
 
 use std::collections::HashMap;
 use std::fs::File;

@@ -17,7 +17,7 @@
 //! it is a [`DeviceError::OutOfMemory`], never an abort.
 
 mod api;
-pub mod cpu;
+pub(crate) mod cpu;
 pub mod cuda;
 
 pub use self::api::{readback_via_staging, try_zeroed, Device, DeviceError, PARALLEL_MIN};
