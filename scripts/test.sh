@@ -27,6 +27,10 @@ fi
 export RESHARD_TEST_PYTHON="$venv/bin/python"
 # Nothing may download a model at test time.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+# The CUDA driver test double (test-only, never shipped) that tests/cli/cuda.rs
+# puts on reshard's library search path; under CI those tests fail without it.
+RESHARD_TEST_FAKE_CUDA=$(bash tests/fake-cuda/build.sh "$PWD/target/fake-cuda" linux)
+export RESHARD_TEST_FAKE_CUDA
 
 if [ "${1:-}" = "--" ]; then
   shift
