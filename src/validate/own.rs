@@ -220,8 +220,8 @@ pub fn run(
                 report.device_bytes = cumulative;
                 report.device_peak_held = report.device_peak_held.max(device.held());
             }
-            let streamed = stream_tensor(&reader, t, device, alloc, &mut check)
-                .map_err(|e| match e {
+            let streamed =
+                stream_tensor(&reader, t, device, alloc, &mut check).map_err(|e| match e {
                     ValidateError::Cuda { reason } => ValidateError::Cuda {
                         reason: format!("shard {name}, tensor {:?}: {reason}", t.name),
                     },

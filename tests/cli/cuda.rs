@@ -26,10 +26,36 @@ const SEARCH_PATH: &str = if cfg!(windows) {
     "LD_LIBRARY_PATH"
 };
 
-/// The folder holding the built double, or `None` (after saying why) when
-/// `RESHARD_TEST_FAKE_CUDA` is unset; under CI that is a failure, so CI
+/// The driver a test runs against.
+struct Driver {
+    /// The built double's folder; `None`: this machine's own driver
+    /// (`RESHARD_TEST_REAL_CUDA=1`, set by scripts/gpu-check.sh on a GPU).
+    dir: Option<PathBuf>,
+}
+
+impl Driver {
+    fn is_fake(&self) -> bool {
+        self.dir.is_some()
+    }
+}
+
+/// The driver for a test that runs on a real GPU too.
+fn driver() -> Option<Driver> {
+    if std::env::var_os("RESHARD_TEST_REAL_CUDA").is_some() {
+        return Some(Driver { dir: None });
+    }
+    double()
+}
+
+/// The double, for a test that needs its configuration or its faults;
+/// `None` (after saying why) on a real GPU, or when
+/// `RESHARD_TEST_FAKE_CUDA` is unset: under CI that is a failure, so CI
 /// cannot skip these tests by accident.
-fn double() -> Option<PathBuf> {
+fn double() -> Option<Driver> {
+    if std::env::var_os("RESHARD_TEST_REAL_CUDA").is_some() {
+        eprintln!("skipped on the real driver: this test configures the double");
+        return None;
+    }
     match std::env::var_os(FAKE_CUDA_ENV) {
         Some(dir) => {
             let dir = PathBuf::from(dir);
@@ -43,7 +69,7 @@ fn double() -> Option<PathBuf> {
                 "{FAKE_CUDA_ENV}={} holds no {lib}: build it with tests/fake-cuda/build.sh",
                 dir.display()
             );
-            Some(dir)
+            Some(Driver { dir: Some(dir) })
         }
         None => {
             assert!(
@@ -75,12 +101,12 @@ impl Run {
     }
 }
 
-/// Runs reshard with `args`, the double `dir` first on the library search
-/// path (none: the search path as it is) and `env` set.
-fn run(dir: Option<&Path>, args: &[&str], env: &[(&str, String)]) -> Run {
+/// Runs reshard with `args` and `env` set, on `driver` (the double first
+/// on the library search path) or, with `None`, on the CPU device.
+fn run(driver: Option<&Driver>, args: &[&str], env: &[(&str, String)]) -> Run {
     let mut cmd = reshard();
     cmd.args(args);
-    if let Some(dir) = dir {
+    if let Some(dir) = driver.and_then(|d| d.dir.as_ref()) {
         let mut paths = vec![dir.to_path_buf()];
         paths.extend(std::env::split_paths(
             &std::env::var_os(SEARCH_PATH).unwrap_or_default(),
@@ -100,7 +126,7 @@ fn run(dir: Option<&Path>, args: &[&str], env: &[(&str, String)]) -> Run {
     // The double's symbol set must be complete: cudarc panics on a missing
     // entry point, which guarded() would report as no driver at all.
     assert!(!run.text().contains("panicked"), "{}", run.text());
-    if dir.is_some() {
+    if driver.is_some() {
         assert!(
             !run.text().contains("no CUDA driver found"),
             "the double was not loaded: {}",
@@ -111,10 +137,10 @@ fn run(dir: Option<&Path>, args: &[&str], env: &[(&str, String)]) -> Run {
 }
 
 /// `validate PATH --device cuda ARGS --json` on the double.
-fn validate_cuda(dir: &Path, path: &Path, args: &[&str], env: &[(&str, String)]) -> Run {
+fn validate_cuda(driver: &Driver, path: &Path, args: &[&str], env: &[(&str, String)]) -> Run {
     let mut all = vec!["validate", path.to_str().unwrap(), "--device", "cuda"];
     all.extend_from_slice(args);
-    run(Some(dir), &all, env)
+    run(Some(driver), &all, env)
 }
 
 /// Converts fixture `name` into `dir/name` with reshard.json (so tensors
@@ -140,7 +166,7 @@ fn logged(log: &Path) -> BTreeSet<String> {
 
 #[test]
 fn cuda_on_the_double_passes_and_matches_the_cpu_device() {
-    let Some(dir) = double() else { return };
+    let Some(dir) = driver() else { return };
     let tmp = tempfile::tempdir().unwrap();
     for name in ["tiny-llama-f32-sharded", "tiny-moe-sharded", "tiny-gpt2"] {
         let out = converted(name, tmp.path());
@@ -156,11 +182,19 @@ fn cuda_on_the_double_passes_and_matches_the_cpu_device() {
             assert_eq!(cuda.code, 0, "{name} cuda: {}", cuda.text());
             let (c, g) = (cpu.json(), cuda.json());
             assert_eq!(g["device"]["device"], "cuda:0");
-            assert_eq!(g["device"]["name"], "reshard fake CUDA device");
-            assert_eq!(g["device"]["total_memory"], 1u64 << 30);
+            if dir.is_fake() {
+                assert_eq!(g["device"]["name"], "reshard fake CUDA device");
+                assert_eq!(g["device"]["total_memory"], 1u64 << 30);
+            }
             assert_eq!(g["device"]["pinned_staging"], true);
             assert_eq!(g["manifest"], true);
-            for key in ["tensors", "files", "bytes_loaded", "device_bytes", "failures"] {
+            for key in [
+                "tensors",
+                "files",
+                "bytes_loaded",
+                "device_bytes",
+                "failures",
+            ] {
                 assert_eq!(c[key], g[key], "{name}: {key}");
             }
             let shards = |r: &Value| -> Vec<(Value, Value, Value)> {
@@ -174,6 +208,9 @@ fn cuda_on_the_double_passes_and_matches_the_cpu_device() {
             assert_eq!(shards(&c), shards(&g), "{name}");
             // A GPU keeps every tensor: it holds the whole model at the end.
             assert_eq!(g["device_peak_held"], g["device_bytes"]);
+            if !dir.is_fake() {
+                break;
+            }
             let calls = logged(&log);
             let (used, unused) = if pools == 1 {
                 ("cuMemAllocAsync", "cuMemAlloc_v2")
@@ -190,7 +227,7 @@ fn cuda_on_the_double_passes_and_matches_the_cpu_device() {
 /// against reshard.json's.
 #[test]
 fn a_corrupted_shard_gives_the_same_per_tensor_hashes_on_cuda_and_cpu() {
-    let Some(dir) = double() else { return };
+    let Some(dir) = driver() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let out = converted("tiny-llama-f32-sharded", tmp.path());
     let ck = reshard::format::open(&out).unwrap();
@@ -219,32 +256,63 @@ fn a_corrupted_shard_gives_the_same_per_tensor_hashes_on_cuda_and_cpu() {
 
 #[test]
 fn vram_budget_on_cuda_fits_the_blocks_fit_reports() {
-    let Some(dir) = double() else { return };
+    let Some(dir) = driver() else { return };
     let src = fixture("tiny-llama-f32-sharded");
     let src = src.to_str().unwrap();
-    for (budget, bytes) in [("300KiB", 300u64 << 10), ("600KiB", 600 << 10), ("2MiB", 2 << 20)] {
-        let cuda = validate_cuda(&dir, Path::new(src), &["--vram-budget", budget, "--json"], &[]);
+    for (budget, bytes) in [
+        ("300KiB", 300u64 << 10),
+        ("600KiB", 600 << 10),
+        ("2MiB", 2 << 20),
+    ] {
+        let cuda = validate_cuda(
+            &dir,
+            Path::new(src),
+            &["--vram-budget", budget, "--json"],
+            &[],
+        );
         let fit = run(
             None,
-            &["fit", src, "--vram", budget, "--loader", "reshard", "--json"],
+            &[
+                "fit", src, "--vram", budget, "--loader", "reshard", "--json",
+            ],
             &[],
         );
         let (v, f) = (cuda.json(), fit.json());
         let fit_blocks = &f["today"]["vram"]["leading_blocks_fit"];
-        assert_eq!(&v["vram"]["blocks_fit"], fit_blocks, "{budget}: {}", cuda.text());
+        assert_eq!(
+            &v["vram"]["blocks_fit"],
+            fit_blocks,
+            "{budget}: {}",
+            cuda.text()
+        );
         let all_fit = v["vram"]["blocks_fit"] == v["vram"]["blocks_total"];
         assert_eq!(cuda.code, if all_fit { 0 } else { 1 }, "{}", cuda.text());
+        if !dir.is_fake() {
+            continue;
+        }
         // The same count when the device itself is that small: fit detects
         // it through the double, and validate runs out of device memory.
         let small = env(&[("FAKE_CUDA_TOTAL_MEM", bytes)]);
-        let fit = run(Some(&dir), &["fit", src, "--loader", "reshard", "--json"], &small);
-        assert_eq!(&fit.json()["today"]["vram"]["leading_blocks_fit"], fit_blocks);
+        let fit = run(
+            Some(&dir),
+            &["fit", src, "--loader", "reshard", "--json"],
+            &small,
+        );
+        assert_eq!(
+            &fit.json()["today"]["vram"]["leading_blocks_fit"],
+            fit_blocks
+        );
         let cuda = validate_cuda(&dir, Path::new(src), &["--json"], &small);
         if all_fit {
             assert_eq!(cuda.code, 0, "{}", cuda.text());
         } else {
             assert_eq!(cuda.code, 1, "{}", cuda.text());
-            assert_eq!(&cuda.json()["vram"]["blocks_fit"], fit_blocks, "{}", cuda.text());
+            assert_eq!(
+                &cuda.json()["vram"]["blocks_fit"],
+                fit_blocks,
+                "{}",
+                cuda.text()
+            );
         }
     }
 }
@@ -262,7 +330,10 @@ fn an_out_of_memory_device_fails_naming_shard_tensor_and_bytes_held() {
             .len
     };
     // The first allocation, then one past a byte limit.
-    for (fault, value) in [("FAKE_CUDA_OOM_AT_ALLOC", 1), ("FAKE_CUDA_OOM_PAST", 400_000)] {
+    for (fault, value) in [
+        ("FAKE_CUDA_OOM_AT_ALLOC", 1),
+        ("FAKE_CUDA_OOM_PAST", 400_000),
+    ] {
         let r = validate_cuda(&dir, &src, &["--json"], &env(&[(fault, value)]));
         assert_eq!(r.code, 1, "{fault}: {}", r.text());
         let report = r.json();
@@ -301,7 +372,12 @@ fn a_corrupting_copy_is_caught_by_the_readback() {
     let src = fixture("tiny-llama-f32-sharded");
     // No reshard.json here: the readback is the only check of the copy.
     for copy in [1, 7] {
-        let r = validate_cuda(&dir, &src, &["--json"], &env(&[("FAKE_CUDA_CORRUPT_COPY", copy)]));
+        let r = validate_cuda(
+            &dir,
+            &src,
+            &["--json"],
+            &env(&[("FAKE_CUDA_CORRUPT_COPY", copy)]),
+        );
         assert_eq!(r.code, 1, "{}", r.text());
         let failures = r.json()["failures"].as_array().unwrap().clone();
         assert_eq!(failures.len(), 1, "{failures:?}");
@@ -329,7 +405,11 @@ fn a_failing_copy_or_a_vanished_device_exits_2_naming_the_tensor() {
         let r = validate_cuda(&dir, &src, &[], &env(&[(fault, 3)]));
         assert_eq!(r.code, 2, "{fault}: {}", r.text());
         assert!(r.stderr.contains(code), "{}", r.stderr);
-        assert!(r.stderr.contains("caused by: CUDA: shard model-"), "{}", r.stderr);
+        assert!(
+            r.stderr.contains("caused by: CUDA: shard model-"),
+            "{}",
+            r.stderr
+        );
         assert!(r.stderr.contains(", tensor \""), "{}", r.stderr);
     }
     let r = validate_cuda(&dir, &src, &[], &env(&[("FAKE_CUDA_VANISH_AT_COPY", 3)]));
@@ -344,7 +424,12 @@ fn a_failing_copy_or_a_vanished_device_exits_2_naming_the_tensor() {
 fn an_old_driver_is_refused_naming_its_version() {
     let Some(dir) = double() else { return };
     let src = fixture("tiny-llama");
-    let old = validate_cuda(&dir, &src, &[], &env(&[("FAKE_CUDA_DRIVER_VERSION", 11010)]));
+    let old = validate_cuda(
+        &dir,
+        &src,
+        &[],
+        &env(&[("FAKE_CUDA_DRIVER_VERSION", 11010)]),
+    );
     assert_eq!(old.code, 2, "{}", old.text());
     assert!(
         old.stderr
@@ -352,7 +437,12 @@ fn an_old_driver_is_refused_naming_its_version() {
         "{}",
         old.stderr
     );
-    let oldest = validate_cuda(&dir, &src, &[], &env(&[("FAKE_CUDA_DRIVER_VERSION", 11020)]));
+    let oldest = validate_cuda(
+        &dir,
+        &src,
+        &[],
+        &env(&[("FAKE_CUDA_DRIVER_VERSION", 11020)]),
+    );
     assert_eq!(oldest.code, 0, "{}", oldest.text());
 }
 
@@ -363,9 +453,17 @@ fn no_device_or_a_missing_ordinal_is_an_error_naming_the_count() {
     let src = src.to_str().unwrap();
     let r = run(Some(&dir), &["validate", src, "--device", "cuda:1"], &[]);
     assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("CUDA device 1 does not exist (1 found)"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("CUDA device 1 does not exist (1 found)"),
+        "{}",
+        r.stderr
+    );
     let two = env(&[("FAKE_CUDA_DEVICES", 2)]);
-    let r = run(Some(&dir), &["validate", src, "--device", "cuda:1", "--json"], &two);
+    let r = run(
+        Some(&dir),
+        &["validate", src, "--device", "cuda:1", "--json"],
+        &two,
+    );
     assert_eq!(r.code, 0, "{}", r.text());
     assert_eq!(r.json()["device"]["device"], "cuda:1");
 }
@@ -390,7 +488,7 @@ fn write_two_layers(dir: &Path) -> PathBuf {
 
 #[test]
 fn the_commit_figure_counts_the_pinned_staging_buffer_and_the_budget_applies() {
-    let Some(dir) = double() else { return };
+    let Some(dir) = driver() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let model = write_two_layers(&tmp.path().join("m"));
     let staging = 4u64 << 20;
@@ -404,19 +502,36 @@ fn the_commit_figure_counts_the_pinned_staging_buffer_and_the_budget_applies() {
     // is a shared mapping, which VmData does not count), so the peak is
     // the staging buffer and a little; on Windows both are charged.
     assert!(peak >= staging, "{}", report["commit"]);
-    if cfg!(unix) {
+    if cfg!(unix) && dir.is_fake() {
         assert!(peak < staging + (2 << 20), "{}", report["commit"]);
     }
     // A budget the staging buffer alone exceeds fails, as on the CPU.
     let r = validate_cuda(&dir, &model, &["--commit-budget", "2MiB"], &[]);
     assert_eq!(r.code, 1, "{}", r.text());
     if commit_limit_enforced() {
-        assert!(r.stdout.contains("over budget at shard model.safetensors: needed 4194304 bytes"), "{}", r.text());
+        assert!(
+            r.stdout
+                .contains("over budget at shard model.safetensors: needed 4194304 bytes"),
+            "{}",
+            r.text()
+        );
     } else {
-        assert!(r.stdout.contains("over the 2.00 MiB budget"), "{}", r.text());
+        assert!(
+            r.stdout.contains("over the 2.00 MiB budget"),
+            "{}",
+            r.text()
+        );
+    }
+    if !dir.is_fake() {
+        return;
     }
     // When pinning fails the staging buffer is plain memory, charged too.
-    let r = validate_cuda(&dir, &model, &["--json"], &env(&[("FAKE_CUDA_PINNED_FAIL", 1)]));
+    let r = validate_cuda(
+        &dir,
+        &model,
+        &["--json"],
+        &env(&[("FAKE_CUDA_PINNED_FAIL", 1)]),
+    );
     assert_eq!(r.code, 0, "{}", r.text());
     let report = r.json();
     assert_eq!(report["device"]["pinned_staging"], false);
@@ -435,7 +550,11 @@ fn fit_detects_vram_through_the_driver() {
         ("FAKE_CUDA_LOG", log.display().to_string()),
     ];
     let r = run(Some(&dir), &["fit", src], &vars);
-    assert!(r.stdout.contains("vram (gpu 0)    3.00 GiB (detected)"), "{}", r.text());
+    assert!(
+        r.stdout.contains("vram (gpu 0)    3.00 GiB (detected)"),
+        "{}",
+        r.text()
+    );
     let r = run(Some(&dir), &["fit", src, "--json"], &vars);
     assert_eq!(r.json()["machine"]["vram"]["bytes"], 3u64 << 30);
     // Reading the total needs no context (a real one costs host commit).
@@ -480,7 +599,10 @@ fn the_report_says_which_blocks_came_after_dedicated_memory_ran_out() {
         }
     }
     assert!(expected.iter().any(|e| e.1) && expected.iter().any(|e| !e.1));
-    let vars = env(&[("FAKE_CUDA_FREE_MEM", free), ("FAKE_CUDA_SYSMEM_FALLBACK", 1)]);
+    let vars = env(&[
+        ("FAKE_CUDA_FREE_MEM", free),
+        ("FAKE_CUDA_SYSMEM_FALLBACK", 1),
+    ]);
     let r = validate_cuda(&dir, &src, &["--json"], &vars);
     assert_eq!(r.code, 0, "{}", r.text());
     let p = &r.json()["placement"];
@@ -489,7 +611,12 @@ fn the_report_says_which_blocks_came_after_dedicated_memory_ran_out() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|g| (g["name"].as_str().unwrap().to_string(), g["dedicated"].as_bool().unwrap()))
+        .map(|g| {
+            (
+                g["name"].as_str().unwrap().to_string(),
+                g["dedicated"].as_bool().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(got, expected);
     let first_after = &expected.iter().find(|e| !e.1).unwrap().0;
@@ -500,7 +627,12 @@ fn the_report_says_which_blocks_came_after_dedicated_memory_ran_out() {
     );
     // Without the fallback, the first allocation past the free memory is
     // out of memory.
-    let r = validate_cuda(&dir, &src, &["--json"], &env(&[("FAKE_CUDA_FREE_MEM", free)]));
+    let r = validate_cuda(
+        &dir,
+        &src,
+        &["--json"],
+        &env(&[("FAKE_CUDA_FREE_MEM", free)]),
+    );
     assert_eq!(r.code, 1, "{}", r.text());
     assert_eq!(r.json()["failures"][0]["kind"], "device_out_of_memory");
 }
@@ -527,8 +659,16 @@ fn every_cuda_device_function_is_exercised() {
             with(&[("FAKE_CUDA_MEMORY_POOLS", 0), ("FAKE_CUDA_PINNED_FAIL", 1)]),
             0,
         ),
-        (&["validate", src, "--device", "cuda"], with(&[("FAKE_CUDA_FAIL_COPY", 2)]), 2),
-        (&["validate", src, "--device", "cuda"], with(&[("FAKE_CUDA_OOM_AT_ALLOC", 2)]), 1),
+        (
+            &["validate", src, "--device", "cuda"],
+            with(&[("FAKE_CUDA_FAIL_COPY", 2)]),
+            2,
+        ),
+        (
+            &["validate", src, "--device", "cuda"],
+            with(&[("FAKE_CUDA_OOM_AT_ALLOC", 2)]),
+            1,
+        ),
         (&["fit", src], with(&[]), 0),
     ];
     for (args, vars, code) in runs {
@@ -561,5 +701,8 @@ fn every_cuda_device_function_is_exercised() {
         .iter()
         .filter(|(_, entry)| !calls.contains(*entry))
         .collect();
-    assert!(missing.is_empty(), "not exercised: {missing:?}; called: {calls:?}");
+    assert!(
+        missing.is_empty(),
+        "not exercised: {missing:?}; called: {calls:?}"
+    );
 }
