@@ -38,6 +38,11 @@ if [ "${1:-}" = "--" ]; then
 fi
 
 cargo test
+# The CPU-side part of scripts/gpu-check.sh, against the CUDA driver double
+# (a GPU machine runs the whole script on release binaries).
+bash scripts/gpu-check.sh --prepare target/gpu-check-ci --profile dev >/dev/null
+bash scripts/gpu-check.sh --bin target/gpu-check-ci --cpu-only \
+  --results target/gpu-check-ci/results.tsv
 # The wheel test reuses the test build's profile rather than building every
 # dependency again in release.
 export RESHARD_DIST_PROFILE="${RESHARD_DIST_PROFILE:-dev}"
