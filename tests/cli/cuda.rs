@@ -638,8 +638,8 @@ fn the_report_says_which_blocks_came_after_dedicated_memory_ran_out() {
 }
 
 /// Every function of src/validate/device/cuda.rs, by the driver entry
-/// point that only it reaches, counted from the double's call log over the
-/// runs above in small.
+/// point that only it reaches, counted from the double's call log over a
+/// few runs (the paths the tests above take, in small).
 #[test]
 fn every_cuda_device_function_is_exercised() {
     let Some(dir) = double() else { return };
@@ -652,7 +652,9 @@ fn every_cuda_device_function_is_exercised() {
         v.push(("FAKE_CUDA_LOG", log.display().to_string()));
         v
     };
-    let runs: [(&[&str], Vec<(&str, String)>, i32); 5] = [
+    // (arguments, environment, exit status)
+    type Case<'a> = (&'a [&'a str], Vec<(&'a str, String)>, i32);
+    let runs: [Case; 5] = [
         (&["validate", src, "--device", "cuda"], with(&[]), 0),
         (
             &["validate", src, "--device", "cuda"],
