@@ -708,3 +708,21 @@ fn every_cuda_device_function_is_exercised() {
         "not exercised: {missing:?}; called: {calls:?}"
     );
 }
+
+/// A library that loads but lacks an entry point cudarc resolves is named
+/// as such, not taken for "no driver" (cudarc panics on the missing symbol).
+#[test]
+fn a_driver_lacking_an_entry_point_is_named_not_taken_for_none() {
+    let Some(dir) = double() else { return };
+    let lacking = Driver {
+        dir: dir.dir.map(|d| d.join("lacking")),
+    };
+    let r = validate_cuda(&lacking, &fixture("tiny-llama"), &[], &[]);
+    assert_eq!(r.code, 2, "{}", r.text());
+    assert!(
+        r.stderr
+            .contains("the driver library lacks the entry point cuDeviceGetName"),
+        "{}",
+        r.stderr
+    );
+}

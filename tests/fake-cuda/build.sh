@@ -8,7 +8,8 @@
 #          libcuda.so first, by name, so LD_LIBRARY_PATH=OUTDIR finds it.
 # windows: OUTDIR/cuda.dll and OUTDIR/nvcuda.dll (x86_64-w64-mingw32-gcc);
 #          cudarc tries cuda.dll before nvcuda.dll; a folder on PATH finds it.
-# Rebuilds only when the source is newer than the output.
+# OUTDIR/lacking/ holds a build without one entry point (the test of a driver
+# that loads but lacks one). Rebuilds only when the source is newer.
 set -euo pipefail
 out=${1:?usage: build.sh OUTDIR [linux|windows|all]}
 which=${2:-all}
@@ -24,5 +25,15 @@ if [ "$which" != linux ] && ! fresh "$out/cuda.dll"; then
   x86_64-w64-mingw32-gcc -std=c11 -O2 -Wall -Wextra -Werror -shared \
     -static-libgcc -o "$out/cuda.dll" "$src"
   cp "$out/cuda.dll" "$out/nvcuda.dll"
+fi
+# OUTDIR/lacking: the same without cuDeviceGetName (see fake_cuda.c).
+mkdir -p "$out/lacking"
+if [ "$which" != windows ] && ! fresh "$out/lacking/libcuda.so"; then
+  gcc -std=c11 -O2 -Wall -Wextra -Werror -shared -fPIC -fvisibility=hidden \
+    -DFAKE_CUDA_LACK_NAME -o "$out/lacking/libcuda.so" "$src"
+fi
+if [ "$which" != linux ] && ! fresh "$out/lacking/cuda.dll"; then
+  x86_64-w64-mingw32-gcc -std=c11 -O2 -Wall -Wextra -Werror -shared \
+    -static-libgcc -DFAKE_CUDA_LACK_NAME -o "$out/lacking/cuda.dll" "$src"
 fi
 echo "$out"

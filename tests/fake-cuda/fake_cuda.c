@@ -45,6 +45,9 @@
  *                                CUDA_ERROR_DEVICE_UNAVAILABLE: the device
  *                                fell off the bus mid-load
  *
+ * build.sh also builds OUTDIR/lacking/, the same library without
+ * cuDeviceGetName: a driver that loads but lacks an entry point.
+ *
  * Call log: FAKE_CUDA_LOG=PATH appends one line per call, the entry point's
  * name, so a test can show which driver calls a run made.
  *
@@ -229,6 +232,9 @@ EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
     return CUDA_SUCCESS;
 }
 
+/* Built without it (-DFAKE_CUDA_LACK_NAME), the library is a driver that
+ * lacks an entry point reshard needs, for the test of that message. */
+#ifndef FAKE_CUDA_LACK_NAME
 EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
     ENTER();
@@ -240,6 +246,7 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
     snprintf(name, (size_t)len, "%s", cfg.name);
     return CUDA_SUCCESS;
 }
+#endif
 
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
