@@ -194,6 +194,7 @@ pub fn run(
                                 budget: options.commit_budget,
                             });
                             device.end_shard();
+                            report.placement = placement.report();
                             return Ok(());
                         }
                         Err(DeviceError::OutOfMemory { needed, .. }) => {
@@ -259,8 +260,8 @@ pub fn run(
             tensors: tensors.len(),
             seconds: started.elapsed().as_secs_f64(),
         });
-        report.placement = placement.report();
     }
+    report.placement = placement.report();
     Ok(())
 }
 
@@ -277,11 +278,11 @@ fn at<'a>(shard: &'a str, tensor: &'a str) -> impl Fn(DeviceError) -> ValidateEr
     }
 }
 
-/// Where each allocation went, grouped by block in load order (of first
-/// allocation): the
-/// numbered block a tensor belongs to, or the tensor itself outside blocks.
-/// An allocation is in dedicated memory when the driver reported at least
-/// its size free just before it; a group is when all of its allocations are.
+/// Where each allocation went, grouped (in the order of their first
+/// allocation) by the numbered block a tensor belongs to, or by the tensor
+/// itself outside blocks. An allocation is in dedicated memory when the
+/// driver reported at least its size free just before it; a group is when
+/// all of its allocations are.
 #[derive(Default)]
 struct PlacementLog {
     free_at_start: Option<u64>,
@@ -299,7 +300,7 @@ impl PlacementLog {
                 g.bytes += len;
                 g.dedicated &= dedicated;
             }
-            _ => self.groups.push(BlockPlacement {
+            None => self.groups.push(BlockPlacement {
                 name,
                 block: block_of(tensor).is_some(),
                 bytes: len,
