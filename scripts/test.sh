@@ -27,6 +27,10 @@ fi
 export RESHARD_TEST_PYTHON="$venv/bin/python"
 # Nothing may download a model at test time.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+# The CUDA driver test double (test-only, never shipped) that tests/cli/cuda.rs
+# puts on reshard's library search path; under CI those tests fail without it.
+RESHARD_TEST_FAKE_CUDA=$(bash tests/fake-cuda/build.sh "$PWD/target/fake-cuda" linux)
+export RESHARD_TEST_FAKE_CUDA
 
 if [ "${1:-}" = "--" ]; then
   shift
@@ -34,6 +38,11 @@ if [ "${1:-}" = "--" ]; then
 fi
 
 cargo test
+# The CPU-side part of scripts/gpu-check.sh, against the CUDA driver double
+# (a GPU machine runs the whole script on release binaries).
+bash scripts/gpu-check.sh --prepare target/gpu-check-ci --profile dev >/dev/null
+bash scripts/gpu-check.sh --bin target/gpu-check-ci --cpu-only \
+  --results target/gpu-check-ci/results.tsv
 # The wheel test reuses the test build's profile rather than building every
 # dependency again in release.
 export RESHARD_DIST_PROFILE="${RESHARD_DIST_PROFILE:-dev}"

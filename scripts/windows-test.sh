@@ -15,6 +15,13 @@ cd "$(dirname "$0")/.."
 
 source scripts/windows/env.sh
 
+# The CUDA driver test double as cuda.dll and nvcuda.dll (test-only, never
+# shipped): tests/cli/cuda.rs puts this folder first on the PATH of the
+# reshard.exe it starts, and Windows' LoadLibrary searches PATH last.
+fake_cuda=$(bash tests/fake-cuda/build.sh "$CARGO_TARGET_DIR/fake-cuda" windows)
+RESHARD_TEST_FAKE_CUDA=$(winepath -w "$fake_cuda")
+export RESHARD_TEST_FAKE_CUDA
+
 mounts=()
 cleanup() {
   for m in "${mounts[@]}"; do umount "$m" 2>/dev/null && rmdir "$m"; done

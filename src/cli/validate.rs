@@ -305,6 +305,26 @@ pub fn run_child() -> ExitStatus {
     }
 }
 
+/// `dedicated memory (cuMemGetInfo): 2.00 GiB free at the start; 5 of 8
+/// blocks allocated in it, from model.layers.5 on past it (...)`.
+fn render_placement(p: &reshard::validate::Placement) -> String {
+    let blocks = p.groups.iter().filter(|g| g.block);
+    let total = blocks.clone().count();
+    let inside = blocks.filter(|g| g.dedicated).count();
+    let mut line = format!(
+        "dedicated memory (cuMemGetInfo): {} free at the start; {inside} of {total} blocks allocated in it",
+        human(p.free_at_start)
+    );
+    match p.groups.iter().find(|g| !g.dedicated) {
+        Some(g) => line.push_str(&format!(
+            ", from {} on past it (in system memory where the driver falls back to it)",
+            g.name
+        )),
+        None => line.push_str(", with every tensor outside them"),
+    }
+    line
+}
+
 pub fn render(r: &ValidateReport) -> String {
     let mut o = String::new();
     let checks = if r.manifest {
@@ -381,6 +401,9 @@ pub fn render(r: &ValidateReport) -> String {
             v.blocks_fit,
             v.blocks_total
         );
+    }
+    if let Some(p) = &r.placement {
+        let _ = writeln!(o, "{}", render_placement(p));
     }
     if let Some(c) = &r.commit {
         let budget = r

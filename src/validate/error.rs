@@ -16,6 +16,8 @@ pub enum ValidateError {
     Manifest(#[from] ManifestError),
     #[error("no CUDA driver found (libcuda could not be loaded); use --device cpu")]
     NoCudaDriver,
+    #[error("the CUDA driver supports CUDA {version}; reshard needs {minimum} or newer (update the NVIDIA driver)")]
+    CudaDriverTooOld { version: String, minimum: String },
     #[error("CUDA device {ordinal} does not exist ({count} found)")]
     NoSuchCudaDevice { ordinal: usize, count: usize },
     #[error("CUDA: {reason}")]

@@ -52,4 +52,5 @@ pub use self::error::ValidateError;
 pub use self::ledger::{CommitFigures, CommitLedger};
 pub use self::load::validate;
 pub use self::options::{DeviceSpec, Loader, ValidateOptions, DEFAULT_STAGING};
-pub use self::report::{Failure, ShardTiming, ValidateReport};
+pub use self::own::shard_order;
+pub use self::report::{Failure, Placement, ShardTiming, ValidateReport};

@@ -38,7 +38,7 @@ use crate::write::digest::Xxh3;
 use super::device::{staging_len, Device, DeviceError};
 use super::integrity::{Expected, ShardCheck};
 use super::ledger::CommitLedger;
-use super::report::{Failure, ShardTiming, ValidateReport, VramFit};
+use super::report::{BlockPlacement, Failure, Placement, ShardTiming, ValidateReport, VramFit};
 use super::{ValidateError, ValidateOptions};
 use crate::format::read::SourceReader;
 use crate::format::{Checkpoint, DataRef, FormatError};
@@ -112,7 +112,8 @@ pub fn run(
     let staging_len = staging_len(options.staging, ck) as u64;
     report.staging = staging_len;
     match device.prepare() {
-        Ok(()) => {}
+        // Whether the staging buffer could be pinned is known only now.
+        Ok(()) => report.device = device.info(),
         Err(DeviceError::OutOfMemory { .. }) => {
             let committed = ledger.sample();
             report.fail(Failure::OverBudget {
@@ -135,6 +136,7 @@ pub fn run(
     report.vram = fit.clone();
     let mut vram_refused = false;
     let mut cumulative = 0u64;
+    let mut placement = PlacementLog::default();
     for &file in order {
         let started = Instant::now();
         let name = ck.files[file].name();
@@ -174,8 +176,14 @@ pub fn run(
                     }
                 }
                 if !vram_refused {
+                    let free = device.free_dedicated().map_err(at(&name, &t.name))?;
                     match device.alloc(t.len) {
-                        Ok(h) => alloc = Some(h),
+                        Ok(h) => {
+                            alloc = Some(h);
+                            if let Some(free) = free {
+                                placement.place(&t.name, t.len, free);
+                            }
+                        }
                         Err(DeviceError::OutOfMemory { needed, host: true }) => {
                             let committed = ledger.sample();
                             report.fail(Failure::OverBudget {
@@ -186,24 +194,24 @@ pub fn run(
                                 budget: options.commit_budget,
                             });
                             device.end_shard();
+                            report.placement = placement.report();
                             return Ok(());
                         }
-                        Err(DeviceError::OutOfMemory { .. }) => {
+                        Err(DeviceError::OutOfMemory { needed, .. }) => {
                             vram_refused = true;
                             let total = report.device.total_memory.unwrap_or(cumulative);
-                            let fit = fit.clone().unwrap_or_else(|| vram_fit(ck, total));
-                            report.vram = Some(fit.clone());
-                            report.fail(Failure::VramBudget {
+                            if report.vram.is_none() {
+                                report.vram = Some(vram_fit(ck, total));
+                            }
+                            report.fail(Failure::DeviceOutOfMemory {
                                 shard: name.clone(),
                                 tensor: t.name.clone(),
-                                fit,
+                                needed,
+                                held: device.held(),
+                                device: report.device.device.clone(),
                             });
                         }
-                        Err(e) => {
-                            return Err(ValidateError::Cuda {
-                                reason: format!("tensor {:?}: {e}", t.name),
-                            })
-                        }
+                        Err(e) => return Err(at(&name, &t.name)(e)),
                     }
                     ledger.sample();
                 }
@@ -213,10 +221,17 @@ pub fn run(
                 report.device_bytes = cumulative;
                 report.device_peak_held = report.device_peak_held.max(device.held());
             }
-            let streamed = stream_tensor(&reader, t, device, alloc, &mut check)?;
+            let streamed =
+                stream_tensor(&reader, t, device, alloc, &mut check).map_err(|e| match e {
+                    ValidateError::Cuda { reason } => ValidateError::Cuda {
+                        reason: format!("shard {name}, tensor {:?}: {reason}", t.name),
+                    },
+                    e => e,
+                })?;
             expect.check_tensor(ck, i, streamed.xxh3, &mut report.failures);
             if let Some(h) = alloc.filter(|_| !streamed.in_place) {
-                if device.readback_hash(h, t.len).map_err(device_err)? != streamed.xxh3 {
+                let readback = device.readback_hash(h, t.len);
+                if readback.map_err(at(&name, &t.name))? != streamed.xxh3 {
                     report.fail(Failure::Readback {
                         file: name.clone(),
                         tensor: t.name.clone(),
@@ -246,12 +261,59 @@ pub fn run(
             seconds: started.elapsed().as_secs_f64(),
         });
     }
+    report.placement = placement.report();
     Ok(())
 }
 
 fn device_err(e: DeviceError) -> ValidateError {
     ValidateError::Cuda {
         reason: e.to_string(),
+    }
+}
+
+/// A device error at one tensor, naming the shard and the tensor.
+fn at<'a>(shard: &'a str, tensor: &'a str) -> impl Fn(DeviceError) -> ValidateError + 'a {
+    move |e| ValidateError::Cuda {
+        reason: format!("shard {shard}, tensor {tensor:?}: {e}"),
+    }
+}
+
+/// Where each allocation went, grouped (in the order of their first
+/// allocation) by the numbered block a tensor belongs to, or by the tensor
+/// itself outside blocks. An allocation is in dedicated memory when the
+/// driver reported at least its size free just before it; a group is when
+/// all of its allocations are.
+#[derive(Default)]
+struct PlacementLog {
+    free_at_start: Option<u64>,
+    groups: Vec<BlockPlacement>,
+}
+
+impl PlacementLog {
+    fn place(&mut self, tensor: &str, len: u64, free: u64) {
+        self.free_at_start.get_or_insert(free);
+        let name = block_of(tensor).map_or_else(|| tensor.to_string(), |b| b.name());
+        let dedicated = len <= free;
+        // A block split across shards is one group.
+        match self.groups.iter_mut().find(|g| g.name == name) {
+            Some(g) => {
+                g.bytes += len;
+                g.dedicated &= dedicated;
+            }
+            None => self.groups.push(BlockPlacement {
+                name,
+                block: block_of(tensor).is_some(),
+                bytes: len,
+                dedicated,
+            }),
+        }
+    }
+
+    fn report(&self) -> Option<Placement> {
+        Some(Placement {
+            free_at_start: self.free_at_start?,
+            groups: self.groups.clone(),
+        })
     }
 }
 

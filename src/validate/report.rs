@@ -42,6 +42,31 @@ pub struct VramFit {
     pub blocks_total: usize,
 }
 
+/// Where a GPU load's allocations went, against the free dedicated memory
+/// the driver reported before each (`cuMemGetInfo`). With NVIDIA's System
+/// Memory Fallback (Windows) an allocation past it still succeeds, in
+/// shared system memory; layer order puts the leading blocks first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// Free dedicated memory before the first allocation.
+    pub free_at_start: u64,
+    /// In load order: each numbered block, and each tensor outside blocks.
+    pub groups: Vec<BlockPlacement>,
+}
+
+/// One block (or a tensor outside blocks) as [`Placement`] saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockPlacement {
+    /// `model.layers.3`, or the tensor's name outside blocks.
+    pub name: String,
+    /// Whether `name` is a numbered block.
+    pub block: bool,
+    pub bytes: u64,
+    /// Every allocation of it came while the driver reported enough free
+    /// dedicated memory for it; `false`: after the dedicated memory ran out.
+    pub dedicated: bool,
+}
+
 /// What an emulated loader mapped, and what DESIGN.md predicts for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EmulationReport {
@@ -130,7 +155,16 @@ pub enum Failure {
     /// The measured peak (sampled) went past the budget; on Linux the limit
     /// is enforced, elsewhere only measured.
     PeakOverBudget { peak: u64, budget: u64 },
-    /// The device refused an allocation past `--vram-budget` or ran out.
+    /// The device ran out of memory: an allocation failed with
+    /// `held` device bytes already allocated.
+    DeviceOutOfMemory {
+        shard: String,
+        tensor: String,
+        needed: u64,
+        held: u64,
+        device: String,
+    },
+    /// The load went past `--vram-budget`.
     VramBudget {
         shard: String,
         tensor: String,
@@ -184,6 +218,12 @@ impl fmt::Display for Failure {
             Failure::PeakOverBudget { peak, budget } => {
                 write!(f, "commit peaked at {} above baseline, over the {} budget", human(*peak), human(*budget))
             }
+            Failure::DeviceOutOfMemory { shard, tensor, needed, held, device } => write!(
+                f,
+                "{device} out of memory at shard {shard}, tensor {tensor:?}: needed {needed} bytes ({}) with {held} bytes ({}) held",
+                human(*needed),
+                human(*held)
+            ),
             Failure::VramBudget { shard, tensor, fit } => write!(
                 f,
                 "over VRAM budget at shard {shard}, tensor {tensor:?}: the model needs {} of a {} budget; {} of {} leading blocks fit",
@@ -231,6 +271,9 @@ pub struct ValidateReport {
     pub commit_budget_enforced: Option<bool>,
     pub commit: Option<CommitFigures>,
     pub vram: Option<VramFit>,
+    /// A GPU load's allocations against its free dedicated memory.
+    #[serde(default)]
+    pub placement: Option<Placement>,
     pub emulation: Option<EmulationReport>,
     pub against: Option<AgainstReport>,
 }
@@ -256,6 +299,7 @@ impl ValidateReport {
             commit_budget_enforced: None,
             commit: None,
             vram: None,
+            placement: None,
             emulation: None,
             against: None,
         }

@@ -13,9 +13,13 @@ pub fn reshard() -> assert_cmd::Command {
     assert_cmd::Command::cargo_bin("reshard").unwrap()
 }
 
-/// The path of a fixture in tests/fixtures.
+/// The path of a fixture in tests/fixtures: under `RESHARD_TEST_ROOT` when
+/// set (a test binary carried away from its checkout, as
+/// scripts/gpu-check.sh runs it on a GPU machine), else in the checkout the
+/// tests were built from.
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("RESHARD_TEST_ROOT")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
         .join("tests/fixtures")
         .join(name)
 }

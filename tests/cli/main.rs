@@ -11,6 +11,7 @@ mod cast;
 mod common;
 mod convert;
 mod crash;
+mod cuda;
 mod digest;
 mod docs_examples;
 mod fit;

@@ -76,6 +76,12 @@ pub trait Device {
     fn end_shard(&mut self);
     /// Device bytes held now.
     fn held(&self) -> u64;
+    /// The device's free dedicated memory as its driver reports it now
+    /// (`cuMemGetInfo`), read before each allocation; `None` (the default,
+    /// and the CPU stand-in's) where a device has no such figure.
+    fn free_dedicated(&mut self) -> Result<Option<u64>, DeviceError> {
+        Ok(None)
+    }
 }
 
 /// Bytes below which work on them is not split across threads: handing

@@ -3,7 +3,14 @@
 //! Without a driver (no libcuda), [`CudaDevice::open`] returns
 //! [`ValidateError::NoCudaDriver`]; it checks for the library before cudarc
 //! touches it (cudarc panics when the library is missing) and runs every
-//! first driver call under `catch_unwind` as a second guard.
+//! first driver call under `catch_unwind` as a second guard. A driver
+//! older than [`MIN_DRIVER_VERSION`] is refused by name
+//! ([`ValidateError::CudaDriverTooOld`]).
+//!
+//! Before each device allocation the driver's free dedicated memory is
+//! read (`cuMemGetInfo`), so the load can report which blocks came before
+//! the dedicated memory ran out and which after it (on Windows, NVIDIA's
+//! System Memory Fallback then places them in shared system memory).
 //!
 //! The staging buffer is page-locked host memory allocated once (plain
 //! host memory if pinning fails); device allocations are kept for the whole
@@ -16,6 +23,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUresult;
+use cudarc::driver::{result, sys};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError, PinnedHostSlice};
 
 use super::{try_zeroed, Device, DeviceError};
@@ -52,14 +60,50 @@ pub fn dedicated_memory(ordinal: usize) -> Option<u64> {
     if !driver_present() {
         return None;
     }
+    // No context: creating one costs a real driver hundreds of MB of host
+    // commit and a noticeable pause, and the total needs none.
     guarded(|| {
-        let ctx = CudaContext::new(ordinal).map_err(cuda_err("cannot create a context"))?;
-        let total = ctx
-            .total_mem()
+        result::init().map_err(cuda_err("cannot initialize the driver"))?;
+        let ordinal = i32::try_from(ordinal).map_err(|_| ValidateError::Cuda {
+            reason: format!("no device {ordinal}"),
+        })?;
+        let device = result::device::get(ordinal).map_err(cuda_err("cannot open the device"))?;
+        // SAFETY: `device` is a handle the driver just returned.
+        let total = unsafe { result::device::total_mem(device) }
             .map_err(cuda_err("cannot read the device memory"))?;
         Ok(total as u64)
     })
     .ok()
+}
+
+/// The oldest driver reshard's CUDA path runs on, as `cuDriverGetVersion`
+/// gives it (1000 x major + 10 x minor): CUDA 11.2, the first with every
+/// entry point and attribute the load uses (stream-ordered allocation,
+/// `cuMemAllocAsync`, and the memory-pool attribute cudarc reads when it
+/// makes a context). An older driver would fail inside cudarc with a
+/// missing symbol or an invalid attribute instead of this message.
+pub const MIN_DRIVER_VERSION: i32 = 11020;
+
+/// `12.8` for 12080.
+fn version_text(v: i32) -> String {
+    format!("{}.{}", v / 1000, (v % 1000) / 10)
+}
+
+/// The driver's CUDA version, refused below [`MIN_DRIVER_VERSION`].
+fn check_driver_version() -> Result<(), ValidateError> {
+    let mut version = 0;
+    // SAFETY: cuDriverGetVersion writes one int through a valid pointer; it
+    // needs no initialization or context.
+    unsafe { sys::cuDriverGetVersion(&mut version) }
+        .result()
+        .map_err(cuda_err("cannot read the driver version"))?;
+    if version < MIN_DRIVER_VERSION {
+        return Err(ValidateError::CudaDriverTooOld {
+            version: version_text(version),
+            minimum: version_text(MIN_DRIVER_VERSION),
+        });
+    }
+    Ok(())
 }
 
 /// Runs `f` with panics caught and the panic message kept off stderr.
@@ -68,17 +112,43 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, ValidateError>) -> Result<T, Validat
     std::panic::set_hook(Box::new(|_| {}));
     let result = catch_unwind(AssertUnwindSafe(f));
     std::panic::set_hook(hook);
-    result.unwrap_or(Err(ValidateError::NoCudaDriver))
+    result.unwrap_or_else(|panic| {
+        // cudarc panics "Missing symbol NAME: ..." when the library loads
+        // but lacks an entry point: a driver, just not one reshard can use.
+        let text = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        match text.strip_prefix("Missing symbol ") {
+            Some(rest) => Err(ValidateError::Cuda {
+                reason: format!(
+                    "the driver library lacks the entry point {} (update the NVIDIA driver)",
+                    rest.split(':').next().unwrap_or(rest)
+                ),
+            }),
+            None => Err(ValidateError::NoCudaDriver),
+        }
+    })
 }
 
 fn cuda_err(what: &str) -> impl Fn(DriverError) -> ValidateError + '_ {
     move |e| ValidateError::Cuda {
-        reason: format!("{what}: {e}"),
+        reason: format!("{what}: {}", driver_text(e)),
     }
 }
 
 fn device_err(e: DriverError) -> DeviceError {
-    DeviceError::Driver(e.to_string())
+    DeviceError::Driver(driver_text(e))
+}
+
+/// `CUDA_ERROR_DEVICE_UNAVAILABLE (CUDA-capable device(s) is/are busy or
+/// unavailable)`: the code's name, then the driver's own words for it.
+fn driver_text(e: DriverError) -> String {
+    match e.error_string() {
+        Ok(s) => format!("{:?} ({})", e.0, s.to_string_lossy()),
+        Err(_) => format!("{:?}", e.0),
+    }
 }
 
 impl CudaDevice {
@@ -89,6 +159,7 @@ impl CudaDevice {
             return Err(ValidateError::NoCudaDriver);
         }
         guarded(|| {
+            check_driver_version()?;
             let count = CudaContext::device_count().map_err(cuda_err("cannot count devices"))?;
             let count = usize::try_from(count).unwrap_or(0);
             if ordinal >= count {
@@ -232,6 +303,11 @@ impl Device for CudaDevice {
 
     fn held(&self) -> u64 {
         self.held
+    }
+
+    fn free_dedicated(&mut self) -> Result<Option<u64>, DeviceError> {
+        let (free, _total) = self.ctx.mem_get_info().map_err(device_err)?;
+        Ok(Some(free as u64))
     }
 }
 
