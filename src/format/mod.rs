@@ -11,6 +11,7 @@
 pub mod discover;
 pub mod dtype;
 pub mod error;
+pub mod gguf;
 pub mod index;
 mod json;
 pub mod layout;
