@@ -27,6 +27,7 @@
 mod config;
 pub mod dequant;
 mod f8;
+pub mod gguf;
 mod kernels;
 mod simd;
 #[cfg(test)]
