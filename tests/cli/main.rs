@@ -15,6 +15,7 @@ mod digest;
 mod docs_examples;
 mod fit;
 mod fuzz_corpus;
+mod gguf;
 mod hostile;
 mod inspect;
 mod layouts;
