@@ -43,7 +43,12 @@ pub fn gguf_header(data: &[u8]) {
     for t in &file.tensors {
         assert!(names.insert(&t.name), "accepted a duplicate {}", t.name);
         assert!(t.offset >= end, "accepted an overlap at {}", t.name);
-        assert_eq!((t.offset - file.data_start) % file.alignment, 0, "{}", t.name);
+        assert_eq!(
+            (t.offset - file.data_start) % file.alignment,
+            0,
+            "{}",
+            t.name
+        );
         let numel = t
             .shape
             .iter()
@@ -56,7 +61,10 @@ pub fn gguf_header(data: &[u8]) {
         assert!(end <= data.len() as u64, "{} points past the end", t.name);
     }
     for (key, value) in file.metadata.iter() {
-        assert!(std::ptr::eq(file.metadata.get(key).unwrap(), value), "lookup of {key}");
+        assert!(
+            std::ptr::eq(file.metadata.get(key).unwrap(), value),
+            "lookup of {key}"
+        );
     }
 }
 

@@ -38,12 +38,10 @@ pub(super) fn q2_k(b: &[u8], out: &mut [f32]) {
     let qs = &b[16..80];
     let d = f16_at(&b[80..82]);
     let dmin = f16_at(&b[82..84]);
-    for g in 0..16 {
-        let dl = d * f32::from(scales[g] & 0x0f);
-        let ml = dmin * f32::from(scales[g] >> 4);
-        for j in g * 16..g * 16 + 16 {
-            out[j] = dl * f32::from(crumb(qs, j)) - ml;
-        }
+    let dl: [f32; 16] = std::array::from_fn(|g| d * f32::from(scales[g] & 0x0f));
+    let ml: [f32; 16] = std::array::from_fn(|g| dmin * f32::from(scales[g] >> 4));
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dl[j / 16] * f32::from(crumb(qs, j)) - ml[j / 16];
     }
 }
 
@@ -53,15 +51,14 @@ pub(super) fn q3_k(b: &[u8], out: &mut [f32]) {
     let qs = &b[32..96];
     let sc = &b[96..108];
     let d = f16_at(&b[108..110]);
-    for g in 0..16 {
+    let dl: [f32; 16] = std::array::from_fn(|g| {
         let low = (sc[g % 8] >> (4 * (g / 8))) & 0x0f;
         let high = (sc[8 + g % 4] >> (2 * (g / 4))) & 0x03;
-        let scale = (low | (high << 4)) as i8 - 32;
-        let dl = d * f32::from(scale);
-        for j in g * 16..g * 16 + 16 {
-            let q = crumb(qs, j) as i8 - (((mask_bit(hmask, j) ^ 1) << 2) as i8);
-            out[j] = dl * f32::from(q);
-        }
+        d * f32::from((low | (high << 4)) as i8 - 32)
+    });
+    for (j, o) in out.iter_mut().enumerate() {
+        let q = crumb(qs, j) as i8 - (((mask_bit(hmask, j) ^ 1) << 2) as i8);
+        *o = dl[j / 16] * f32::from(q);
     }
 }
 
@@ -80,37 +77,33 @@ fn scale_min(s: &[u8], g: usize) -> (u8, u8) {
     }
 }
 
-/// `(d * sc) * q - (dmin * m)` per 32 elements, 4-bit codes.
-pub(super) fn q4_k(b: &[u8], out: &mut [f32]) {
+/// `d * sc` and `dmin * m` of each of the 8 sub-blocks (Q4_K, Q5_K).
+fn sub_scales(b: &[u8]) -> ([f32; 8], [f32; 8]) {
     let d = f16_at(&b[0..2]);
     let dmin = f16_at(&b[2..4]);
     let scales = &b[4..16];
+    let dl = std::array::from_fn(|g| d * f32::from(scale_min(scales, g).0));
+    let ml = std::array::from_fn(|g| dmin * f32::from(scale_min(scales, g).1));
+    (dl, ml)
+}
+
+/// `(d * sc) * q - (dmin * m)` per 32 elements, 4-bit codes.
+pub(super) fn q4_k(b: &[u8], out: &mut [f32]) {
+    let (dl, ml) = sub_scales(b);
     let qs = &b[16..144];
-    for g in 0..8 {
-        let (sc, m) = scale_min(scales, g);
-        let dl = d * f32::from(sc);
-        let ml = dmin * f32::from(m);
-        for j in g * 32..g * 32 + 32 {
-            out[j] = dl * f32::from(nibble(qs, j)) - ml;
-        }
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dl[j / 32] * f32::from(nibble(qs, j)) - ml[j / 32];
     }
 }
 
 /// As Q4_K with a fifth bit from `qh`.
 pub(super) fn q5_k(b: &[u8], out: &mut [f32]) {
-    let d = f16_at(&b[0..2]);
-    let dmin = f16_at(&b[2..4]);
-    let scales = &b[4..16];
+    let (dl, ml) = sub_scales(b);
     let qh = &b[16..48];
     let qs = &b[48..176];
-    for g in 0..8 {
-        let (sc, m) = scale_min(scales, g);
-        let dl = d * f32::from(sc);
-        let ml = dmin * f32::from(m);
-        for j in g * 32..g * 32 + 32 {
-            let q = nibble(qs, j) | (mask_bit(qh, j) << 4);
-            out[j] = dl * f32::from(q) - ml;
-        }
+    for (j, o) in out.iter_mut().enumerate() {
+        let q = nibble(qs, j) | (mask_bit(qh, j) << 4);
+        *o = dl[j / 32] * f32::from(q) - ml[j / 32];
     }
 }
 
@@ -120,13 +113,11 @@ pub(super) fn q6_k(b: &[u8], out: &mut [f32]) {
     let qh = &b[128..192];
     let scales = &b[192..208];
     let d = f16_at(&b[208..210]);
-    for g in 0..16 {
-        let dl = d * f32::from(scales[g] as i8);
-        for j in g * 16..g * 16 + 16 {
-            let (half, hi, l) = (j / 128, (j % 128) / 64, j % 64);
-            let low = (ql[half * 64 + l] >> (4 * hi)) & 0x0f;
-            let q = (low | (crumb(qh, j) << 4)) as i8 - 32;
-            out[j] = dl * f32::from(q);
-        }
+    let dl: [f32; 16] = std::array::from_fn(|g| d * f32::from(scales[g] as i8));
+    for (j, o) in out.iter_mut().enumerate() {
+        let (half, hi, l) = (j / 128, (j % 128) / 64, j % 64);
+        let low = (ql[half * 64 + l] >> (4 * hi)) & 0x0f;
+        let q = (low | (crumb(qh, j) << 4)) as i8 - 32;
+        *o = dl[j / 16] * f32::from(q);
     }
 }

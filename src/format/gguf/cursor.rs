@@ -14,12 +14,13 @@ use super::error::GgufError;
 
 /// What the header is read from: a file, or bytes (fuzzing and tests).
 pub trait Source {
-    fn len(&self) -> u64;
+    /// The length in bytes.
+    fn size(&self) -> u64;
     fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<usize>;
 }
 
 impl Source for File {
-    fn len(&self) -> u64 {
+    fn size(&self) -> u64 {
         self.metadata().map_or(0, |m| m.len())
     }
     fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<usize> {
@@ -28,7 +29,7 @@ impl Source for File {
 }
 
 impl Source for [u8] {
-    fn len(&self) -> u64 {
+    fn size(&self) -> u64 {
         <[u8]>::len(self) as u64
     }
     fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<usize> {

@@ -31,7 +31,7 @@ const NESTED_OVERHEAD: u64 = std::mem::size_of::<Array>() as u64;
 /// Parses and checks the header of the GGUF bytes in `src`, charging at
 /// most `budget` bytes of reads and memory.
 pub fn parse<S: Source + ?Sized>(src: &S, budget: u64) -> Result<GgufFile, GgufError> {
-    let file_len = src.len();
+    let file_len = src.size();
     let mut cur = Cursor::new(src, file_len, budget);
     let at_head = || "the file header".to_string();
     let magic: [u8; 4] = cur.array(&at_head)?;

@@ -185,6 +185,8 @@ pub fn read_header(path: &Path) -> Result<GgufFile, FormatError> {
         source,
     };
     let file = open_regular(path, u64::MAX)?;
+    // Surface a failing stat here; `Source::size` of a file would read it as 0.
+    file.metadata().map_err(|e| FormatError::io(path, e))?;
     header::parse(&file, MAX_HEADER).map_err(wrap)
 }
 
