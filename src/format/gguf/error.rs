@@ -5,14 +5,14 @@
 use std::io;
 use std::path::PathBuf;
 
-use super::ggml::GgmlType;
-
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
     #[error("read failed")]
     Io(#[source] io::Error),
     #[error("not a GGUF file: it starts with {found:?}, not \"GGUF\"")]
     BadMagic { found: String },
+    #[error("a big-endian GGUF file; reshard reads little-endian GGUF only")]
+    BigEndian,
     #[error(
         "GGUF version {version} is not supported (reshard reads versions 2 and 3, little-endian)"
     )]
@@ -94,6 +94,4 @@ pub enum GgufError {
         first: usize,
         second: usize,
     },
-    #[error("tensor {tensor:?}: {ty} cannot be dequantized")]
-    NotDequantizable { tensor: String, ty: GgmlType },
 }

@@ -41,6 +41,10 @@ pub fn parse<S: Source + ?Sized>(src: &S, budget: u64) -> Result<GgufFile, GgufE
         });
     }
     let version = cur.u32(&at_head)?;
+    if version & 0xffff == 0 && version != 0 {
+        // As gguf-py tells the byte order: a small version read backwards.
+        return Err(GgufError::BigEndian);
+    }
     if version != 2 && version != 3 {
         return Err(GgufError::UnsupportedVersion { version });
     }

@@ -111,7 +111,7 @@ fn bad_magic_versions_and_truncation_are_refused() {
     // A big-endian v3 file reads as version 3 << 24.
     assert!(matches!(
         B::head(3u32.swap_bytes(), 0, 0).parse(),
-        Err(GgufError::UnsupportedVersion { .. })
+        Err(GgufError::BigEndian)
     ));
     assert!(matches!(
         parse_bytes(b"GG"),
@@ -339,4 +339,86 @@ fn a_header_past_the_budget_is_refused() {
         matches!(err, GgufError::HeaderTooLarge { max: 4096, .. }),
         "{err}"
     );
+}
+
+/// Writes a split member with `split.*` keys and one F32 tensor per name.
+fn member(dir: &std::path::Path, file: &str, keys: &[(&str, u32)], tensors: &[&str]) {
+    let mut b = B::head(3, tensors.len() as u64, keys.len() as u64);
+    for (k, v) in keys {
+        b.kv(k, ty::U16, &(*v as u16).to_le_bytes());
+    }
+    for (i, t) in tensors.iter().enumerate() {
+        b.tensor(t, &[8], 0, 32 * i as u64);
+    }
+    b.pad(32).zeros(32 * tensors.len());
+    std::fs::write(dir.join(file), &b.0).unwrap();
+}
+
+fn split_err(dir: &std::path::Path, file: &str) -> String {
+    let err = super::open(&dir.join(file)).unwrap_err();
+    let mut s = err.to_string();
+    let mut cur: &dyn std::error::Error = &err;
+    while let Some(next) = cur.source() {
+        s.push_str(": ");
+        s.push_str(&next.to_string());
+        cur = next;
+    }
+    s
+}
+
+#[test]
+fn split_members_must_agree_with_their_names_and_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let keys = |no| {
+        [
+            ("split.no", no),
+            ("split.count", 2),
+            ("split.tensors.count", 2),
+        ]
+    };
+    member(d, "m-00001-of-00002.gguf", &keys(0), &["a"]);
+    member(d, "m-00002-of-00002.gguf", &keys(1), &["b"]);
+    let m = super::open(&d.join("m-00002-of-00002.gguf")).unwrap();
+    assert_eq!(m.tensors.len(), 2);
+    // The second member says it is the first.
+    member(d, "m-00002-of-00002.gguf", &keys(0), &["b"]);
+    let err = split_err(d, "m-00001-of-00002.gguf");
+    assert!(
+        err.contains("m-00002-of-00002.gguf") && err.contains("split.no 0"),
+        "{err}"
+    );
+    // A tensor in both members.
+    member(d, "m-00002-of-00002.gguf", &keys(1), &["a"]);
+    let err = split_err(d, "m-00001-of-00002.gguf");
+    assert!(
+        err.contains("tensor \"a\" is in split 1 and in split 2"),
+        "{err}"
+    );
+    // split.tensors.count disagrees with the tensors.
+    member(d, "m-00002-of-00002.gguf", &keys(1), &["b", "c"]);
+    let err = split_err(d, "m-00001-of-00002.gguf");
+    assert!(
+        err.contains("hold 3 tensors") && err.contains("is 2"),
+        "{err}"
+    );
+    // A member under a name that does not follow the pattern.
+    member(d, "renamed.gguf", &keys(0), &["a"]);
+    let err = split_err(d, "renamed.gguf");
+    assert!(err.contains("NAME-00001-of-00002.gguf"), "{err}");
+    // A missing member is named; open_set lists it instead.
+    std::fs::remove_file(d.join("m-00002-of-00002.gguf")).unwrap();
+    let err = split_err(d, "m-00001-of-00002.gguf");
+    assert!(
+        err.contains("m-00002-of-00002.gguf is missing (split 2 of 2)"),
+        "{err}"
+    );
+    let set = super::open_set(&d.join("m-00001-of-00002.gguf")).unwrap();
+    assert_eq!(set.split.unwrap().missing.len(), 1);
+    // split.count of the wrong type.
+    let mut b = B::head(3, 0, 1);
+    b.kv("split.count", ty::STRING, &string_payload("2"));
+    std::fs::write(d.join("s-00001-of-00002.gguf"), &b.0).unwrap();
+    let err = split_err(d, "s-00001-of-00002.gguf");
+    assert!(err.contains("\"split.count\" is string"), "{err}");
 }
