@@ -124,7 +124,8 @@ impl GgufSummary {
         for t in &model.tensors {
             let s = types.entry(t.ggml_type.to_string()).or_default();
             s.tensors += 1;
-            s.parameters += t.numel();
+            // An unknown type's element count is not bounded by the file.
+            s.parameters = s.parameters.saturating_add(t.numel());
             s.bytes += t.len.unwrap_or(0);
             s.dequantizable = supports(t.ggml_type);
         }
@@ -157,7 +158,10 @@ impl GgufSummary {
             files: files(model),
             split: model.split.clone(),
             tensor_count: model.tensors.len(),
-            parameter_count: model.tensors.iter().map(|t| t.numel()).sum(),
+            parameter_count: model
+                .tensors
+                .iter()
+                .fold(0u64, |a, t| a.saturating_add(t.numel())),
             total_bytes: model.tensors.iter().filter_map(|t| t.len).sum(),
             types,
             largest_tensor,

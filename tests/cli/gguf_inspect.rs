@@ -187,3 +187,28 @@ fn hostile_gguf_files_exit_2_naming_the_file_and_the_key_or_tensor() {
     let count = B::new(u64::MAX, 0);
     assert_refused(d, "count.gguf", &count.0, &["more than the 262144"]);
 }
+
+#[test]
+fn unknown_types_are_shown_and_their_counts_do_not_overflow() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = B::new(2, 0);
+    for name in ["u0", "u1"] {
+        b = b.str(name).u32(2);
+        b.0.extend((1u64 << 62).to_le_bytes());
+        b.0.extend(2u64.to_le_bytes());
+        b = b.u32(99);
+        b.0.extend(0u64.to_le_bytes());
+    }
+    let b = b.data(32);
+    let path = dir.path().join("unknown.gguf");
+    std::fs::write(&path, &b.0).unwrap();
+    let out = reshard()
+        .args(["inspect", "--json"])
+        .arg(&path)
+        .assert()
+        .success();
+    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    assert_eq!(v["types"]["type 99"]["tensors"], 2);
+    assert_eq!(v["parameter_count"], u64::MAX);
+    assert_eq!(v["findings"][0]["kind"], "not_dequantizable");
+}

@@ -319,7 +319,8 @@ fn shapes_duplicates_and_unknown_types() {
     let mut b = B::head(3, 1, 0);
     b.tensor("", &[1], 0, 0).pad(32).zeros(4);
     assert!(matches!(b.parse(), Err(GgufError::BadName { .. })));
-    // An unknown type id is read, its length unknown.
+    // An unknown type id is read, its length unknown (and its element
+    // count not bounded by the file).
     let mut b = B::head(3, 1, 0);
     b.tensor("u", &[32], 99, 0).pad(32).zeros(32);
     let f = b.parse().unwrap();
