@@ -212,3 +212,18 @@ fn unknown_types_are_shown_and_their_counts_do_not_overflow() {
     assert_eq!(v["parameter_count"], u64::MAX);
     assert_eq!(v["findings"][0]["kind"], "not_dequantizable");
 }
+
+#[test]
+fn the_inspect_output_in_docs_gguf_md_is_the_binarys() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/gguf.md")).unwrap();
+    let cmd = "$ reshard inspect tests/fixtures/gguf/split-00002-of-00002.gguf\n";
+    let start = page.find(cmd).expect("the inspect block") + cmd.len();
+    let shown = &page[start..start + page[start..].find("```").unwrap()];
+    let out = reshard()
+        .current_dir(root)
+        .args(["inspect", "tests/fixtures/gguf/split-00002-of-00002.gguf"])
+        .assert()
+        .success();
+    assert_eq!(stdout(&out).replace("\r\n", "\n"), shown);
+}
