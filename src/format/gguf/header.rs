@@ -25,6 +25,9 @@ use crate::format::MAX_TENSORS;
 /// Memory a tensor info costs beyond its file bytes (the struct, the
 /// vectors' headers), charged to the budget.
 const TENSOR_OVERHEAD: u64 = 96;
+/// Memory a key/value pair costs beyond its file bytes (the pair, the key's
+/// and the value's headers).
+const KV_OVERHEAD: u64 = 64;
 /// Memory a nested array costs beyond its 12 file bytes.
 const NESTED_OVERHEAD: u64 = std::mem::size_of::<Array>() as u64;
 
@@ -66,6 +69,7 @@ pub fn parse<S: Source + ?Sized>(src: &S, budget: u64) -> Result<GgufFile, GgufE
     for i in 0..n_keys {
         let key = name(&mut cur, &|| format!("the name of key/value pair {i}"))?;
         let at = || format!("key {key:?}");
+        cur.charge(KV_OVERHEAD, &at)?;
         let vty = cur.u32(&at)?;
         let value = value(&mut cur, vty, &key, 0)?;
         kvs.try_reserve(1)

@@ -16,6 +16,10 @@ use super::error::GgufError;
 use super::{read_header, GgufFile, GgufTensor, Metadata};
 use crate::format::{FormatError, SourceFile};
 
+/// Most members a split set may have: llama.cpp and gguf-py write
+/// `split.count` as a `uint16`.
+pub const MAX_SPLITS: u64 = u16::MAX as u64;
+
 /// A GGUF model: one file or a whole split set.
 #[derive(Debug, Clone)]
 pub struct GgufModel {
@@ -85,6 +89,12 @@ pub fn open_set(path: &Path) -> Result<GgufModel, FormatError> {
     };
     if count <= 1 {
         return Ok(single(file, header));
+    }
+    if count > MAX_SPLITS {
+        return Err(mismatch(
+            path,
+            format!("split.count {count} is more than {MAX_SPLITS}, the most a uint16 split.count holds"),
+        ));
     }
     let no = int_key(path, &header.metadata, "split.no")?.ok_or_else(|| {
         mismatch(

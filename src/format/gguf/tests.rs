@@ -416,6 +416,13 @@ fn split_members_must_agree_with_their_names_and_each_other() {
     );
     let set = super::open_set(&d.join("m-00001-of-00002.gguf")).unwrap();
     assert_eq!(set.split.unwrap().missing.len(), 1);
+    // A split.count past what a uint16 holds (no 2^64 names are tried).
+    let mut b = B::head(3, 0, 2);
+    b.kv("split.count", ty::U64, &u64::MAX.to_le_bytes());
+    b.kv("split.no", ty::U64, &0u64.to_le_bytes());
+    std::fs::write(d.join("h-00001-of-99999.gguf"), &b.0).unwrap();
+    let err = split_err(d, "h-00001-of-99999.gguf");
+    assert!(err.contains("more than 65535"), "{err}");
     // split.count of the wrong type.
     let mut b = B::head(3, 0, 1);
     b.kv("split.count", ty::STRING, &string_payload("2"));
