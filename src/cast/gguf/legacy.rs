@@ -8,17 +8,30 @@
 
 use super::{f16_at, f16_to_f32};
 
-pub(super) fn f32_block(b: &[u8], out: &mut [f32]) {
-    out[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+pub(super) fn f32s(b: &[u8], out: &mut [f32]) {
+    for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
+        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
 }
 
-pub(super) fn f16_block(b: &[u8], out: &mut [f32]) {
-    out[0] = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+/// Every f16 widened, built once (256 KiB): a lookup beats the branches.
+fn f16_table() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| (0..=u16::MAX).map(f16_to_f32).collect())
+}
+
+pub(super) fn f16s(b: &[u8], out: &mut [f32]) {
+    let table = f16_table();
+    for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
+        *o = table[usize::from(u16::from_le_bytes([c[0], c[1]]))];
+    }
 }
 
 /// `(int16 as int32) << 16`, reinterpreted: exact.
-pub(super) fn bf16_block(b: &[u8], out: &mut [f32]) {
-    out[0] = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+pub(super) fn bf16s(b: &[u8], out: &mut [f32]) {
+    for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
+        *o = f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
+    }
 }
 
 /// The 4-bit code of element `j` of a 16-byte nibble array.

@@ -40,6 +40,9 @@ pub enum DequantError {
     },
 }
 
+/// Dequantizes whole blocks of bytes into their values.
+type Kernel = fn(&[u8], &mut [f32]);
+
 /// The types [`dequantize_blocks`] reads.
 pub const SUPPORTED: [GgmlType; 14] = [
     GgmlType::F32,
@@ -100,10 +103,18 @@ pub fn dequantize_blocks(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()
             room: dst.len(),
         });
     }
-    let kernel: fn(&[u8], &mut [f32]) = match ty {
-        GgmlType::F32 => legacy::f32_block,
-        GgmlType::F16 => legacy::f16_block,
-        GgmlType::BF16 => legacy::bf16_block,
+    // One element a block: a loop over the slice, not a call per element.
+    let dense: Option<Kernel> = match ty {
+        GgmlType::F32 => Some(legacy::f32s),
+        GgmlType::F16 => Some(legacy::f16s),
+        GgmlType::BF16 => Some(legacy::bf16s),
+        _ => None,
+    };
+    if let Some(dense) = dense {
+        dense(src, dst);
+        return Ok(());
+    }
+    let kernel: Kernel = match ty {
         GgmlType::Q4_0 => legacy::q4_0,
         GgmlType::Q4_1 => legacy::q4_1,
         GgmlType::Q5_0 => legacy::q5_0,
