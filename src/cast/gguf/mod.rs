@@ -11,9 +11,9 @@
 //! is one rounded f32 operation, in the order gguf-py writes them (for
 //! example Q4_K is `(d * sc) * q - (dmin * m)`, never fused), and f16 is
 //! widened exactly as numpy does (NaN payloads kept). In every type here the
-//! products are exact in f32 (an 11-bit f16 significand times a scale of at
-//! most 8 bits times a code of at most 6 stays within 24 bits, and MXFP4's
-//! scale is a power of two), so the only rounding is the final `+ m` or
+//! products are exact in f32 (an 11-bit f16 significand times a scale and a
+//! code needs at most 11 + 7 + 5 = 23 significant bits, Q6_K's worst case,
+//! and MXFP4's scale is a power of two), so the only rounding is the final `+ m` or
 //! `- dmin * m`: what the fixtures catch is a wrong bit layout, not a
 //! reordered product. A NaN result's payload is not promised to match
 //! numpy's (the fixtures hold no NaN).
