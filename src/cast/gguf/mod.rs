@@ -2,8 +2,8 @@
 //! 0.19.0's `gguf.quants.dequantize`.
 //!
 //! This module owns the arithmetic of each supported type ([`supports`]):
-//! F32, F16, BF16, the 32-element legacy quants and MXFP4 in [`legacy`], the
-//! 256-element K-quants in [`kquants`]. It does not read files, know tensor
+//! F32, F16, BF16, the 32-element legacy quants and MXFP4 in `legacy`, the
+//! 256-element K-quants in `kquants`. It does not read files, know tensor
 //! names or round to the output dtype: a caller feeds it whole blocks (a
 //! window of rows) and casts the f32 it gets back like any other f32.
 //!

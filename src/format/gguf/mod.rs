@@ -1,7 +1,7 @@
 //! The GGUF reader: single files and gguf-split sets, versions 2 and 3,
 //! little-endian, with the safetensors reader's hostile-input discipline.
 //!
-//! This module owns the header ([`header`]: key/value pairs kept typed in
+//! This module owns the header (`header`: key/value pairs kept typed in
 //! [`value`], tensor infos, offsets), the bounded reads it goes through
 //! ([`cursor`]), the GGML type table ([`ggml`]) and split sets ([`split`]).
 //! It reads headers only: tensor bytes are read later, by offset and
