@@ -153,3 +153,41 @@ fn a_split_set_opens_from_any_member_and_a_missing_member_is_named() {
         "{chain}"
     );
 }
+
+#[test]
+fn every_value_type_gguf_py_writes_is_read_typed() {
+    use reshard::format::gguf::value::{Array, Value};
+    let path = fixture("gguf").join("kinds.gguf");
+    let model = reshard::format::gguf::open(&path).unwrap();
+    let md = &model.metadata;
+    assert_eq!(md.get("a.u8"), Some(&Value::U8(1)));
+    assert_eq!(md.get("a.i8"), Some(&Value::I8(-1)));
+    assert_eq!(md.get("a.u16"), Some(&Value::U16(2)));
+    assert_eq!(md.get("a.i16"), Some(&Value::I16(-2)));
+    assert_eq!(md.get("a.u32"), Some(&Value::U32(3)));
+    assert_eq!(md.get("a.i32"), Some(&Value::I32(-3)));
+    assert_eq!(md.get("a.f32"), Some(&Value::F32(0.5)));
+    assert_eq!(md.get("a.u64"), Some(&Value::U64(4)));
+    assert_eq!(md.get("a.i64"), Some(&Value::I64(-4)));
+    assert_eq!(md.get("a.f64"), Some(&Value::F64(0.25)));
+    assert_eq!(md.get("a.bool"), Some(&Value::Bool(true)));
+    assert_eq!(md.get_str("a.str"), Some("x"));
+    let Some(Value::Array(Array::String(s))) = md.get("a.strs") else {
+        panic!("{:?}", md.get("a.strs"))
+    };
+    assert_eq!(s.iter().collect::<Vec<_>>(), [&b"a"[..], b"bc", b""]);
+    assert_eq!(
+        md.get("a.ints"),
+        Some(&Value::Array(Array::I32(vec![1, 2, 3])))
+    );
+    assert_eq!(
+        md.get("a.nested"),
+        Some(&Value::Array(Array::Array(vec![
+            Array::I32(vec![1, 2]),
+            Array::I32(vec![3])
+        ])))
+    );
+    assert_eq!(md.get("general.alignment"), Some(&Value::U32(64)));
+    assert_eq!(model.parts[0].alignment, 64);
+    assert!(model.tensors.iter().all(|t| t.offset % 64 == 0));
+}
