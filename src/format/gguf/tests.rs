@@ -430,3 +430,83 @@ fn split_members_must_agree_with_their_names_and_each_other() {
     let err = split_err(d, "s-00001-of-00002.gguf");
     assert!(err.contains("\"split.count\" is string"), "{err}");
 }
+
+mod roundtrip {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// (ggml type id, rows, blocks a row): types from the table with known
+    /// sizes, shapes a whole number of blocks.
+    fn tensor() -> impl Strategy<Value = (u32, u64, u64)> {
+        (
+            prop::sample::select(vec![0u32, 1, 2, 8, 12, 14, 24, 28, 30, 39]),
+            0u64..4,
+            1u64..3,
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Any header built to the format's rules reads back exactly:
+        /// values typed, dims reversed, offsets aligned and absolute.
+        #[test]
+        fn written_headers_read_back(
+            align_log in 3u32..8,
+            ints in prop::collection::vec(any::<u32>(), 0..4),
+            words in prop::collection::vec("[a-z\u{e9}]{0,12}", 0..20),
+            floats in prop::collection::vec(-1e6f32..1e6, 0..40),
+            tensors in prop::collection::vec(tensor(), 0..6),
+        ) {
+            let align = 1u64 << align_log;
+            let n_kv = 3 + ints.len() as u64;
+            let mut b = B::head(3, tensors.len() as u64, n_kv);
+            b.kv_u32("general.alignment", align as u32);
+            for (i, v) in ints.iter().enumerate() {
+                b.kv_u32(&format!("int.{i}"), *v);
+            }
+            let mut arr = ty::STRING.to_le_bytes().to_vec();
+            arr.extend((words.len() as u64).to_le_bytes());
+            for w in &words {
+                arr.extend(string_payload(w));
+            }
+            b.kv("words", ty::ARRAY, &arr);
+            let mut arr = ty::F32.to_le_bytes().to_vec();
+            arr.extend((floats.len() as u64).to_le_bytes());
+            for f in &floats {
+                arr.extend(f.to_le_bytes());
+            }
+            b.kv("floats", ty::ARRAY, &arr);
+            let mut rel = 0u64;
+            let mut lens = Vec::new();
+            for (i, &(t, rows, blocks)) in tensors.iter().enumerate() {
+                let layout = GgmlType(t).layout().unwrap();
+                let row = blocks * layout.block;
+                let len = rows * blocks * layout.bytes;
+                b.tensor(&format!("t{i}"), &[row, rows], t, rel);
+                lens.push((rel, len));
+                rel = (rel + len).div_ceil(align) * align;
+            }
+            b.pad(align as usize).zeros(rel as usize);
+            let f = b.parse().unwrap();
+            prop_assert_eq!(f.alignment, align);
+            for (i, v) in ints.iter().enumerate() {
+                prop_assert_eq!(f.metadata.get(&format!("int.{i}")), Some(&Value::U32(*v)));
+            }
+            let Some(Value::Array(Array::String(s))) = f.metadata.get("words") else {
+                panic!("words")
+            };
+            let got: Vec<&str> = (0..s.len()).map(|i| s.get_str(i).unwrap()).collect();
+            prop_assert_eq!(got, words.iter().map(String::as_str).collect::<Vec<_>>());
+            prop_assert_eq!(f.metadata.get("floats"), Some(&Value::Array(Array::F32(floats.clone()))));
+            prop_assert_eq!(f.tensors.len(), tensors.len());
+            for (t, (&(ty, rows, blocks), &(off, len))) in f.tensors.iter().zip(tensors.iter().zip(&lens)) {
+                let layout = GgmlType(ty).layout().unwrap();
+                prop_assert_eq!(&t.shape, &vec![rows, blocks * layout.block]);
+                prop_assert_eq!(t.offset, f.data_start + off);
+                prop_assert_eq!(t.len, Some(len));
+            }
+        }
+    }
+}
