@@ -42,6 +42,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitStatus> {
     })
 }
 
+/// Keys the text summary lists; ComfyUI-GGUF files carry one
+/// `comfy.gguf.orig_shape.*` key per reshaped tensor.
+const SHOW_KEYS: usize = 100;
+
 fn render(s: &GgufSummary) -> String {
     let mut o = String::new();
     let layout = match &s.split {
@@ -102,8 +106,15 @@ fn render(s: &GgufSummary) -> String {
         );
     }
     let _ = writeln!(o, "  metadata      {} keys", s.metadata.len());
-    for m in &s.metadata {
+    for m in s.metadata.iter().take(SHOW_KEYS) {
         let _ = writeln!(o, "    {} = {}", escape(&m.key), m.value);
+    }
+    if s.metadata.len() > SHOW_KEYS {
+        let _ = writeln!(
+            o,
+            "    ... {} more (--json lists every key)",
+            s.metadata.len() - SHOW_KEYS
+        );
     }
     if s.findings.is_empty() {
         let _ = writeln!(o, "  findings      none");
