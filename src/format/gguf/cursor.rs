@@ -71,10 +71,6 @@ impl<'a, S: Source + ?Sized> Cursor<'a, S> {
         self.pos
     }
 
-    pub fn file_len(&self) -> u64 {
-        self.file_len
-    }
-
     /// The whole budget.
     pub fn budget(&self) -> u64 {
         self.budget

@@ -3,7 +3,7 @@
 //!
 //! This module owns the header (`header`: key/value pairs kept typed in
 //! [`value`], tensor infos, offsets), the bounded reads it goes through
-//! ([`cursor`]), the GGML type table ([`ggml`]) and split sets ([`split`]).
+//! (`cursor`), the GGML type table ([`ggml`]) and split sets ([`split`]).
 //! It reads headers only: tensor bytes are read later, by offset and
 //! length, and turned into floats by the cast stage (`crate::cast::gguf`).
 //! It never writes anything and does not decide what a tensor is called in
@@ -16,7 +16,7 @@
 //! size arithmetic is checked. Tensor shapes are given in safetensors
 //! (row-major) order: ggml's dims reversed.
 
-pub mod cursor;
+mod cursor;
 pub mod error;
 pub mod ggml;
 mod header;
