@@ -29,6 +29,45 @@ pub fn safetensors_header(data: &[u8]) {
     assert_eq!(cursor, header.data_len);
 }
 
+/// The GGUF header parser: accepted tensors are aligned, in info order
+/// without overlap, inside the bytes, with lengths that match their shapes
+/// and types; names and keys are unique and every key can be looked up.
+pub fn gguf_header(data: &[u8]) {
+    let Ok(file) = format::gguf::parse_bytes(data) else {
+        return;
+    };
+    assert!(file.alignment.is_power_of_two());
+    assert_eq!(file.data_start % file.alignment, 0);
+    let mut names = HashSet::new();
+    let mut end = file.data_start;
+    for t in &file.tensors {
+        assert!(names.insert(&t.name), "accepted a duplicate {}", t.name);
+        assert!(t.offset >= end, "accepted an overlap at {}", t.name);
+        assert_eq!(
+            (t.offset - file.data_start) % file.alignment,
+            0,
+            "{}",
+            t.name
+        );
+        let numel = t
+            .shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .expect("accepted an overflowing shape");
+        if let Some(layout) = t.ggml_type.layout() {
+            assert_eq!(layout.byte_len(numel), t.len, "wrong length for {}", t.name);
+        }
+        end = t.offset + t.len.unwrap_or(0);
+        assert!(end <= data.len() as u64, "{} points past the end", t.name);
+    }
+    for (key, value) in file.metadata.iter() {
+        assert!(
+            std::ptr::eq(file.metadata.get(key).unwrap(), value),
+            "lookup of {key}"
+        );
+    }
+}
+
 /// What every reader promises: the byte length is exactly shape x dtype,
 /// computed without overflow.
 fn assert_length_matches_shape(name: &str, dtype: Dtype, shape: &[u64], len: u64) {

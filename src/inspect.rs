@@ -2,6 +2,8 @@
 //! [`Checkpoint`], printed by the CLI as text or JSON; for a folder made of
 //! several weight sets ([`ModelLayout`]), one summary per set and a total.
 
+pub mod gguf;
+
 use std::collections::BTreeMap;
 
 use serde::Serialize;

@@ -28,6 +28,7 @@ mod config;
 pub mod dequant;
 mod f8;
 mod generic;
+pub mod gguf;
 mod kernels;
 mod policy;
 mod simd;

@@ -14,6 +14,8 @@ use reshard::units::human;
 
 use super::{printer, ExitStatus};
 
+mod gguf;
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// A .safetensors/.bin file, a model folder, or a Hugging Face cache
@@ -62,6 +64,9 @@ struct JsonReport<'a> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
+    if reshard::format::gguf::is_gguf_path(&args.path) && args.path.is_file() {
+        return gguf::run(&args);
+    }
     if let Some(status) = run_layout(&args)? {
         return Ok(status);
     }

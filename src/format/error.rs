@@ -159,6 +159,13 @@ pub enum FormatError {
         source: super::pytorch::PytorchError,
     },
 
+    #[error("cannot read GGUF file {}", .path.display())]
+    Gguf {
+        path: PathBuf,
+        #[source]
+        source: super::gguf::error::GgufError,
+    },
+
     #[error("{}: changed while it was being read (size or modification time differ); rerun when it is stable", .path.display())]
     SourceChanged { path: PathBuf },
     #[error("{}: tensor {tensor:?}: {reason}", .path.display())]

@@ -14,6 +14,7 @@ pub(crate) mod discover;
 pub(crate) mod dtype;
 pub(crate) mod error;
 pub(crate) mod finding;
+pub mod gguf;
 pub(crate) mod index;
 mod json;
 pub mod layout;

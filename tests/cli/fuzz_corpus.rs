@@ -17,6 +17,7 @@ fn targets() -> Vec<(&'static str, Entry)> {
         ("planner", reshard::fuzz::planner),
         ("pytorch", reshard::fuzz::pytorch),
         ("pickle", reshard::fuzz::pickle),
+        ("gguf_header", reshard::fuzz::gguf_header),
     ]
 }
 

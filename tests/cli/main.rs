@@ -16,6 +16,8 @@ mod digest;
 mod docs_examples;
 mod fit;
 mod fuzz_corpus;
+mod gguf;
+mod gguf_inspect;
 mod hostile;
 mod inspect;
 mod layouts;

@@ -1,0 +1,166 @@
+//! GGUF dequantizers: whole GGML blocks to f32, bit for bit as gguf-py
+//! 0.19.0's `gguf.quants.dequantize`.
+//!
+//! This module owns the arithmetic of each supported type ([`supports`]):
+//! F32, F16, BF16, the 32-element legacy quants and MXFP4 in `legacy`, the
+//! 256-element K-quants in `kquants`. It does not read files, know tensor
+//! names or round to the output dtype: a caller feeds it whole blocks (a
+//! window of rows) and casts the f32 it gets back like any other f32.
+//!
+//! Bit-exactness follows numpy's float32 evaluation: every product and sum
+//! is one rounded f32 operation, in the order gguf-py writes them (for
+//! example Q4_K is `(d * sc) * q - (dmin * m)`, never fused), and f16 is
+//! widened exactly as numpy does (NaN payloads kept). In every type here the
+//! products are exact in f32 (an 11-bit f16 significand times a scale and a
+//! code needs at most 11 + 7 + 5 = 23 significant bits, Q6_K's worst case,
+//! and MXFP4's scale is a power of two), so the only rounding is the final `+ m` or
+//! `- dmin * m`: what the fixtures catch is a wrong bit layout, not a
+//! reordered product. A NaN result's payload is not promised to match
+//! numpy's (the fixtures hold no NaN).
+
+mod kquants;
+mod legacy;
+#[cfg(test)]
+mod tests;
+
+use crate::format::gguf::ggml::GgmlType;
+
+/// Why a slice could not be dequantized.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DequantError {
+    #[error("{ty} cannot be dequantized (reshard reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and MXFP4)")]
+    Unsupported { ty: GgmlType },
+    #[error("{bytes} bytes of {ty} are not a whole number of {block_bytes}-byte blocks")]
+    PartialBlock {
+        ty: GgmlType,
+        bytes: usize,
+        block_bytes: u64,
+    },
+    #[error("{bytes} bytes of {ty} hold {values} values, but the output has room for {room}")]
+    OutputLength {
+        ty: GgmlType,
+        bytes: usize,
+        values: u64,
+        room: usize,
+    },
+}
+
+/// Dequantizes whole blocks of bytes into their values.
+type Kernel = fn(&[u8], &mut [f32]);
+
+/// The types [`dequantize_blocks`] reads.
+pub const SUPPORTED: [GgmlType; 14] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::MXFP4,
+];
+
+/// True if [`dequantize_blocks`] reads `ty`.
+pub fn supports(ty: GgmlType) -> bool {
+    SUPPORTED.contains(&ty)
+}
+
+/// Dequantizes `src`, a whole number of `ty` blocks, into `dst`, which must
+/// hold exactly the values those blocks carry.
+///
+/// ```
+/// use reshard::cast::gguf::dequantize_blocks;
+/// use reshard::format::gguf::ggml::GgmlType;
+///
+/// // One Q8_0 block: f16 scale 0.5, then 32 int8 codes.
+/// let mut block = vec![0x00, 0x38];
+/// block.extend((0..32).map(|i| (i as i8 - 16) as u8));
+/// let mut out = [0f32; 32];
+/// dequantize_blocks(GgmlType::Q8_0, &block, &mut out).unwrap();
+/// assert_eq!((out[0], out[31]), (-8.0, 7.5));
+/// ```
+pub fn dequantize_blocks(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), DequantError> {
+    let layout = match ty.layout() {
+        Some(l) if supports(ty) => l,
+        _ => return Err(DequantError::Unsupported { ty }),
+    };
+    let bytes = layout.bytes as usize;
+    let block = layout.block as usize;
+    if !src.len().is_multiple_of(bytes) {
+        return Err(DequantError::PartialBlock {
+            ty,
+            bytes: src.len(),
+            block_bytes: layout.bytes,
+        });
+    }
+    let values = (src.len() / bytes) as u64 * layout.block;
+    if values != dst.len() as u64 {
+        return Err(DequantError::OutputLength {
+            ty,
+            bytes: src.len(),
+            values,
+            room: dst.len(),
+        });
+    }
+    // One element a block: a loop over the slice, not a call per element.
+    let dense: Option<Kernel> = match ty {
+        GgmlType::F32 => Some(legacy::f32s),
+        GgmlType::F16 => Some(legacy::f16s),
+        GgmlType::BF16 => Some(legacy::bf16s),
+        _ => None,
+    };
+    if let Some(dense) = dense {
+        dense(src, dst);
+        return Ok(());
+    }
+    let kernel: Kernel = match ty {
+        GgmlType::Q4_0 => legacy::q4_0,
+        GgmlType::Q4_1 => legacy::q4_1,
+        GgmlType::Q5_0 => legacy::q5_0,
+        GgmlType::Q5_1 => legacy::q5_1,
+        GgmlType::Q8_0 => legacy::q8_0,
+        GgmlType::MXFP4 => legacy::mxfp4,
+        GgmlType::Q2_K => kquants::q2_k,
+        GgmlType::Q3_K => kquants::q3_k,
+        GgmlType::Q4_K => kquants::q4_k,
+        GgmlType::Q5_K => kquants::q5_k,
+        GgmlType::Q6_K => kquants::q6_k,
+        _ => return Err(DequantError::Unsupported { ty }),
+    };
+    for (s, d) in src.chunks_exact(bytes).zip(dst.chunks_exact_mut(block)) {
+        kernel(s, d);
+    }
+    Ok(())
+}
+
+/// f16 bits widened to f32 exactly, as numpy's `astype(np.float32)`: NaN
+/// payloads kept (a signalling NaN stays signalling), subnormals exact.
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h & 0x8000) << 16;
+    let exp = h & 0x7c00;
+    let man = u32::from(h & 0x03ff);
+    let bits = match exp {
+        0x7c00 => sign | 0x7f80_0000 | (man << 13),
+        0 if man == 0 => sign,
+        0 => {
+            // man * 2^-24, exact: normalize the leading one into bit 10.
+            let shift = man.leading_zeros() - 21;
+            let e = 127 - 15 + 1 - shift;
+            sign | (e << 23) | (((man << shift) & 0x03ff) << 13)
+        }
+        _ => sign | ((u32::from(h & 0x7fff) + 0x1_c000) << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// The f16 at `b[0..2]`, widened.
+#[inline(always)]
+fn f16_at(b: &[u8]) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+}
