@@ -3,6 +3,7 @@
 //! several weight sets ([`ModelLayout`]), one summary per set and a total.
 
 pub mod gguf;
+mod sizes;
 
 use std::collections::BTreeMap;
 
@@ -12,6 +13,8 @@ use crate::format::layout::{LayoutKind, Library, ModelLayout};
 use crate::format::{Checkpoint, Dtype, Finding, Format, FormatError, Layout};
 use crate::plan::order::{block_of, sort_indices, Order};
 use crate::quant::{self, QuantFormat};
+
+pub use self::sizes::NamedSize;
 
 /// Everything `inspect` says about a checkpoint. Field names are stable.
 #[derive(Debug, Clone, Serialize)]
@@ -77,12 +80,6 @@ pub struct FileSummary {
     pub name: String,
     pub path: String,
     pub size: u64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct NamedSize {
-    pub name: String,
-    pub bytes: u64,
 }
 
 /// Numbered blocks (layers) and their sizes: a block is the unit that

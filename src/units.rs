@@ -142,6 +142,19 @@ pub fn human_signed(bytes: i128) -> String {
     )
 }
 
+/// `n` with a comma between each group of three digits (`1,234,567`).
+pub fn group_thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,6 @@
 //! `reshard inspect`: what a checkpoint holds and what is wrong with it.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 
 use anyhow::Context;
 
@@ -9,51 +8,14 @@ use reshard::format;
 use reshard::format::layout::{self, LayoutKind};
 use reshard::inspect::{tensor_lines, LayoutSummary, Summary, TensorLine};
 use reshard::names::escape;
-use reshard::plan::order::Order;
-use reshard::units::human;
+use reshard::units::{group_thousands, human};
 
 use super::{printer, ExitStatus};
 
+mod args;
 mod gguf;
 
-#[derive(Debug, clap::Args)]
-pub struct Args {
-    /// A .safetensors/.bin file, a model folder, or a Hugging Face cache
-    /// folder (models--ORG--NAME or one of its snapshots).
-    path: PathBuf,
-    /// List every tensor, one line each, in layer order.
-    #[arg(long)]
-    tensors: bool,
-    /// Print JSON (exact byte counts, stable field names).
-    #[arg(long)]
-    json: bool,
-    /// Exit 1 when there are findings.
-    #[arg(long)]
-    strict: bool,
-    /// Order of the tensor list.
-    #[arg(long, value_enum, default_value = "forward")]
-    order: OrderArg,
-}
-
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum OrderArg {
-    /// Embeddings, numbered blocks in order, final norm, head.
-    Forward,
-    /// transformers v5's dot-natural key.
-    Natural,
-    /// As the files list them.
-    Source,
-}
-
-impl From<OrderArg> for Order {
-    fn from(o: OrderArg) -> Order {
-        match o {
-            OrderArg::Forward => Order::Forward,
-            OrderArg::Natural => Order::Natural,
-            OrderArg::Source => Order::Source,
-        }
-    }
-}
+pub use self::args::{Args, OrderArg};
 
 #[derive(serde::Serialize)]
 struct JsonReport<'a> {
@@ -246,16 +208,4 @@ fn render_tensors(lines: &[TensorLine]) -> String {
         );
     }
     o
-}
-
-fn group_thousands(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }

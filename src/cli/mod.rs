@@ -5,7 +5,7 @@ mod batch;
 mod batch_report;
 mod cancel;
 mod convert;
-mod exit;
+pub(crate) mod exit;
 mod fit;
 mod inspect;
 mod printer;

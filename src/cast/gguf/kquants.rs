@@ -8,7 +8,7 @@
 //! `j / 32` of byte `j % 32` of a 32-byte mask. The sub-block scale is
 //! multiplied by the f16 super-scale first, then by the code, as numpy does.
 
-use super::f16_at;
+use super::f16::f16_at;
 
 /// The 2-bit field of element `j` in a 64-byte array (Q2_K, Q3_K, Q6_K's
 /// high bits).

@@ -6,7 +6,7 @@
 //! low nibble of byte `j` and element `j + 16` its high nibble; Q5's fifth
 //! bit of element `j` is bit `j` of the little-endian `u32` `qh`.
 
-use super::{f16_at, f16_to_f32};
+use super::f16::{f16_at, f16_to_f32};
 
 pub(super) fn f32s(b: &[u8], out: &mut [f32]) {
     for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {

@@ -18,11 +18,13 @@
 //! reordered product. A NaN result's payload is not promised to match
 //! numpy's (the fixtures hold no NaN).
 
+mod f16;
 mod kquants;
 mod legacy;
 #[cfg(test)]
 mod tests;
 
+pub use self::f16::f16_to_f32;
 use crate::format::gguf::ggml::GgmlType;
 
 /// Why a slice could not be dequantized.
@@ -137,30 +139,4 @@ pub fn dequantize_blocks(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()
         kernel(s, d);
     }
     Ok(())
-}
-
-/// f16 bits widened to f32 exactly, as numpy's `astype(np.float32)`: NaN
-/// payloads kept (a signalling NaN stays signalling), subnormals exact.
-pub fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h & 0x8000) << 16;
-    let exp = h & 0x7c00;
-    let man = u32::from(h & 0x03ff);
-    let bits = match exp {
-        0x7c00 => sign | 0x7f80_0000 | (man << 13),
-        0 if man == 0 => sign,
-        0 => {
-            // man * 2^-24, exact: normalize the leading one into bit 10.
-            let shift = man.leading_zeros() - 21;
-            let e = 127 - 15 + 1 - shift;
-            sign | (e << 23) | (((man << shift) & 0x03ff) << 13)
-        }
-        _ => sign | ((u32::from(h & 0x7fff) + 0x1_c000) << 13),
-    };
-    f32::from_bits(bits)
-}
-
-/// The f16 at `b[0..2]`, widened.
-#[inline(always)]
-fn f16_at(b: &[u8]) -> f32 {
-    f16_to_f32(u16::from_le_bytes([b[0], b[1]]))
 }

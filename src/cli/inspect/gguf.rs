@@ -6,11 +6,14 @@ use std::fmt::Write as _;
 use anyhow::Context;
 
 use reshard::format::gguf;
-use reshard::names::escape;
 use reshard::inspect::gguf::{tensor_lines, GgufSummary, GgufTensorLine};
+use reshard::names::escape;
 use reshard::units::human;
 
-use super::{group_thousands, printer, Args, ExitStatus};
+use super::args::Args;
+use crate::cli::exit::ExitStatus;
+use crate::cli::printer;
+use reshard::units::group_thousands;
 
 #[derive(serde::Serialize)]
 struct JsonReport<'a> {

@@ -15,12 +15,15 @@
 use super::cursor::{Cursor, Source};
 use super::error::GgufError;
 use super::ggml::GgmlType;
-use super::value::{ty, Array, Strings, Value};
-use super::{
-    GgufFile, GgufTensor, Metadata, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS, MAX_KEYS,
-    MAX_NAME, MAX_STRING,
+use super::model::refuse_duplicate_tensors;
+use super::model::{
+    GgufFile, GgufTensor, Metadata, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS, MAX_HEADER,
+    MAX_KEYS, MAX_NAME, MAX_STRING,
 };
-use crate::format::MAX_TENSORS;
+use super::value::{ty, Array, Strings, Value};
+use crate::format::read::open_regular;
+use crate::format::{FormatError, MAX_TENSORS};
+use std::path::Path;
 
 /// Memory a tensor info costs beyond its file bytes (the struct, the
 /// vectors' headers), charged to the budget.
@@ -88,7 +91,7 @@ pub fn parse<S: Source + ?Sized>(src: &S, budget: u64) -> Result<GgufFile, GgufE
         tensors.push(t);
         rel_offsets.push(rel);
     }
-    super::refuse_duplicate_tensors(&tensors)?;
+    refuse_duplicate_tensors(&tensors)?;
     let alignment = alignment(&metadata)?;
     let header_len = cur.pos();
     let data_start = align_up(header_len, alignment).ok_or(GgufError::Truncated {
@@ -416,4 +419,22 @@ fn place_tensors(
         prev_end = end;
     }
     Ok(())
+}
+
+/// Parses a GGUF header from bytes (fuzzing, tests), under [`MAX_HEADER`].
+pub fn parse_bytes(bytes: &[u8]) -> Result<GgufFile, GgufError> {
+    parse(bytes, MAX_HEADER)
+}
+
+/// Reads and checks the header of the GGUF file at `path` through bounded
+/// positioned reads.
+pub fn read_header(path: &Path) -> Result<GgufFile, FormatError> {
+    let wrap = |source| FormatError::Gguf {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = open_regular(path, u64::MAX)?;
+    // Surface a failing stat here; `Source::size` of a file would read it as 0.
+    file.metadata().map_err(|e| FormatError::io(path, e))?;
+    parse(&file, MAX_HEADER).map_err(wrap)
 }

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::error::GgufError;
-use super::{read_header, GgufFile, GgufTensor, Metadata};
+use super::header::read_header;
+use super::model::{refuse_duplicate_tensors, GgufFile, GgufTensor, Metadata};
 use crate::format::{FormatError, SourceFile};
 
 /// Most members a split set may have: llama.cpp and gguf-py write
@@ -152,7 +153,7 @@ pub fn open_set(path: &Path) -> Result<GgufModel, FormatError> {
             ),
         ));
     }
-    super::refuse_duplicate_tensors(&model.tensors).map_err(|e| match e {
+    refuse_duplicate_tensors(&model.tensors).map_err(|e| match e {
         GgufError::DuplicateTensor { tensor } => {
             let files: Vec<usize> = model
                 .tensors
