@@ -23,11 +23,12 @@ use std::sync::atomic::AtomicBool;
 use super::error::ConvertError;
 use super::options::{ComponentSummary, ConvertOptions, ConvertSummary};
 use super::other::{self, Walk};
-use super::run::convert_with_pool;
+use super::run::{convert_with_pool, plan_for};
 use super::split::{self, ComponentPrefix};
 use crate::exec::{Reporter, WindowPool};
 use crate::format::layout::{Library, ModelLayout, WeightSet};
 use crate::format::{self, Checkpoint, Format, Layout};
+use crate::plan::Plan;
 
 /// Converts every weight set of `layout` into `dst` (see the module doc).
 pub fn convert_layout(
@@ -95,15 +96,8 @@ pub fn convert_split(
     let mut out = Vec::with_capacity(parts.len());
     for (component, part) in parts {
         let folder = other::subfolder(dst, &component.name)?;
-        let mut o = options.clone();
-        o.plan.max_shard_size = u64::MAX;
-        o.copy_other_files = false;
-        o.walk = Walk::Flat;
+        let mut o = component_options(options, &component);
         o.within = Some(o.within.clone().unwrap_or_else(|| dst.to_path_buf()));
-        o.id_salt = Some(format!("split {}={}", component.name, component.prefix));
-        if o.keep_components.contains(&component.name) {
-            o.plan.dtype = None;
-        }
         let summary = convert_with_pool(&part, &folder, &o, pool, reporter, cancel)?;
         out.push(ComponentSummary {
             path: component.name.clone(),
@@ -114,6 +108,57 @@ pub fn convert_split(
         });
     }
     Ok(out)
+}
+
+/// The plans [`convert_layout`] executes, weight set by weight set (the
+/// root's, under `""`, first when it holds weights): what `--dry-run`
+/// prints, from the same per-set options.
+pub fn plan_layout(
+    layout: &ModelLayout,
+    options: &ConvertOptions,
+) -> Result<Vec<(String, Plan)>, ConvertError> {
+    let mut plans = Vec::with_capacity(layout.sets.len());
+    let root_first = layout
+        .sets
+        .iter()
+        .filter(|s| s.rel.is_empty())
+        .chain(layout.sets.iter().filter(|s| !s.rel.is_empty()));
+    for set in root_first {
+        let ck = format::open(&layout.dir_of(set))?;
+        plans.push((
+            set.rel.clone(),
+            plan_for(&ck, &set_options(options, Some(set)))?,
+        ));
+    }
+    Ok(plans)
+}
+
+/// The plans [`convert_split`] executes, component by component.
+pub fn plan_split(
+    ck: &Checkpoint,
+    options: &ConvertOptions,
+    prefixes: &[ComponentPrefix],
+) -> Result<Vec<(ComponentPrefix, Plan)>, ConvertError> {
+    let mut plans = Vec::new();
+    for (component, part) in split::split(ck, prefixes)? {
+        let plan = plan_for(&part, &component_options(options, &component))?;
+        plans.push((component, plan));
+    }
+    Ok(plans)
+}
+
+/// `options` for one component of a split: one file, nothing else copied,
+/// kept whole (no cast) when a preset keeps the component.
+fn component_options(options: &ConvertOptions, component: &ComponentPrefix) -> ConvertOptions {
+    let mut o = options.clone();
+    o.plan.max_shard_size = u64::MAX;
+    o.copy_other_files = false;
+    o.walk = Walk::Flat;
+    o.id_salt = Some(format!("split {}={}", component.name, component.prefix));
+    if o.keep_components.contains(&component.name) {
+        o.plan.dtype = None;
+    }
+    o
 }
 
 /// `options` for one weight set: one file where its library reads one,

@@ -20,6 +20,15 @@ use super::error::ConvertError;
 use super::options::{BeforeCommit, ConvertOptions, ConvertSummary};
 use super::{dst, other};
 
+/// The plan [`convert`] executes for `ck` under `options` (what
+/// `--dry-run` prints): the output format's plan, refused if it expands a
+/// view past what `--allow-expanded` allows.
+pub fn plan_for(ck: &Checkpoint, options: &ConvertOptions) -> Result<Plan, ConvertError> {
+    let plan = crate::write::format::plan(ck, &options.plan)?;
+    crate::plan::check_expanded(ck, &plan, options.allow_expanded)?;
+    Ok(plan)
+}
+
 /// Converts `ck` into `dst`. `cancel` stops the run between chunks (Ctrl-C).
 pub fn convert(
     ck: &Checkpoint,
@@ -75,8 +84,7 @@ pub fn convert_gated(
         within: options.within.as_deref(),
     };
     let mut scope = OutputScope::resolve(ck, dst, rules)?;
-    let plan = crate::write::format::plan(ck, &options.plan)?;
-    crate::plan::check_expanded(ck, &plan, options.allow_expanded)?;
+    let plan = plan_for(ck, options)?;
     let mut source = SourceIdentity::of(ck);
     source.root = Some(scope.root().display().to_string());
     let id = match &options.id_salt {

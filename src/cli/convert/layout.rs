@@ -7,7 +7,7 @@ use anyhow::Context;
 use reshard::convert::{convert_split, ComponentSummary, ConvertOptions, ConvertSummary};
 use reshard::exec::WindowPool;
 use reshard::format;
-use reshard::format::layout::{self, ModelLayout};
+use reshard::format::layout::ModelLayout;
 
 use super::args::Args;
 use super::render::{render_plan, render_summary};
@@ -20,16 +20,8 @@ pub(super) fn run_split(args: &Args, options: &ConvertOptions) -> anyhow::Result
         .with_context(|| format!("cannot convert {}", args.src.display()))?;
     let prefixes = &args.options.layout.component_prefix;
     if args.dry_run {
-        let parts = reshard::convert::split::split(&ck, prefixes)
+        let plans = reshard::convert::plan_split(&ck, options, prefixes)
             .with_context(|| format!("cannot plan {}", args.src.display()))?;
-        let mut plans = Vec::new();
-        for (component, part) in &parts {
-            let mut o = options.plan.clone();
-            o.max_shard_size = u64::MAX;
-            let plan = reshard::write::format::plan(part, &o)
-                .with_context(|| format!("cannot plan {}", args.src.display()))?;
-            plans.push((component.clone(), plan));
-        }
         if args.json {
             let list: Vec<_> = plans
                 .iter()
@@ -77,31 +69,15 @@ pub(super) fn dry_run(
     layout: Option<&ModelLayout>,
     options: &ConvertOptions,
 ) -> anyhow::Result<ExitStatus> {
-    let plan_of = |ck: &format::Checkpoint, o: &ConvertOptions| {
-        reshard::write::format::plan(ck, &o.plan)
-            .and_then(|plan| {
-                reshard::plan::check_expanded(ck, &plan, o.allow_expanded)?;
-                Ok(plan)
-            })
-            .with_context(|| format!("cannot plan {}", ck.dir.display()))
-    };
-    let mut plans = Vec::new();
-    if let Some(ck) = ck {
-        plans.push((String::new(), plan_of(ck, options)?));
-    }
-    for set in layout
-        .iter()
-        .flat_map(|l| &l.sets)
-        .filter(|s| !s.rel.is_empty())
-    {
-        let dir = layout::join_rel(&args.src, &set.rel);
-        let ck = format::open(&dir).with_context(|| format!("cannot plan {}", dir.display()))?;
-        let mut o = options.clone();
-        if set.one_file {
-            o.plan.max_shard_size = u64::MAX;
+    // The plans convert executes, from the library's per-set options.
+    let plans = match (layout, ck) {
+        (Some(layout), _) => reshard::convert::plan_layout(layout, options),
+        (None, Some(ck)) => {
+            reshard::convert::plan_for(ck, options).map(|p| vec![(String::new(), p)])
         }
-        plans.push((set.rel.clone(), plan_of(&ck, &o)?));
+        (None, None) => Ok(Vec::new()),
     }
+    .with_context(|| format!("cannot plan {}", args.src.display()))?;
     if args.json {
         match plans.as_slice() {
             [(rel, plan)] if rel.is_empty() => printer::json(plan)?,

@@ -103,3 +103,67 @@ fn validate_checks_each_component_of_a_converted_pipeline() {
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("failed: unet"), "{text}");
 }
+
+/// The dry run of a pipeline shows the plans convert executes, from the
+/// same per-component options: `--keep-dtype-preset vae` keeps the vae out
+/// of a cast in both (the dry run once planned it cast), and a component
+/// its library reads as one file is planned as one file.
+#[test]
+fn the_dry_run_of_a_pipeline_plans_what_convert_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = pipeline(tmp.path());
+    copy_dir(&fixture("tiny-llama-f32-sharded"), &src.join("vae"));
+    std::fs::write(
+        src.join("model_index.json"),
+        r#"{"_class_name": "P", "text_encoder": ["transformers", "CLIPTextModel"], "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"], "scheduler": ["diffusers", "DDIMScheduler"]}"#,
+    )
+    .unwrap();
+    let dst = tmp.path().join("out");
+    let flags = ["--dtype", "bf16", "--keep-dtype-preset", "vae"];
+    let out = reshard()
+        .args(["convert", "--dry-run", "--json"])
+        .args(flags)
+        .arg(&src)
+        .arg(&dst)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plans: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plan = |path: &str| {
+        plans
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["path"] == path)
+            .unwrap_or_else(|| panic!("no plan for {path}: {plans}"))["plan"]
+            .clone()
+    };
+    assert_eq!(plan("vae")["casts"].as_array().unwrap().len(), 0);
+    assert!(!plan("unet")["casts"].as_array().unwrap().is_empty());
+    assert!(!dst.exists(), "a dry run writes nothing");
+    // What convert writes agrees, shard for shard.
+    convert(&src, &dst, &flags).success();
+    for component in ["vae", "unet", "text_encoder"] {
+        let manifest: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dst.join(component).join("reshard.json")).unwrap(),
+        )
+        .unwrap();
+        let written: Vec<&str> = manifest["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["file"].as_str().unwrap())
+            .collect();
+        let planned: Vec<String> = plan(component)["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["file"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(written, planned, "{component}");
+    }
+}

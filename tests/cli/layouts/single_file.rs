@@ -198,6 +198,42 @@ fn split_components_writes_one_file_per_component_whose_union_is_the_input() {
         .arg(&cast)
         .assert()
         .success();
+    // The dry run shows the plans convert executes: no cast for the kept
+    // vae (it once showed the vae cast to bf16, which convert does not write).
+    let dry = reshard()
+        .args([
+            "convert",
+            "--split-components",
+            "--dtype",
+            "bf16",
+            "--dry-run",
+            "--json",
+        ])
+        .args(["--keep-dtype-preset", "vae", "--keep-dtype-preset", "norms"])
+        .arg(&src)
+        .arg(tmp.path().join("dry"))
+        .output()
+        .unwrap();
+    assert!(
+        dry.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    let plans: serde_json::Value = serde_json::from_slice(&dry.stdout).unwrap();
+    let casts_of = |c: &str| {
+        plans
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["component"]["name"] == c)
+            .unwrap_or_else(|| panic!("no plan for {c}: {plans}"))["plan"]["casts"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    assert_eq!(casts_of("vae"), 0, "the kept vae is planned without a cast");
+    assert!(casts_of("unet") > 0);
+    assert!(!tmp.path().join("dry").exists(), "a dry run writes nothing");
     let dtype_of = |c: &str, t: &str| {
         read_st(&cast.join(c).join(format!("{c}.safetensors"))).entries[t]
             .0
