@@ -16,7 +16,7 @@ use crate::write::owned::DstInventory;
 use crate::write::scope::{OutputScope, ScopeRules};
 use crate::write::{remove_stale_temps, sync_dir, write_atomic, WriteError};
 
-use super::error::ConvertError;
+use super::error::{ConvertError, GateError};
 use super::options::{BeforeCommit, ConvertOptions, ConvertSummary};
 use super::{dst, other};
 
@@ -74,16 +74,120 @@ pub fn convert_gated(
     cancel: &AtomicBool,
     before_commit: BeforeCommit,
 ) -> Result<ConvertSummary, ConvertError> {
-    let not_committed = |source| ConvertError::NotCommitted {
+    let started = Instant::now();
+    let job = prepare(ck, dst, options)?;
+    std::fs::create_dir_all(dst).map_err(|e| WriteError::io(dst, e))?;
+    let mut scope = job.scope;
+    scope.confirm(ck, job.rules)?;
+    let lock = DstLock::acquire(dst)?;
+    remove_stale_temps(dst, &lock)?;
+    let inventory = DstInventory::read(dst, &lock)?;
+    let Prepared {
+        plan,
+        source,
+        id,
+        mut others,
+        config,
+        ..
+    } = job;
+
+    // What DST holds decides what is left to do.
+    let (done, doomed) = match dst::decide(dst, &inventory, &id, options.overwrite)? {
+        dst::DstState::UpToDate(mut manifest) => {
+            let refreshed = other::refresh(&mut others, dst, config.as_deref(), &mut manifest)?;
+            let mut s = summary(dst, true, 0, &plan, 0, started, pool, options, manifest);
+            s.refreshed_files = refreshed;
+            s.skipped_files = others.skipped;
+            s.copied_as_is = others.copied_as_is;
+            return Ok(s);
+        }
+        dst::DstState::Resume(partial) => (
+            verified_shards(dst, &plan, partial.shards, options.digest),
+            None,
+        ),
+        dst::DstState::Fresh { remove } => (Vec::new(), Some(remove)),
+    };
+    dst::check_space(dst, ck, &plan, &done, &others, doomed.as_ref())?;
+    if let Some(doomed) = &doomed {
+        if !doomed.is_empty() || inventory.manifest.is_some() {
+            // An earlier run's output stays until the check has passed.
+            before_commit().map_err(|e| not_committed(dst, e))?;
+        }
+        dst::clear(dst, &inventory, doomed, &lock)?;
+    }
+    let resumed = done.len();
+
+    let mut manifest = Manifest {
+        reshard_version: env!("CARGO_PKG_VERSION").to_string(),
+        plan_id: id,
+        source,
+        options: options.plan.clone(),
+        index_file: plan.index_file.clone(),
+        shards: done,
+        copied_files: Vec::new(),
+        copied_sources: Vec::new(),
+        oversized: plan.oversized.clone(),
+        dropped: plan.dropped.clone(),
+        planned: Vec::new(),
+        quantization: plan.quantization.clone(),
+    };
+    let run = Shards {
+        ck,
+        dst,
+        plan: &plan,
+        options,
+        pool,
+        reporter,
+        cancel,
+    };
+    let (new, todo_bytes) = run.write(&manifest, &lock, before_commit)?;
+    manifest.shards.extend(new);
+    // Shards in plan order, whatever order the workers finished in.
+    let position = |f: &str| plan.shards.iter().position(|s| s.file == f);
+    manifest.shards.sort_by_key(|s| position(&s.file));
+
+    commit(dst, &plan, &others, config.as_deref(), &mut manifest)?;
+    drop(lock);
+    let mut s = summary(
+        dst, false, resumed, &plan, todo_bytes, started, pool, options, manifest,
+    );
+    s.skipped_files = others.skipped;
+    s.copied_as_is = others.copied_as_is;
+    Ok(s)
+}
+
+fn not_committed(dst: &Path, source: GateError) -> ConvertError {
+    ConvertError::NotCommitted {
         dst: dst.to_path_buf(),
         source,
-    };
-    let started = Instant::now();
+    }
+}
+
+/// What a conversion decides before it touches DST: where it may write,
+/// the plan and its id, and the other files with a rewritten config.
+struct Prepared<'a> {
+    rules: ScopeRules<'a>,
+    scope: OutputScope,
+    plan: Plan,
+    source: SourceIdentity,
+    id: String,
+    others: other::OtherFiles,
+    config: Option<String>,
+}
+
+/// The first phase: resolve where the run may write, plan, and choose the
+/// other files; a config.json that cannot be rewritten fails here, before
+/// anything is written.
+fn prepare<'a>(
+    ck: &Checkpoint,
+    dst: &Path,
+    options: &'a ConvertOptions,
+) -> Result<Prepared<'a>, ConvertError> {
     let rules = ScopeRules {
         single_file: options.single_file,
         within: options.within.as_deref(),
     };
-    let mut scope = OutputScope::resolve(ck, dst, rules)?;
+    let scope = OutputScope::resolve(ck, dst, rules)?;
     let plan = plan_for(ck, options)?;
     let mut source = SourceIdentity::of(ck);
     source.root = Some(scope.root().display().to_string());
@@ -104,122 +208,120 @@ pub fn convert_gated(
         // ModelOpt's quantization config: the output is dense.
         others.files.retain(|f| f.name != "hf_quant_config.json");
     }
-    // A config.json that cannot be rewritten fails now, before any shard.
     let dtype = options.plan.dtype.filter(|_| options.config_dtype);
     let config = other::rewritten_config(ck, &others, dtype)?;
-    std::fs::create_dir_all(dst).map_err(|e| WriteError::io(dst, e))?;
-    scope.confirm(ck, rules)?;
-    let lock = DstLock::acquire(dst)?;
-    remove_stale_temps(dst, &lock)?;
-    let inventory = DstInventory::read(dst, &lock)?;
-
-    let (done, doomed) = match dst::decide(dst, &inventory, &id, options.overwrite)? {
-        dst::DstState::UpToDate(mut manifest) => {
-            let refreshed = other::refresh(&mut others, dst, config.as_deref(), &mut manifest)?;
-            let mut s = summary(dst, true, 0, &plan, 0, started, pool, options, manifest);
-            s.refreshed_files = refreshed;
-            s.skipped_files = others.skipped;
-            s.copied_as_is = others.copied_as_is;
-            return Ok(s);
-        }
-        dst::DstState::Resume(partial) => (
-            verified_shards(dst, &plan, partial.shards, options.digest),
-            None,
-        ),
-        dst::DstState::Fresh { remove } => (Vec::new(), Some(remove)),
-    };
-    dst::check_space(dst, ck, &plan, &done, &others, doomed.as_ref())?;
-    if let Some(doomed) = &doomed {
-        if !doomed.is_empty() || inventory.manifest.is_some() {
-            // An earlier run's output stays until the check has passed.
-            before_commit().map_err(not_committed)?;
-        }
-        dst::clear(dst, &inventory, doomed, &lock)?;
-    }
-    let resumed = done.len();
-
-    let mut manifest = Manifest {
-        reshard_version: env!("CARGO_PKG_VERSION").to_string(),
-        plan_id: id,
+    Ok(Prepared {
+        rules,
+        scope,
+        plan,
         source,
-        options: options.plan.clone(),
-        index_file: plan.index_file.clone(),
-        shards: done,
-        copied_files: Vec::new(),
-        copied_sources: Vec::new(),
-        oversized: plan.oversized.clone(),
-        dropped: plan.dropped.clone(),
-        planned: Vec::new(),
-        quantization: plan.quantization.clone(),
-    };
-    let mut partial = manifest.clone();
-    partial.planned = plan
-        .shards
-        .iter()
-        .map(|s| s.file.clone())
-        .chain(plan.index_file.clone())
-        .collect();
-    write_atomic(dst, PARTIAL, &partial.to_json())?;
-    let progress = Mutex::new(partial);
-    let record_shard = |record: &ShardRecord| -> Result<(), WriteError> {
-        let mut partial = progress
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        partial.shards.push(record.clone());
-        write_atomic(dst, PARTIAL, &partial.to_json())
-    };
-    let finished: Vec<String> = manifest.shards.iter().map(|s| s.file.clone()).collect();
-    let todo_bytes: u64 = plan
-        .shards
-        .iter()
-        .filter(|s| !finished.contains(&s.file))
-        .flat_map(|s| s.tensors.iter().map(|t| ck.tensors[t.input.primary()].len))
-        .sum();
-    reporter.start(todo_bytes);
-    let exec_options = ExecOptions {
-        threads: options.threads,
-        cancel,
-        skip: &|s| finished.contains(&s.file),
-        on_shard: &record_shard,
-        digest: options.digest,
-        copy: options.copy,
-    };
-    let new = exec::execute(ck, &plan, dst, pool, &exec_options, reporter);
-    reporter.finish();
-    let new = new?;
-    ck.check_unchanged()?;
-    if let Err(source) = before_commit() {
-        let partial = progress
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        dst::forget(dst, &partial, &new, &lock)?;
-        return Err(not_committed(source));
-    }
-    manifest.shards.extend(new);
-    // Shards in plan order, whatever order the workers finished in.
-    let position = |f: &str| plan.shards.iter().position(|s| s.file == f);
-    manifest.shards.sort_by_key(|s| position(&s.file));
+        id,
+        others,
+        config,
+    })
+}
 
-    manifest.copied_files = other::copy(&others.files, dst, config.as_deref())?;
+/// The shard phase: the shards a run still has to write, recorded one by
+/// one in the partial manifest as they are committed.
+struct Shards<'a> {
+    ck: &'a Checkpoint,
+    dst: &'a Path,
+    plan: &'a Plan,
+    options: &'a ConvertOptions,
+    pool: &'a WindowPool,
+    reporter: &'a dyn Reporter,
+    cancel: &'a AtomicBool,
+}
+
+impl Shards<'_> {
+    /// Writes every shard `manifest` does not hold yet; returns their
+    /// records and the source bytes read. When `before_commit` refuses
+    /// afterwards, the new shards are removed again.
+    fn write(
+        &self,
+        manifest: &Manifest,
+        lock: &DstLock,
+        before_commit: BeforeCommit,
+    ) -> Result<(Vec<ShardRecord>, u64), ConvertError> {
+        let Shards {
+            ck,
+            dst,
+            plan,
+            options,
+            pool,
+            reporter,
+            cancel,
+        } = *self;
+        let mut partial = manifest.clone();
+        partial.planned = plan
+            .shards
+            .iter()
+            .map(|s| s.file.clone())
+            .chain(plan.index_file.clone())
+            .collect();
+        write_atomic(dst, PARTIAL, &partial.to_json())?;
+        let progress = Mutex::new(partial);
+        let record_shard = |record: &ShardRecord| -> Result<(), WriteError> {
+            let mut partial = progress
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            partial.shards.push(record.clone());
+            write_atomic(dst, PARTIAL, &partial.to_json())
+        };
+        let finished: Vec<String> = manifest.shards.iter().map(|s| s.file.clone()).collect();
+        let todo_bytes: u64 = plan
+            .shards
+            .iter()
+            .filter(|s| !finished.contains(&s.file))
+            .flat_map(|s| s.tensors.iter().map(|t| ck.tensors[t.input.primary()].len))
+            .sum();
+        reporter.start(todo_bytes);
+        let exec_options = ExecOptions {
+            threads: options.threads,
+            cancel,
+            skip: &|s| finished.contains(&s.file),
+            on_shard: &record_shard,
+            digest: options.digest,
+            copy: options.copy,
+        };
+        let new = exec::execute(ck, plan, dst, pool, &exec_options, reporter);
+        reporter.finish();
+        let new = new?;
+        ck.check_unchanged()?;
+        if let Err(source) = before_commit() {
+            let partial = progress
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            dst::forget(dst, &partial, &new, lock)?;
+            return Err(not_committed(dst, source));
+        }
+        Ok((new, todo_bytes))
+    }
+}
+
+/// The commit phase: the other files, then the index and the manifest,
+/// which make the output whole.
+fn commit(
+    dst: &Path,
+    plan: &Plan,
+    others: &other::OtherFiles,
+    config: Option<&str>,
+    manifest: &mut Manifest,
+) -> Result<(), ConvertError> {
+    manifest.copied_files = other::copy(&others.files, dst, config)?;
     manifest.copied_sources = other::records(&others.files);
     sync_dir(dst)?;
     if let Some(index) = &plan.index_file {
         write_atomic(
             dst,
             index,
-            &crate::write::format::of_plan(&plan).index_bytes(&plan),
+            &crate::write::format::of_plan(plan).index_bytes(plan),
         )?;
     }
     write_atomic(dst, MANIFEST, &manifest.to_json())?;
     let _ = std::fs::remove_file(dst.join(PARTIAL));
     sync_dir(dst)?;
-    drop(lock);
-    let mut s = summary(
-        dst, false, resumed, &plan, todo_bytes, started, pool, options, manifest,
-    );
-    s.skipped_files = others.skipped;
-    s.copied_as_is = others.copied_as_is;
-    Ok(s)
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
