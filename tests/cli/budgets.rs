@@ -37,9 +37,7 @@ fn raw_safetensors(path: &Path, mut json: Vec<u8>) {
     while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
-    let mut f = std::fs::File::create(path).unwrap();
-    f.write_all(&(json.len() as u64).to_le_bytes()).unwrap();
-    f.write_all(&json).unwrap();
+    write_safetensors_raw(path, &json, &[]);
 }
 
 /// A header of `count` zero-size tensors (`{"t0000000": F32 [0] at [0, 0]}`).

@@ -166,14 +166,78 @@ pub fn python() -> Option<PathBuf> {
     None
 }
 
+/// The test Python ([`python`]) when it also imports every module of
+/// `imports` (`"torch, transformers"`): the one check every interop test
+/// makes. Without them, a failure under CI and a skip elsewhere, naming
+/// what is missing.
+pub fn python_with(imports: &str) -> Option<PathBuf> {
+    let python = python()?;
+    let ok = std::process::Command::new(&python)
+        .args(["-c", &format!("import {imports}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(python);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI is set but {} cannot import {imports} (tests/requirements.txt)",
+        python.display()
+    );
+    eprintln!("skipped: {} cannot import {imports}", python.display());
+    None
+}
+
+/// Runs `python` on `program` (`-c` code, or a script's path) with `args`,
+/// offline, asserting it succeeds; returns its stdout. The one way the
+/// tests run Python.
+pub fn run_python<S: AsRef<std::ffi::OsStr>>(
+    python: &Path,
+    program: Program<'_>,
+    args: &[S],
+) -> String {
+    let mut cmd = std::process::Command::new(python);
+    match program {
+        Program::Code(code) => cmd.args(["-c", code]),
+        Program::Script(path) => cmd.arg(path),
+    };
+    let out = cmd
+        .args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "python failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// What [`run_python`] runs.
+#[derive(Clone, Copy)]
+pub enum Program<'a> {
+    Code(&'a str),
+    Script(&'a Path),
+}
+
 /// Writes a safetensors file from a header JSON value and a data section.
 pub fn write_safetensors(path: &Path, header: &serde_json::Value, data: &[u8]) {
     let mut json = serde_json::to_vec(header).unwrap();
     while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
+    write_safetensors_raw(path, &json, data);
+}
+
+/// The tests' one safetensors byte writer: the u64 length of `json`, then
+/// `json` exactly as given (a hostile test passes headers no writer would
+/// make: unpadded, malformed), then `data`.
+pub fn write_safetensors_raw(path: &Path, json: &[u8], data: &[u8]) {
     let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(&json);
+    bytes.extend_from_slice(json);
     bytes.extend_from_slice(data);
     std::fs::write(path, bytes).unwrap();
 }

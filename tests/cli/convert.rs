@@ -196,17 +196,8 @@ for name, f in idx["weight_map"].items():
         out[name] = hashlib.sha256(a.tobytes()).hexdigest()
 print(json.dumps(out))
 "#;
-    let out = std::process::Command::new(python)
-        .args(["-c", script])
-        .arg(dst)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: BTreeMap<String, String> = serde_json::from_slice(&out.stdout).unwrap();
+    let stdout = run_python(python, Program::Code(script), &[dst]);
+    let got: BTreeMap<String, String> = serde_json::from_str(&stdout).unwrap();
     let expected = expected(name);
     assert_eq!(got.len(), expected.tensors.len());
     for (name, e) in expected.tensors {

@@ -4,6 +4,7 @@
 //! `gguf.quants.dequantize`; split sets; and `reshard inspect` on them.
 
 use std::collections::BTreeSet;
+use std::ffi::OsStr;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
@@ -91,32 +92,17 @@ fn gguf_py_fixtures_dequantize_bit_exact() {
 
 #[test]
 fn gguf_py_random_cases_dequantize_bit_exact() {
-    let Some(python) = python() else { return };
-    let has_gguf = std::process::Command::new(&python)
-        .args(["-c", "import gguf"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_gguf {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI's Python has no gguf package"
-        );
-        eprintln!("skipped: no gguf package in the test Python");
+    let Some(python) = python_with("gguf") else {
         return;
-    }
+    };
     let script = fixture("gguf").join("make.py");
     for seed in [1, 2, 3] {
         let dir = tempfile::tempdir().unwrap();
-        let out = std::process::Command::new(&python)
-            .arg(&script)
-            .arg(dir.path())
-            .arg(seed.to_string())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let seed = seed.to_string();
+        run_python(
+            &python,
+            Program::Script(&script),
+            &[dir.path().as_os_str(), OsStr::new(&seed)],
         );
         assert_eq!(check_against_expected(dir.path()).len(), SUPPORTED.len());
     }

@@ -30,10 +30,9 @@ fn with_header(dir: &Path, header: serde_json::Value, data: &[u8]) -> PathBuf {
 }
 
 fn raw_header(dir: &Path, json: &[u8], data: &[u8]) -> PathBuf {
-    let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(json);
-    bytes.extend_from_slice(data);
-    file(dir, &bytes)
+    let p = dir.join("model.safetensors");
+    write_safetensors_raw(&p, json, data);
+    p
 }
 
 fn t(dtype: &str, shape: serde_json::Value, begin: u64, end: u64) -> serde_json::Value {

@@ -46,26 +46,7 @@ struct Checkpoints {
 
 /// The venv's Python, if it has every loader's library.
 fn loaders_python() -> Option<PathBuf> {
-    let python = python()?;
-    let ok = std::process::Command::new(&python)
-        .args([
-            "-c",
-            "import torch, transformers, diffusers, sentence_transformers",
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set but {} lacks torch, transformers, diffusers or sentence-transformers (tests/requirements.txt)",
-            python.display()
-        );
-        eprintln!(
-            "skipped: no Python with torch, transformers, diffusers and sentence-transformers"
-        );
-        return None;
-    }
-    Some(python)
+    python_with("torch, transformers, diffusers, sentence_transformers")
 }
 
 /// The checkpoints, built once per test binary run under a fixed folder of

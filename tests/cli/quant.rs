@@ -16,39 +16,17 @@ use serde_json::{json, Value};
 
 use crate::common::*;
 
-/// A Python with torch and transformers; under CI its absence fails.
+/// A Python with torch and transformers.
 fn torch_python() -> Option<PathBuf> {
-    let python = python()?;
-    let ok = std::process::Command::new(&python)
-        .args(["-c", "import torch, transformers, ml_dtypes"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set but {} has no torch/transformers/ml_dtypes",
-            python.display()
-        );
-        eprintln!("skipped: {} has no torch", python.display());
-        return None;
-    }
-    Some(python)
+    python_with("torch, transformers, ml_dtypes")
 }
 
 fn quant_py(python: &Path, step: &str, dir: &Path) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cli/quant.py");
-    let out = std::process::Command::new(python)
-        .arg(script)
-        .args([OsStr::new(step), dir.as_os_str()])
-        .env("HF_HUB_OFFLINE", "1")
-        .env("TRANSFORMERS_OFFLINE", "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "quant.py {step}: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = run_python(
+        python,
+        Program::Script(&script),
+        &[OsStr::new(step), dir.as_os_str()],
     );
     eprint!("{stdout}");
 }

@@ -35,17 +35,9 @@ tensors = {
 save_file(tensors, sys.argv[1] + "/py.safetensors", metadata={"format": "pt"})
 print(json.dumps({k: [list(v.shape), hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()] for k, v in tensors.items()}))
 "#;
-    let out = std::process::Command::new(python)
-        .args(["-c", script, dir.path().to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_python(&python, Program::Code(script), &[dir.path()]);
     let want: std::collections::BTreeMap<String, (Vec<u64>, String)> =
-        serde_json::from_slice(&out.stdout).unwrap();
+        serde_json::from_str(&stdout).unwrap();
     let got = read_all(&dir.path().join("py.safetensors"));
     assert_eq!(got.len(), want.len());
     for (name, (shape, sha)) in want {

