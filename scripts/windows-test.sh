@@ -49,7 +49,8 @@ fi
 # The Python interop tests use a Linux venv; a Windows exe cannot run it.
 unset RESHARD_TEST_PYTHON
 # Wine sometimes fails to start a process at all ("Internal error. (os error
-# 1359)" from CreateProcess, seen once in about twenty runs under load). A
+# 1359)" from CreateProcess, seen once in about twenty runs under load; an
+# unwrapped io::Error prints it as `Os { code: 1359, .. }`). A
 # test that failed only that way is run once more, by name; any other
 # failure fails the run as it is.
 log=$(mktemp "${TMPDIR:-/tmp}/reshard-wine-test.XXXXXX")
@@ -57,7 +58,7 @@ if ! win_cargo test --no-fail-fast --lib --test cli "$@" 2>&1 | tee "$log"; then
   mapfile -t failed < <(awk '/^failures:$/ { f = 1; next } f && /^    [^ ]/ { print $1 } f && /^test result/ { f = 0 }' "$log" | sort -u)
   mapfile -t spawn_only < <(awk '
     /^---- .* stdout ----$/ { if (name != "") print name, hit; name = $2; hit = 0; next }
-    /os error 1359/ { hit = 1 }
+    /os error 1359|Os \{ code: 1359,/ { hit = 1 }
     END { if (name != "") print name, hit }' "$log" | awk '$2 == 1 { print $1 }' | sort -u)
   if [ ${#failed[@]} -eq 0 ] || [ "${failed[*]}" != "${spawn_only[*]}" ]; then
     rm -f "$log"

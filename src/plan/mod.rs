@@ -129,6 +129,7 @@ impl Plan {
                 shape: shape.clone(),
                 len,
                 offset: 0,
+                after: None,
             });
         }
 

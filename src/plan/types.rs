@@ -64,6 +64,12 @@ pub struct PlannedTensor {
     pub len: u64,
     /// Offset in the shard's data section.
     pub offset: u64,
+    /// The tensor of the same shard this one is laid out right after where
+    /// alignment allows (a derived scale after its weight, so one read of
+    /// the weight can also produce the scale); see the output format's
+    /// `lay_out`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
 }
 
 /// One output shard: its file name and its tensors in file (offset) order.

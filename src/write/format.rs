@@ -76,14 +76,18 @@ impl ShardLayout for Safetensors {
     }
 
     /// Layer order, stably regrouped by descending alignment so every
-    /// offset is a multiple of its element size, no holes.
+    /// offset is a multiple of its element size, no holes; a tensor with
+    /// `after` sits right after that tensor where its own offset and every
+    /// later one stay aligned, and in its alignment group otherwise.
     fn lay_out(&self, tensors: &mut [PlannedTensor]) -> u64 {
-        tensors.sort_by_key(|t| std::cmp::Reverse(t.dtype.alignment()));
+        let order = aligned_order(tensors);
+        let mut sorted: Vec<PlannedTensor> = order.iter().map(|&i| tensors[i].clone()).collect();
         let mut offset = 0u64;
-        for t in tensors.iter_mut() {
+        for t in sorted.iter_mut() {
             t.offset = offset;
             offset = offset.saturating_add(t.len);
         }
+        tensors.clone_from_slice(&sorted);
         offset
     }
 
@@ -172,6 +176,87 @@ fn safetensors_header(
     Ok(out)
 }
 
+/// The order of `tensors` in a safetensors shard (see
+/// [`Safetensors::lay_out`]). Without `after` links this is the stable sort
+/// by descending alignment, which keeps every offset aligned because each
+/// group's total length is a multiple of its alignment and alignments are
+/// powers of two. A follower goes right after its tensor when its offset
+/// there is aligned and its length keeps the next tensor's alignment (the
+/// largest of all later ones); otherwise it joins its alignment group.
+/// Should a combination still misalign a tensor, every follower joins its
+/// group: the plain sort, always valid.
+fn aligned_order(tensors: &[PlannedTensor]) -> Vec<usize> {
+    let align = |i: usize| tensors[i].dtype.alignment().max(1);
+    let by_align = |mut v: Vec<usize>| {
+        v.sort_by_key(|&i| std::cmp::Reverse(align(i)));
+        v
+    };
+    let index: HashMap<&str, usize> = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.name.as_str(), i))
+        .collect();
+    // A follower of a tensor in this shard that is not a follower itself.
+    let target = |i: usize| {
+        let t = index.get(tensors[i].after.as_deref()?).copied()?;
+        tensors[t].after.is_none().then_some(t)
+    };
+    let (followers, base): (Vec<usize>, Vec<usize>) =
+        (0..tensors.len()).partition(|&i| target(i).is_some());
+    if followers.is_empty() {
+        return by_align(base);
+    }
+    let base = by_align(base);
+    let mut after: HashMap<usize, Vec<usize>> = HashMap::new();
+    for &f in &followers {
+        if let Some(t) = target(f) {
+            after.entry(t).or_default().push(f);
+        }
+    }
+    let mut placed = Vec::with_capacity(tensors.len());
+    let mut deferred = Vec::new();
+    let mut offset = 0u64;
+    for (k, &i) in base.iter().enumerate() {
+        placed.push(i);
+        offset = offset.saturating_add(tensors[i].len);
+        let next = base.get(k + 1).map_or(1, |&n| align(n));
+        for &f in after.get(&i).map_or(&[][..], Vec::as_slice) {
+            let len = tensors[f].len;
+            if offset.is_multiple_of(align(f)) && len.is_multiple_of(next) {
+                placed.push(f);
+                offset = offset.saturating_add(len);
+            } else {
+                deferred.push(f);
+            }
+        }
+    }
+    // Each deferred follower joins the end of its alignment group (one
+    // merge: a shard may hold a follower per tensor).
+    let deferred = by_align(deferred);
+    let mut merged = Vec::with_capacity(placed.len() + deferred.len());
+    let mut rest = deferred.into_iter().peekable();
+    for i in placed {
+        while let Some(&f) = rest.peek() {
+            if align(f) <= align(i) {
+                break;
+            }
+            merged.push(f);
+            rest.next();
+        }
+        merged.push(i);
+    }
+    merged.extend(rest);
+    let placed = merged;
+    let mut offset = 0u64;
+    for &i in &placed {
+        if !offset.is_multiple_of(align(i)) {
+            return by_align((0..tensors.len()).collect());
+        }
+        offset = offset.saturating_add(tensors[i].len);
+    }
+    placed
+}
+
 /// The header JSON with its `__metadata__` keys in sorted order. The
 /// safetensors crate keeps metadata in a `HashMap`, whose order differs
 /// from one map to the next: with more than one key, two runs wrote
@@ -236,6 +321,7 @@ mod tests {
             shape: vec![2],
             len: 8,
             offset,
+            after: None,
         };
         ShardPlan {
             file: "model.safetensors".into(),
@@ -265,6 +351,127 @@ mod tests {
         assert!((0..7).all(|i| at(&format!("key{i}")) < at(&format!("key{}", i + 1))));
         // Tensors stay in the plan's order, not sorted.
         assert!(at("\"b\"") < at("\"a\""), "{text}");
+    }
+
+    fn tensor(name: &str, dtype: Dtype, len: u64, after: Option<&str>) -> PlannedTensor {
+        PlannedTensor {
+            name: name.into(),
+            input: TensorInput::Source { tensor: 0 },
+            source_dtype: dtype,
+            dtype,
+            shape: vec![len / dtype.alignment()],
+            len,
+            offset: 0,
+            after: after.map(str::to_string),
+        }
+    }
+
+    /// Lays `tensors` out and checks what every layout must hold: each
+    /// tensor once, offsets aligned and contiguous. Returns the names in
+    /// file order.
+    fn lay_out(mut tensors: Vec<PlannedTensor>) -> Vec<String> {
+        let names: std::collections::BTreeSet<String> =
+            tensors.iter().map(|t| t.name.clone()).collect();
+        let total: u64 = tensors.iter().map(|t| t.len).sum();
+        assert_eq!(Safetensors.lay_out(&mut tensors), total);
+        let mut offset = 0;
+        for t in &tensors {
+            assert_eq!(t.offset, offset, "{} leaves a hole", t.name);
+            assert_eq!(t.offset % t.dtype.alignment(), 0, "{} misaligned", t.name);
+            offset += t.len;
+        }
+        let order: Vec<String> = tensors.iter().map(|t| t.name.clone()).collect();
+        assert_eq!(
+            order
+                .iter()
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>(),
+            names
+        );
+        order
+    }
+
+    #[test]
+    fn a_scale_follows_its_weight_where_alignment_allows() {
+        // An F8 weight of 12 bytes ends 4-aligned: its F32 scale goes
+        // right after it, then the next F8 weight.
+        let order = lay_out(vec![
+            tensor("norm", Dtype::F32, 16, None),
+            tensor("a.weight", Dtype::F8_E4M3, 12, None),
+            tensor("a.weight_scale", Dtype::F32, 4, Some("a.weight")),
+            tensor("b.weight", Dtype::F8_E4M3, 12, None),
+        ]);
+        assert_eq!(order, ["norm", "a.weight", "a.weight_scale", "b.weight"]);
+    }
+
+    #[test]
+    fn a_scale_after_a_weight_of_odd_length_joins_its_alignment_group() {
+        // 7 bytes of F8 end at an odd offset: the scale would be misaligned
+        // there (and shards have no holes), so it sits with the F32s.
+        let order = lay_out(vec![
+            tensor("norm", Dtype::F32, 16, None),
+            tensor("a.weight", Dtype::F8_E4M3, 7, None),
+            tensor("a.weight_scale", Dtype::F32, 4, Some("a.weight")),
+            tensor("b.weight", Dtype::F8_E4M3, 9, None),
+            tensor("b.weight_scale", Dtype::F32, 4, Some("b.weight")),
+        ]);
+        // b.weight then ends 7 + 4 + 9 = 20 bytes past the first F32: a
+        // multiple of 4, so its scale follows it.
+        assert_eq!(
+            order,
+            [
+                "norm",
+                "a.weight_scale",
+                "a.weight",
+                "b.weight",
+                "b.weight_scale"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_follower_never_breaks_a_later_tensor_alignment() {
+        // A 2-byte BF16 follower after an F32 tensor would leave the next
+        // F32 at offset 6: it joins the BF16 group instead.
+        let order = lay_out(vec![
+            tensor("w", Dtype::F32, 4, None),
+            tensor("w.s", Dtype::BF16, 2, Some("w")),
+            tensor("x", Dtype::F32, 4, None),
+            tensor("y", Dtype::BF16, 2, None),
+        ]);
+        assert_eq!(order, ["w", "x", "y", "w.s"]);
+        // Without followers the layout is the plain descending-alignment
+        // sort of the layer order, as before followers existed.
+        let order = lay_out(vec![
+            tensor("e", Dtype::BF16, 2, None),
+            tensor("f", Dtype::F64, 8, None),
+            tensor("g", Dtype::U8, 3, None),
+            tensor("h", Dtype::F32, 4, None),
+        ]);
+        assert_eq!(order, ["f", "h", "e", "g"]);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        /// Any mix of dtypes, lengths and followers lays out every tensor
+        /// once, aligned, without holes (checked by `lay_out`).
+        #[test]
+        fn any_shard_with_followers_stays_aligned(
+            spec in proptest::collection::vec((0usize..5, 0u64..6, proptest::option::of(0usize..12)), 1..12)
+        ) {
+            let dtypes = [Dtype::U8, Dtype::BF16, Dtype::F32, Dtype::F64, Dtype::F8_E4M3];
+            let n = spec.len();
+            let tensors = spec
+                .iter()
+                .enumerate()
+                .map(|(i, &(d, count, after))| {
+                    let dtype = dtypes[d];
+                    let after = after.filter(|&a| a < n && a != i).map(|a| format!("t{a}"));
+                    tensor(&format!("t{i}"), dtype, count * dtype.alignment(), after.as_deref())
+                })
+                .collect();
+            lay_out(tensors);
+        }
     }
 
     #[test]
