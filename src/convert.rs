@@ -22,6 +22,8 @@ pub mod split;
 
 pub use self::error::{ConvertError, GateError};
 pub use self::layout::{convert_layout, convert_split, plan_layout, plan_split};
-pub use self::options::{BeforeCommit, ComponentSummary, ConvertOptions, ConvertSummary};
+pub use self::options::{
+    BeforeCommit, ComponentSummary, ConvertOptions, ConvertSummary, KeepPreset,
+};
 pub use self::other::{SkippedFile, Walk};
 pub use self::run::{convert, convert_gated, convert_with_pool, plan_for};

@@ -176,14 +176,7 @@ fn render_summary(s: &Summary) -> String {
             q.format, q.weights, q.scaled, q.scales, q.extras
         );
     }
-    if s.findings.is_empty() {
-        let _ = writeln!(o, "  findings      none");
-    } else {
-        let _ = writeln!(o, "  findings      {}", s.findings.len());
-        for f in &s.findings {
-            let _ = writeln!(o, "    - {f}");
-        }
-    }
+    printer::findings(&mut o, &s.findings);
     o
 }
 

@@ -19,3 +19,17 @@ pub fn text(s: &str) -> anyhow::Result<()> {
     out.flush()?;
     Ok(())
 }
+
+/// Appends inspect's findings block to `o`: `findings      none`, or the
+/// count and one `- finding` line each.
+pub fn findings<T: std::fmt::Display>(o: &mut String, findings: &[T]) {
+    use std::fmt::Write as _;
+    if findings.is_empty() {
+        let _ = writeln!(o, "  findings      none");
+        return;
+    }
+    let _ = writeln!(o, "  findings      {}", findings.len());
+    for f in findings {
+        let _ = writeln!(o, "    - {f}");
+    }
+}

@@ -124,3 +124,44 @@ pub struct ComponentSummary {
     pub findings: Vec<Finding>,
     pub summary: ConvertSummary,
 }
+
+/// Common cases of `--keep-dtype` (docs/layouts.md says why).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeepPreset {
+    /// The VAE: in f16 the SD and SDXL VAEs overflow to NaN (black images).
+    Vae,
+    /// Normalization weights: tiny, and the scales most hurt by rounding.
+    Norms,
+}
+
+impl KeepPreset {
+    /// The tensor-name globs the preset keeps.
+    pub fn globs(self) -> &'static [&'static str] {
+        match self {
+            KeepPreset::Vae => &["first_stage_model.*"],
+            KeepPreset::Norms => &["*norm*", "*ln_*"],
+        }
+    }
+
+    /// The weight sets (layout folders, split components) kept whole.
+    pub fn components(self) -> &'static [&'static str] {
+        match self {
+            KeepPreset::Vae => &["vae"],
+            KeepPreset::Norms => &[],
+        }
+    }
+}
+
+impl ConvertOptions {
+    /// Adds what `presets` keep out of a cast: their tensor-name globs to
+    /// `--keep-dtype`, their weight sets to the components kept whole.
+    pub fn keep_presets(&mut self, presets: &[KeepPreset]) {
+        for p in presets {
+            self.plan
+                .keep_dtype
+                .extend(p.globs().iter().map(|g| g.to_string()));
+            self.keep_components
+                .extend(p.components().iter().map(|c| c.to_string()));
+        }
+    }
+}

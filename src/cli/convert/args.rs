@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use reshard::cast::OverflowPolicy;
-use reshard::convert::ConvertOptions;
+use reshard::convert::{ConvertOptions, KeepPreset};
 use reshard::exec::CopyPath;
 use reshard::format::Dtype;
 use reshard::plan::PlanOptions;
@@ -115,22 +115,12 @@ pub enum OverflowArg {
 
 impl ConvertArgs {
     pub fn to_options(&self) -> ConvertOptions {
-        ConvertOptions {
+        let mut options = ConvertOptions {
             plan: PlanOptions {
                 max_shard_size: self.layout.max_shard_size(self.max_shard_size.bytes()),
                 order: self.order.into(),
                 dtype: self.dtype,
-                keep_dtype: self
-                    .keep_dtype
-                    .iter()
-                    .cloned()
-                    .chain(
-                        self.layout
-                            .keep_dtype_preset
-                            .iter()
-                            .flat_map(|p| p.globs().iter().map(|g| g.to_string())),
-                    )
-                    .collect(),
+                keep_dtype: self.keep_dtype.clone(),
                 on_overflow: match self.on_overflow {
                     OverflowArg::Error => OverflowPolicy::Error,
                     OverflowArg::Saturate => OverflowPolicy::Saturate,
@@ -152,12 +142,7 @@ impl ConvertArgs {
             within: None,
             allow_expanded: self.allow_expanded,
             id_salt: None,
-            keep_components: self
-                .layout
-                .keep_dtype_preset
-                .iter()
-                .flat_map(|p| p.components().iter().map(|c| c.to_string()))
-                .collect(),
+            keep_components: Vec::new(),
             digest: if self.sha256 {
                 DigestAlgo::Sha256
             } else {
@@ -168,7 +153,9 @@ impl ConvertArgs {
             } else {
                 CopyPath::Auto
             },
-        }
+        };
+        options.keep_presets(&self.layout.keep_dtype_preset);
+        options
     }
 }
 
@@ -204,33 +191,6 @@ impl LayoutArgs {
             u64::MAX
         } else {
             given
-        }
-    }
-}
-
-/// Common cases of `--keep-dtype` (docs/layouts.md says why).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum KeepPreset {
-    /// The VAE: in f16 the SD and SDXL VAEs overflow to NaN (black images).
-    Vae,
-    /// Normalization weights: tiny, and the scales most hurt by rounding.
-    Norms,
-}
-
-impl KeepPreset {
-    /// The tensor-name globs the preset keeps.
-    pub fn globs(self) -> &'static [&'static str] {
-        match self {
-            KeepPreset::Vae => &["first_stage_model.*"],
-            KeepPreset::Norms => &["*norm*", "*ln_*"],
-        }
-    }
-
-    /// The weight sets (layout folders, split components) kept whole.
-    pub fn components(self) -> &'static [&'static str] {
-        match self {
-            KeepPreset::Vae => &["vae"],
-            KeepPreset::Norms => &[],
         }
     }
 }

@@ -119,14 +119,7 @@ fn render(s: &GgufSummary) -> String {
             s.metadata.len() - SHOW_KEYS
         );
     }
-    if s.findings.is_empty() {
-        let _ = writeln!(o, "  findings      none");
-    } else {
-        let _ = writeln!(o, "  findings      {}", s.findings.len());
-        for f in &s.findings {
-            let _ = writeln!(o, "    - {f}");
-        }
-    }
+    printer::findings(&mut o, &s.findings);
     o
 }
 

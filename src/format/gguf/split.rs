@@ -22,7 +22,7 @@ use crate::format::{FormatError, SourceFile};
 pub const MAX_SPLITS: u64 = u16::MAX as u64;
 
 /// A GGUF model: one file or a whole split set.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct GgufModel {
     /// The files in split order (one for a single file). For a set opened
     /// with [`open_set`], missing members are left out here and listed in
@@ -105,13 +105,7 @@ pub fn open_set(path: &Path) -> Result<GgufModel, FormatError> {
     })?;
     let prefix = prefix_of(path, no, count)?;
     let dir = path.parent().unwrap_or(Path::new("."));
-    let mut model = GgufModel {
-        files: Vec::new(),
-        parts: Vec::new(),
-        metadata: Metadata::default(),
-        tensors: Vec::new(),
-        split: None,
-    };
+    let mut model = GgufModel::default();
     let mut missing = Vec::new();
     let mut tensors_count = None;
     let mut opened = Some((file, header));
@@ -186,13 +180,7 @@ pub fn open_set(path: &Path) -> Result<GgufModel, FormatError> {
 }
 
 fn single(file: SourceFile, header: GgufFile) -> GgufModel {
-    let mut model = GgufModel {
-        files: Vec::new(),
-        parts: Vec::new(),
-        metadata: Metadata::default(),
-        tensors: Vec::new(),
-        split: None,
-    };
+    let mut model = GgufModel::default();
     add_member(&mut model, file, header, 0);
     model
 }
