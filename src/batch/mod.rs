@@ -23,6 +23,7 @@ pub(crate) mod discover;
 mod mode;
 pub mod part;
 pub(crate) mod report;
+pub mod select;
 pub(crate) mod verify;
 
 use std::path::Path;
@@ -45,6 +46,7 @@ pub use self::part::{part_of, BadPart, Balance, Part};
 pub use self::report::{
     error_chain, merge, BatchReport, MergeError, MergedReport, ModelResult, Status, Totals,
 };
+pub use self::select::{plan_parts, Listing, Planned, Selection};
 pub use self::verify::{verify_snapshot, Gate, Verified, VerifyError};
 
 /// How to run a batch.
@@ -143,6 +145,78 @@ pub struct JobContext<'a> {
 /// Runs `models`, `options.jobs` at a time, all drawing buffers from `pool`.
 /// `part` is the part (of `--part I/N`) the models were assigned to; each
 /// result records it. Results come back in the order of `models`.
+/// Why a batch could not run at all (a model that fails is a result in
+/// the report, not an error).
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    #[error("cannot write the report {}", .path.display())]
+    ReportPath {
+        path: std::path::PathBuf,
+        #[source]
+        source: crate::write::scope::ScopeError,
+    },
+    #[error("cannot write the report {}", .path.display())]
+    Report {
+        path: std::path::PathBuf,
+        #[source]
+        source: crate::write::WriteError,
+    },
+}
+
+/// `reshard batch` without `--dry-run`: runs `options.mode` on this part
+/// of `selection` and returns the report, written to `report` too when
+/// given. The report path is checked first, against every model found (not
+/// only this part's): it may not land on any source.
+pub fn run(
+    selection: &Selection,
+    options: &BatchOptions,
+    report: Option<&Path>,
+    pool: &WindowPool,
+    reporter: &dyn BatchReporter,
+    cancel: &AtomicBool,
+) -> Result<BatchReport, BatchError> {
+    let started = Instant::now();
+    if let Some(path) = report {
+        let mut sources = crate::write::scope::SourceSet::default();
+        for m in &selection.found.models {
+            sources.add_model(&m.source);
+        }
+        crate::write::scope::check_report(path, &sources).map_err(|source| {
+            BatchError::ReportPath {
+                path: path.to_path_buf(),
+                source,
+            }
+        })?;
+    }
+    let part = selection.part;
+    let models: Vec<Model> = selection.mine().iter().map(|(m, _)| (*m).clone()).collect();
+    let mut results = run_batch(&models, part.index, options, pool, reporter, cancel);
+    let skipped = selection.skipped();
+    results.extend(skipped.iter().map(|s| skipped_result(s, part.count)));
+    results.sort_by(|a, b| a.name.cmp(&b.name));
+    let batch = BatchReport {
+        reshard_version: env!("CARGO_PKG_VERSION").to_string(),
+        root: selection.root.display().to_string(),
+        out: selection.out.display().to_string(),
+        mode: options.mode,
+        part,
+        balance: selection.balance,
+        jobs: options.jobs,
+        window: pool.budget(),
+        peak_buffer_bytes: pool.peak(),
+        seconds: started.elapsed().as_secs_f64(),
+        totals: BatchReport::count(&results),
+        models: results,
+    };
+    if let Some(path) = report {
+        batch.write(path).map_err(|source| BatchError::Report {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    }
+    Ok(batch)
+}
+
 pub fn run_batch(
     models: &[Model],
     part: u64,
@@ -482,122 +556,4 @@ fn not_run(model: &Model, part: u64, reason: &str) -> ModelResult {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn model(dir: &Path, name: &str) -> Model {
-        Model {
-            name: name.into(),
-            source: dir.join("src").join(name),
-            output: dir.join("out").join(name),
-            hf_cache: false,
-        }
-    }
-
-    fn options(mode: Mode, jobs: usize, fail_fast: bool) -> BatchOptions {
-        BatchOptions {
-            convert: ConvertOptions::default(),
-            mode,
-            jobs,
-            verify_source: false,
-            fail_fast,
-            fit: None,
-            validate: None,
-        }
-    }
-
-    #[test]
-    fn modes_without_their_options_fail_per_model_naming_the_mode() {
-        let tmp = tempfile::tempdir().unwrap();
-        let models = [model(tmp.path(), "a"), model(tmp.path(), "b")];
-        let pool = WindowPool::new(1 << 20);
-        for mode in [Mode::Fit, Mode::Validate] {
-            let results = run_batch(
-                &models,
-                0,
-                &options(mode, 2, false),
-                &pool,
-                &NoBatchReport,
-                &AtomicBool::new(false),
-            );
-            assert_eq!(results.len(), 2);
-            for r in &results {
-                assert_eq!(r.status, Status::Failed);
-                assert_eq!(
-                    r.reason.as_deref(),
-                    Some(
-                        format!("mode {mode} needs its options (BatchOptions::fit or ::validate)")
-                            .as_str()
-                    )
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn fail_fast_starts_nothing_after_a_failure() {
-        let tmp = tempfile::tempdir().unwrap();
-        let models = [
-            model(tmp.path(), "a"),
-            model(tmp.path(), "b"),
-            model(tmp.path(), "c"),
-        ];
-        let pool = WindowPool::new(1 << 20);
-        let results = run_batch(
-            &models,
-            0,
-            &options(Mode::Convert, 1, true),
-            &pool,
-            &NoBatchReport,
-            &AtomicBool::new(false),
-        );
-        let statuses: Vec<Status> = results.iter().map(|r| r.status).collect();
-        assert_eq!(statuses, [Status::Failed, Status::Skipped, Status::Skipped]);
-        assert!(results[1]
-            .reason
-            .as_deref()
-            .unwrap()
-            .contains("--fail-fast"));
-        assert!(
-            results[0]
-                .reason
-                .as_deref()
-                .unwrap()
-                .contains(&Path::new("src").join("a").display().to_string()),
-            "{:?}",
-            results[0].reason
-        );
-    }
-
-    #[test]
-    fn only_a_conversion_of_the_same_source_counts_as_ours() {
-        let tmp = tempfile::tempdir().unwrap();
-        let src = tmp.path().join("src");
-        let other = tmp.path().join("other");
-        let dst = tmp.path().join("dst");
-        for d in [&src, &other, &dst] {
-            std::fs::create_dir(d).unwrap();
-        }
-        assert!(!converted_from(&dst, &src));
-        std::fs::write(dst.join("notes.txt"), "mine").unwrap();
-        assert!(!converted_from(&dst, &src));
-        std::fs::write(dst.join(crate::write::manifest::PARTIAL), "{}").unwrap();
-        assert!(
-            !converted_from(&dst, &src),
-            "a partial manifest is not a conversion"
-        );
-        let manifest = |root: &Path| {
-            serde_json::json!({
-                "reshard_version": "0", "plan_id": "p",
-                "source": {"dir": "x", "root": root.canonicalize().unwrap().display().to_string(),
-                           "format": "safetensors", "files": []},
-                "options": crate::plan::PlanOptions::default(), "shards": []
-            })
-            .to_string()
-        };
-        std::fs::write(dst.join(MANIFEST), manifest(&other)).unwrap();
-        assert!(!converted_from(&dst, &src), "another source's conversion");
-        std::fs::write(dst.join(MANIFEST), manifest(&src)).unwrap();
-        assert!(converted_from(&dst, &src));
-    }
-}
+mod tests;

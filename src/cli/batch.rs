@@ -5,19 +5,15 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::time::Instant;
 
 use anyhow::Context;
-use serde::Serialize;
 
-use reshard::batch::part::{assign, plan, source_bytes, ModelSize, PartPlan};
+use reshard::batch::part::PartPlan;
 use reshard::batch::{
-    self, skipped_result, Balance, BatchOptions, BatchReport, Mode, Model, ModelResult, Part,
-    Skipped,
+    self, Balance, BatchOptions, BatchReport, Listing, Mode, ModelResult, Part, Selection,
 };
 use reshard::exec::WindowPool;
 use reshard::units::human;
-use reshard::write::scope::{check_report, SourceSet};
 
 use super::convert::ConvertArgs;
 use super::fit::MachineArgs;
@@ -130,121 +126,28 @@ impl From<ModeArg> for Mode {
     }
 }
 
-/// What `--dry-run` lists.
-#[derive(Serialize)]
-struct Listing<'a> {
-    root: String,
-    out: String,
-    part: Part,
-    balance: Balance,
-    models: Vec<ListedModel<'a>>,
-    skipped: Vec<&'a Skipped>,
-}
-
-#[derive(Serialize)]
-struct ListedModel<'a> {
-    #[serde(flatten)]
-    model: &'a Model,
-    part: u64,
-    /// What --balance bytes weighs it by (`source_bytes`).
-    bytes: u64,
-}
-
-/// What `--plan-parts` prints.
-#[derive(Serialize)]
-struct Planned {
-    root: String,
-    out: String,
-    #[serde(flatten)]
-    plan: PartPlan,
-}
-
-/// Each model's [`source_bytes`], in order.
-fn measure(models: &[Model]) -> Vec<u64> {
-    models.iter().map(|m| source_bytes(&m.source)).collect()
-}
-
-fn sized<'a>(models: &'a [Model], bytes: &[u64]) -> Vec<ModelSize<'a>> {
-    models
-        .iter()
-        .zip(bytes)
-        .map(|(m, &bytes)| ModelSize {
-            name: &m.name,
-            bytes,
-        })
-        .collect()
-}
-
-/// Each model's (part, bytes) under `balance`. Sizes are measured (a stat
-/// per file) when `always_measure` or when the split needs them; else 0.
-fn place(models: &[Model], count: u64, balance: Balance, always_measure: bool) -> Vec<(u64, u64)> {
-    let bytes = if always_measure || (balance == Balance::Bytes && count > 1) {
-        measure(models)
-    } else {
-        vec![0; models.len()]
-    };
-    assign(&sized(models, &bytes), count, balance)
-        .into_iter()
-        .zip(bytes)
-        .collect()
-}
-
-fn plan_parts(args: &Args, models: &[Model], count: u64) -> anyhow::Result<ExitStatus> {
-    let bytes = measure(models);
-    let sized = sized(models, &bytes);
-    let planned = Planned {
-        root: args.root.display().to_string(),
-        out: args.out.display().to_string(),
-        plan: plan(&sized, count, args.balance.into()),
-    };
-    if args.json {
-        printer::json(&planned)?;
-    } else {
-        printer::text(&render_plan(&planned.plan))?;
-    }
-    Ok(ExitStatus::Ok)
-}
-
 pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
-    let started = Instant::now();
-    let found = batch::discover(&args.root, &args.out)
-        .with_context(|| format!("cannot search {}", args.root.display()))?;
-    if let Some(count) = args.plan_parts {
-        return plan_parts(&args, &found.models, count);
-    }
     let part = args.part.unwrap_or(Part::ALL);
     let balance: Balance = args.balance.into();
-    let placed = place(&found.models, part.count, balance, args.dry_run);
-    let mine: Vec<(&Model, u64)> = found
-        .models
-        .iter()
-        .zip(&placed)
-        .filter(|(_, &(p, _))| p == part.index)
-        .map(|(m, &(_, bytes))| (m, bytes))
-        .collect();
-    let models: Vec<Model> = mine.iter().map(|(m, _)| (*m).clone()).collect();
-    // Entries discovery skipped do no work: they go by name in both splits.
-    let skipped: Vec<&Skipped> = found
-        .skipped
-        .iter()
-        .filter(|s| part.contains(&s.name))
-        .collect();
-    if args.dry_run {
-        let listing = Listing {
-            root: args.root.display().to_string(),
-            out: args.out.display().to_string(),
-            part,
+    let selection = Selection::new(&args.root, &args.out, part, balance, args.dry_run)
+        .with_context(|| format!("cannot search {}", args.root.display()))?;
+    if let Some(count) = args.plan_parts {
+        let planned = batch::plan_parts(
+            &args.root,
+            &args.out,
+            &selection.found.models,
+            count,
             balance,
-            models: mine
-                .iter()
-                .map(|&(model, bytes)| ListedModel {
-                    model,
-                    part: part.index,
-                    bytes,
-                })
-                .collect(),
-            skipped,
-        };
+        );
+        if args.json {
+            printer::json(&planned)?;
+        } else {
+            printer::text(&render_plan(&planned.plan))?;
+        }
+        return Ok(ExitStatus::Ok);
+    }
+    if args.dry_run {
+        let listing = selection.listing();
         if args.json {
             printer::json(&listing)?;
         } else {
@@ -253,16 +156,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         return Ok(ExitStatus::Ok);
     }
 
-    if let Some(path) = &args.report {
-        // Checked before any model is written, against every model found
-        // (not only this part's): the report may not land on any source.
-        let mut sources = SourceSet::default();
-        for m in &found.models {
-            sources.add_model(&m.source);
-        }
-        check_report(path, &sources)
-            .with_context(|| format!("cannot write the report {}", path.display()))?;
-    }
     let cancel = super::cancel::on_ctrl_c();
     let mut convert = args.options.to_options();
     convert.within = Some(args.out.clone());
@@ -281,31 +174,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     let pool = WindowPool::new(options.convert.window);
     let bars = MultiBar::new(
         !(args.quiet || args.options.no_progress || args.json),
-        models.len() as u64,
+        selection.mine().len() as u64,
     );
-    let mut results = batch::run_batch(&models, part.index, &options, &pool, &bars, cancel);
+    let report = batch::run(
+        &selection,
+        &options,
+        args.report.as_deref(),
+        &pool,
+        &bars,
+        cancel,
+    );
     bars.finish();
-    results.extend(skipped.iter().map(|s| skipped_result(s, part.count)));
-    results.sort_by(|a, b| a.name.cmp(&b.name));
-    let report = BatchReport {
-        reshard_version: env!("CARGO_PKG_VERSION").to_string(),
-        root: args.root.display().to_string(),
-        out: args.out.display().to_string(),
-        mode: options.mode,
-        part,
-        balance,
-        jobs: options.jobs,
-        window: pool.budget(),
-        peak_buffer_bytes: pool.peak(),
-        seconds: started.elapsed().as_secs_f64(),
-        totals: BatchReport::count(&results),
-        models: results,
-    };
-    if let Some(path) = &args.report {
-        report
-            .write(path)
-            .with_context(|| format!("cannot write the report {}", path.display()))?;
-    }
+    let report = report?;
     if args.json {
         printer::json(&report)?;
     } else {

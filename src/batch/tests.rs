@@ -1,0 +1,119 @@
+//! Unit tests of the batch runner.
+
+use super::*;
+
+fn model(dir: &Path, name: &str) -> Model {
+    Model {
+        name: name.into(),
+        source: dir.join("src").join(name),
+        output: dir.join("out").join(name),
+        hf_cache: false,
+    }
+}
+
+fn options(mode: Mode, jobs: usize, fail_fast: bool) -> BatchOptions {
+    BatchOptions {
+        convert: ConvertOptions::default(),
+        mode,
+        jobs,
+        verify_source: false,
+        fail_fast,
+        fit: None,
+        validate: None,
+    }
+}
+
+#[test]
+fn modes_without_their_options_fail_per_model_naming_the_mode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let models = [model(tmp.path(), "a"), model(tmp.path(), "b")];
+    let pool = WindowPool::new(1 << 20);
+    for mode in [Mode::Fit, Mode::Validate] {
+        let results = run_batch(
+            &models,
+            0,
+            &options(mode, 2, false),
+            &pool,
+            &NoBatchReport,
+            &AtomicBool::new(false),
+        );
+        assert_eq!(results.len(), 2);
+        for r in &results {
+            assert_eq!(r.status, Status::Failed);
+            assert_eq!(
+                r.reason.as_deref(),
+                Some(
+                    format!("mode {mode} needs its options (BatchOptions::fit or ::validate)")
+                        .as_str()
+                )
+            );
+        }
+    }
+}
+
+#[test]
+fn fail_fast_starts_nothing_after_a_failure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let models = [
+        model(tmp.path(), "a"),
+        model(tmp.path(), "b"),
+        model(tmp.path(), "c"),
+    ];
+    let pool = WindowPool::new(1 << 20);
+    let results = run_batch(
+        &models,
+        0,
+        &options(Mode::Convert, 1, true),
+        &pool,
+        &NoBatchReport,
+        &AtomicBool::new(false),
+    );
+    let statuses: Vec<Status> = results.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [Status::Failed, Status::Skipped, Status::Skipped]);
+    assert!(results[1]
+        .reason
+        .as_deref()
+        .unwrap()
+        .contains("--fail-fast"));
+    assert!(
+        results[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains(&Path::new("src").join("a").display().to_string()),
+        "{:?}",
+        results[0].reason
+    );
+}
+
+#[test]
+fn only_a_conversion_of_the_same_source_counts_as_ours() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let other = tmp.path().join("other");
+    let dst = tmp.path().join("dst");
+    for d in [&src, &other, &dst] {
+        std::fs::create_dir(d).unwrap();
+    }
+    assert!(!converted_from(&dst, &src));
+    std::fs::write(dst.join("notes.txt"), "mine").unwrap();
+    assert!(!converted_from(&dst, &src));
+    std::fs::write(dst.join(crate::write::manifest::PARTIAL), "{}").unwrap();
+    assert!(
+        !converted_from(&dst, &src),
+        "a partial manifest is not a conversion"
+    );
+    let manifest = |root: &Path| {
+        serde_json::json!({
+            "reshard_version": "0", "plan_id": "p",
+            "source": {"dir": "x", "root": root.canonicalize().unwrap().display().to_string(),
+                       "format": "safetensors", "files": []},
+            "options": crate::plan::PlanOptions::default(), "shards": []
+        })
+        .to_string()
+    };
+    std::fs::write(dst.join(MANIFEST), manifest(&other)).unwrap();
+    assert!(!converted_from(&dst, &src), "another source's conversion");
+    std::fs::write(dst.join(MANIFEST), manifest(&src)).unwrap();
+    assert!(converted_from(&dst, &src));
+}
