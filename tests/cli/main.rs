@@ -28,5 +28,6 @@ mod proof;
 mod pytorch;
 mod quant;
 mod readers;
+mod snapshots;
 mod touch;
 mod validate;
