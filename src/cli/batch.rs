@@ -17,9 +17,10 @@ use reshard::units::human;
 
 use super::convert::ConvertArgs;
 use super::fit::MachineArgs;
+use super::printer::Printer;
 use super::progress::MultiBar;
 use super::validate::LoadArgs;
-use super::{printer, ExitStatus};
+use super::ExitStatus;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -139,20 +140,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             count,
             balance,
         );
-        if args.json {
-            printer::json(&planned)?;
-        } else {
-            printer::text(&render_plan(&planned.plan))?;
-        }
+        Printer::new(args.json).result(&planned, || render_plan(&planned.plan))?;
         return Ok(ExitStatus::Ok);
     }
     if args.dry_run {
         let listing = selection.listing();
-        if args.json {
-            printer::json(&listing)?;
-        } else {
-            printer::text(&render_listing(&listing))?;
-        }
+        Printer::new(args.json).result(&listing, || render_listing(&listing))?;
         return Ok(ExitStatus::Ok);
     }
 
@@ -186,11 +179,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     );
     bars.finish();
     let report = report?;
-    if args.json {
-        printer::json(&report)?;
-    } else {
-        printer::text(&render_report(&report, args.quiet))?;
-    }
+    Printer::new(args.json).result(&report, || render_report(&report, args.quiet))?;
     Ok(if report.any_failed() {
         ExitStatus::CheckFailed
     } else {

@@ -10,7 +10,8 @@ use anyhow::Context;
 use reshard::batch::{merge, BatchReport, MergedReport, Status};
 use reshard::units::human;
 
-use super::{printer, ExitStatus};
+use super::printer::Printer;
+use super::ExitStatus;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -61,11 +62,7 @@ fn run_merge(args: MergeArgs) -> anyhow::Result<ExitStatus> {
             .write(path)
             .with_context(|| format!("cannot write the merged report {}", path.display()))?;
     }
-    if args.json {
-        printer::json(&merged)?;
-    } else {
-        printer::text(&render(&merged, args.quiet))?;
-    }
+    Printer::new(args.json).result(&merged, || render(&merged, args.quiet))?;
     Ok(if merged.incomplete() {
         ExitStatus::CheckFailed
     } else {

@@ -1,5 +1,6 @@
 //! Writing to stdout: JSON or text, with broken pipes surfaced as errors the
-//! exit layer recognises.
+//! exit layer recognises. [`Printer`] is the one place a command's result
+//! becomes output: JSON under `--json`, its rendered text otherwise.
 
 use std::io::Write;
 
@@ -31,5 +32,32 @@ pub fn findings<T: std::fmt::Display>(o: &mut String, findings: &[T]) {
     let _ = writeln!(o, "  findings      {}", findings.len());
     for f in findings {
         let _ = writeln!(o, "    - {f}");
+    }
+}
+
+/// How a command prints its result.
+#[derive(Debug, Clone, Copy)]
+pub struct Printer {
+    json: bool,
+}
+
+impl Printer {
+    /// `json`: the command's `--json`.
+    pub fn new(json: bool) -> Printer {
+        Printer { json }
+    }
+
+    /// Prints `value` as JSON under `--json`, else the text `render`
+    /// makes of it (rendered only when it is printed).
+    pub fn result<T: Serialize>(
+        &self,
+        value: &T,
+        render: impl FnOnce() -> String,
+    ) -> anyhow::Result<()> {
+        if self.json {
+            json(value)
+        } else {
+            text(&render())
+        }
     }
 }

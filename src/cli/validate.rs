@@ -12,7 +12,8 @@ use reshard::units::{human, ByteSize, TimeSpan};
 use reshard::validate::python::{self, PythonLoader, PythonOptions, PythonReport};
 use reshard::validate::{self, DeviceSpec, Loader, ValidateOptions, ValidateReport};
 
-use super::{printer, ExitStatus};
+use super::printer::{self, Printer};
+use super::ExitStatus;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -112,11 +113,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     let options = args.to_options();
     let report = validate::validate_with_budget(&args.path, &options)
         .with_context(|| format!("cannot validate {}", args.path.display()))?;
-    if args.json {
-        printer::json(&report)?;
-    } else {
-        printer::text(&render(&report))?;
-    }
+    Printer::new(args.json).result(&report, || render(&report))?;
     Ok(if report.passed {
         ExitStatus::Ok
     } else {
@@ -222,11 +219,7 @@ fn run_python(args: &Args, loader: PythonLoader) -> anyhow::Result<ExitStatus> {
     let cancel = super::cancel::on_ctrl_c();
     let report = python::run(&args.path, &options, cancel)
         .with_context(|| format!("cannot validate {}", args.path.display()))?;
-    if args.json {
-        printer::json(&report)?;
-    } else {
-        printer::text(&render_python(&report))?;
-    }
+    Printer::new(args.json).result(&report, || render_python(&report))?;
     Ok(if report.passed {
         ExitStatus::Ok
     } else {
