@@ -17,7 +17,7 @@ use reshard::units::human;
 
 use super::convert::ConvertArgs;
 use super::fit::MachineArgs;
-use super::printer::Printer;
+
 use super::progress::MultiBar;
 use super::validate::LoadArgs;
 use super::ExitStatus;
@@ -77,9 +77,8 @@ pub struct Args {
     /// List the models (name, output, part) and write nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Print the report (or, with --dry-run, the list) as JSON on stdout.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    pub print: crate::cli::printer::OutputArgs,
     /// Print only errors and failed models.
     #[arg(short, long)]
     quiet: bool,
@@ -140,12 +139,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             count,
             balance,
         );
-        Printer::new(args.json).result(&planned, || render_plan(&planned.plan))?;
+        args.print
+            .printer()
+            .result(&planned, || render_plan(&planned.plan))?;
         return Ok(ExitStatus::Ok);
     }
     if args.dry_run {
         let listing = selection.listing();
-        Printer::new(args.json).result(&listing, || render_listing(&listing))?;
+        args.print
+            .printer()
+            .result(&listing, || render_listing(&listing))?;
         return Ok(ExitStatus::Ok);
     }
 
@@ -166,7 +169,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     };
     let pool = WindowPool::new(options.convert.window);
     let bars = MultiBar::new(
-        !(args.quiet || args.options.no_progress || args.json),
+        !(args.quiet || args.options.no_progress || args.print.json),
         selection.mine().len() as u64,
     );
     let report = batch::run(
@@ -179,7 +182,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     );
     bars.finish();
     let report = report?;
-    Printer::new(args.json).result(&report, || render_report(&report, args.quiet))?;
+    args.print
+        .printer()
+        .result(&report, || render_report(&report, args.quiet))?;
     Ok(if report.any_failed() {
         ExitStatus::CheckFailed
     } else {

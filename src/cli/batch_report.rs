@@ -10,7 +10,6 @@ use anyhow::Context;
 use reshard::batch::{merge, BatchReport, MergedReport, Status};
 use reshard::units::human;
 
-use super::printer::Printer;
 use super::ExitStatus;
 
 #[derive(Debug, clap::Args)]
@@ -36,9 +35,8 @@ struct MergeArgs {
     /// Also write the merged report as JSON to FILE (atomically).
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
-    /// Print the merged report as JSON on stdout.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    pub print: crate::cli::printer::OutputArgs,
     /// Print only failed models and missing parts.
     #[arg(short, long)]
     quiet: bool,
@@ -62,7 +60,9 @@ fn run_merge(args: MergeArgs) -> anyhow::Result<ExitStatus> {
             .write(path)
             .with_context(|| format!("cannot write the merged report {}", path.display()))?;
     }
-    Printer::new(args.json).result(&merged, || render(&merged, args.quiet))?;
+    args.print
+        .printer()
+        .result(&merged, || render(&merged, args.quiet))?;
     Ok(if merged.incomplete() {
         ExitStatus::CheckFailed
     } else {
@@ -171,7 +171,7 @@ mod tests {
             [PathBuf::from("a.json"), PathBuf::from("b.json")]
         );
         assert_eq!(m.output, Some(PathBuf::from("all.json")));
-        assert!(!m.json && !m.quiet);
+        assert!(!m.print.json && !m.quiet);
         assert!(parse(&["merge"]).is_err(), "at least one report");
         assert!(parse(&["join", "a.json"]).is_err());
     }

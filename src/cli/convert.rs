@@ -59,7 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         }
     }
     let cancel = super::cancel::on_ctrl_c();
-    let bar = Bar::new(!(args.quiet || args.options.no_progress || args.json));
+    let bar = Bar::new(!(args.quiet || args.options.no_progress || args.print.json));
     let result = match (&layout, &ck) {
         (Some(l), _) => {
             let pool = WindowPool::new(options.window);
@@ -88,9 +88,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             print_notes(&c.summary, &format!("{}/", c.path));
         }
     }
-    if args.json && !args.validate {
+    if args.print.json && !args.validate {
         printer::json(&summary)?;
-    } else if !args.quiet && !args.json {
+    } else if !args.quiet && !args.print.json {
         printer::text(&render_summary(&summary, args.verbose))?;
         printer::text(&render_components(&summary.components, args.verbose))?;
     }
@@ -109,13 +109,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         let options = args.load.options(Some(src));
         let report = validate_with_budget(&dst, &options)
             .with_context(|| format!("cannot validate {}", dst.display()))?;
-        if !args.json && (!args.quiet || !report.passed) {
+        if !args.print.json && (!args.quiet || !report.passed) {
             printer::text(&super::validate::render(&report))?;
         }
         reports.push(report);
     }
     let passed = reports.iter().all(|r| r.passed);
-    if args.json {
+    if args.print.json {
         let validate = match reports.as_slice() {
             [one] => serde_json::to_value(one)?,
             many => serde_json::to_value(many)?,

@@ -28,9 +28,8 @@ pub struct Args {
     /// What if the checkpoint were converted with this --max-shard-size?
     #[arg(long, value_name = "SIZE")]
     max_shard_size: Option<ByteSize>,
-    /// Print JSON (every figure in bytes, stable field names).
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    pub print: crate::cli::printer::OutputArgs,
 }
 
 /// The machine and loaders to judge; shared by `fit` and `batch --mode fit`.
@@ -168,7 +167,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     let machine = args.machine.machine();
     let report = fit::fit(&ck, machine, &args.options())
         .with_context(|| format!("cannot judge {}", args.path.display()))?;
-    if args.json {
+    if args.print.json {
         printer::json(&report)?;
     } else {
         let mut path = args.path.display().to_string();

@@ -36,7 +36,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         .with_context(|| format!("cannot inspect {}", args.path.display()))?;
     let summary = Summary::of(&args.path.display().to_string(), &ck);
     let lines = args.tensors.then(|| tensor_lines(&ck, args.order.into()));
-    if args.json {
+    if args.print.json {
         printer::json(&JsonReport {
             summary: &summary,
             tensors: lines,
@@ -68,7 +68,7 @@ fn run_layout(args: &Args) -> anyhow::Result<Option<ExitStatus>> {
     }
     let s = LayoutSummary::of(&args.path.display().to_string(), &layout)
         .with_context(|| format!("cannot inspect {}", args.path.display()))?;
-    if args.json {
+    if args.print.json {
         printer::json(&s)?;
     } else {
         let mut o = format!("{}: {}\n", escape(&s.path), s.kind.describe());

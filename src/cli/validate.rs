@@ -12,7 +12,7 @@ use reshard::units::{human, ByteSize, TimeSpan};
 use reshard::validate::python::{self, PythonLoader, PythonOptions, PythonReport};
 use reshard::validate::{self, DeviceSpec, Loader, ValidateOptions, ValidateReport};
 
-use super::printer::{self, Printer};
+use super::printer;
 use super::ExitStatus;
 
 #[derive(Debug, clap::Args)]
@@ -53,9 +53,8 @@ pub struct Args {
         requires = "loader"
     )]
     loader_timeout: TimeSpan,
-    /// Print the report as JSON on stdout.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    pub print: crate::cli::printer::OutputArgs,
 }
 
 /// How to load: shared by `validate`, `convert --validate` and
@@ -113,7 +112,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     let options = args.to_options();
     let report = validate::validate_with_budget(&args.path, &options)
         .with_context(|| format!("cannot validate {}", args.path.display()))?;
-    Printer::new(args.json).result(&report, || render(&report))?;
+    args.print.printer().result(&report, || render(&report))?;
     Ok(if report.passed {
         ExitStatus::Ok
     } else {
@@ -162,7 +161,7 @@ fn run_layout(args: &Args) -> anyhow::Result<Option<ExitStatus>> {
         });
     }
     let passed = components.iter().all(|c| c.report.passed);
-    if args.json {
+    if args.print.json {
         printer::json(&LayoutReport {
             path: args.path.display().to_string(),
             kind: layout.kind,
@@ -219,7 +218,9 @@ fn run_python(args: &Args, loader: PythonLoader) -> anyhow::Result<ExitStatus> {
     let cancel = super::cancel::on_ctrl_c();
     let report = python::run(&args.path, &options, cancel)
         .with_context(|| format!("cannot validate {}", args.path.display()))?;
-    Printer::new(args.json).result(&report, || render_python(&report))?;
+    args.print
+        .printer()
+        .result(&report, || render_python(&report))?;
     Ok(if report.passed {
         ExitStatus::Ok
     } else {

@@ -26,9 +26,8 @@ pub struct Args {
     /// Print the plan and write nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Print a JSON summary (or, with --dry-run, the plan) on stdout.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub print: crate::cli::printer::OutputArgs,
     /// Print only errors.
     #[arg(short, long)]
     pub quiet: bool,

@@ -22,7 +22,7 @@ pub(super) fn run_split(args: &Args, options: &ConvertOptions) -> anyhow::Result
     if args.dry_run {
         let plans = reshard::convert::plan_split(&ck, options, prefixes)
             .with_context(|| format!("cannot plan {}", args.src.display()))?;
-        if args.json {
+        if args.print.json {
             let list: Vec<_> = plans
                 .iter()
                 .map(|(c, p)| serde_json::json!({"component": c, "plan": p}))
@@ -37,7 +37,7 @@ pub(super) fn run_split(args: &Args, options: &ConvertOptions) -> anyhow::Result
         return Ok(ExitStatus::Ok);
     }
     let cancel = crate::cli::cancel::on_ctrl_c();
-    let bar = Bar::new(!(args.quiet || args.options.no_progress || args.json));
+    let bar = Bar::new(!(args.quiet || args.options.no_progress || args.print.json));
     let pool = WindowPool::new(options.window);
     let components = convert_split(&ck, &args.dst, options, prefixes, &pool, &bar, cancel)
         .with_context(|| {
@@ -47,7 +47,7 @@ pub(super) fn run_split(args: &Args, options: &ConvertOptions) -> anyhow::Result
                 args.dst.display()
             )
         })?;
-    if args.json {
+    if args.print.json {
         printer::json(&serde_json::json!({ "components": components }))?;
     } else if !args.quiet {
         printer::text(&render_components(&components, args.verbose))?;
@@ -78,7 +78,7 @@ pub(super) fn dry_run(
         (None, None) => Ok(Vec::new()),
     }
     .with_context(|| format!("cannot plan {}", args.src.display()))?;
-    if args.json {
+    if args.print.json {
         match plans.as_slice() {
             [(rel, plan)] if rel.is_empty() => printer::json(plan)?,
             _ => printer::json(

@@ -12,9 +12,8 @@ pub struct Args {
     /// List every tensor, one line each, in layer order.
     #[arg(long)]
     pub tensors: bool,
-    /// Print JSON (exact byte counts, stable field names).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub print: crate::cli::printer::OutputArgs,
     /// Exit 1 when there are findings.
     #[arg(long)]
     pub strict: bool,

@@ -28,7 +28,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitStatus> {
         .with_context(|| format!("cannot inspect {}", args.path.display()))?;
     let summary = GgufSummary::of(&args.path.display().to_string(), &model);
     let lines = args.tensors.then(|| tensor_lines(&model));
-    if args.json {
+    if args.print.json {
         printer::json(&JsonReport {
             summary: &summary,
             tensors: lines,
