@@ -30,7 +30,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ck.total_bytes()
     );
 
-    // Stage 2: a plan is plain data; this is what `convert --dry-run` prints.
+    // Stage 2: a plan is plain data; `convert --dry-run` prints it
+    // (`reshard::convert::plan_for` also refuses expanded views).
     let options = ConvertOptions {
         plan: PlanOptions {
             max_shard_size: 100_000,

@@ -142,9 +142,6 @@ pub struct JobContext<'a> {
     pub validate: Option<&'a ValidateOptions>,
 }
 
-/// Runs `models`, `options.jobs` at a time, all drawing buffers from `pool`.
-/// `part` is the part (of `--part I/N`) the models were assigned to; each
-/// result records it. Results come back in the order of `models`.
 /// Why a batch could not run at all (a model that fails is a result in
 /// the report, not an error).
 #[derive(Debug, thiserror::Error)]
@@ -175,7 +172,7 @@ pub fn run(
     reporter: &dyn BatchReporter,
     cancel: &AtomicBool,
 ) -> Result<BatchReport, BatchError> {
-    let started = Instant::now();
+    let started = selection.started;
     if let Some(path) = report {
         let mut sources = crate::write::scope::SourceSet::default();
         for m in &selection.found.models {
@@ -217,6 +214,9 @@ pub fn run(
     Ok(batch)
 }
 
+/// Runs `models`, `options.jobs` at a time, all drawing buffers from `pool`.
+/// `part` is the part (of `--part I/N`) the models were assigned to; each
+/// result records it. Results come back in the order of `models`.
 pub fn run_batch(
     models: &[Model],
     part: u64,

@@ -3,6 +3,7 @@
 //! lists and what `--plan-parts` shows. Plain data; the CLI renders it.
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -11,6 +12,8 @@ use super::part::{assign, plan, source_bytes, Balance, ModelSize, Part, PartPlan
 
 /// The models found under a root and the part each one falls in.
 pub struct Selection {
+    /// When discovery began: a batch report's seconds count from here.
+    pub started: Instant,
     pub root: PathBuf,
     pub out: PathBuf,
     pub found: Discovery,
@@ -32,6 +35,7 @@ impl Selection {
         balance: Balance,
         measure_all: bool,
     ) -> Result<Selection, DiscoverError> {
+        let started = Instant::now();
         let found = discover(root, out)?;
         let bytes = if measure_all || (balance == Balance::Bytes && part.count > 1) {
             measure(&found.models)
@@ -43,6 +47,7 @@ impl Selection {
             .zip(bytes)
             .collect();
         Ok(Selection {
+            started,
             root: root.to_path_buf(),
             out: out.to_path_buf(),
             found,

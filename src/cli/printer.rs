@@ -65,8 +65,8 @@ impl Printer {
 /// The output flags every command shares.
 #[derive(Debug, Clone, Copy, clap::Args)]
 pub struct OutputArgs {
-    /// Print the result (of a dry run: what it would do) as JSON on stdout
-    /// instead of text: every figure in bytes, stable field names.
+    /// Print the result as JSON on stdout instead of text: every figure in
+    /// bytes, stable field names.
     #[arg(long)]
     pub json: bool,
 }

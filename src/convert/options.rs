@@ -126,7 +126,7 @@ pub struct ComponentSummary {
 }
 
 /// Common cases of `--keep-dtype` (docs/layouts.md says why).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeepPreset {
     /// The VAE: in f16 the SD and SDXL VAEs overflow to NaN (black images).
     Vae,

@@ -28,7 +28,7 @@ use crate::cast::{self, CastError, OverflowPolicy};
 use crate::format::read::SourceReader;
 use crate::format::strided::GATHER_MAX;
 use crate::format::{Checkpoint, DataRef};
-use crate::plan::{Plan, ShardPlan};
+use crate::plan::{Plan, ShardPlan, TensorInput};
 use crate::write::manifest::{CastRecord, ShardRecord, TensorRecord};
 use crate::write::shard::ShardWriter;
 use crate::write::WriteError;
@@ -270,16 +270,21 @@ fn fill_shard<'p>(
     let mut records = Vec::with_capacity(shard.tensors.len());
     let policy = plan.options.on_overflow;
     for planned in &shard.tensors {
-        if !planned.input.is_source() {
-            let sent = fill_dequantized(job, planned, free, to_writer)?;
-            let Some(record) = sent else {
-                return Ok(records); // the write stage failed; it reports why
-            };
-            reporter.advance(ck.tensors[planned.input.primary()].len);
-            records.push(record);
-            continue;
-        }
-        let source = &ck.tensors[planned.input.primary()];
+        // One arm per input kind (no wildcard): a new kind must say how it
+        // streams before this compiles.
+        let tensor = match &planned.input {
+            TensorInput::Dequantized { scale, scheme, .. } => {
+                let sent = fill_dequantized(job, planned, (*scale, scheme), free, to_writer)?;
+                let Some(record) = sent else {
+                    return Ok(records); // the write stage failed; it reports why
+                };
+                reporter.advance(ck.tensors[planned.input.primary()].len);
+                records.push(record);
+                continue;
+            }
+            TensorInput::Source { tensor } => *tensor,
+        };
+        let source = &ck.tensors[tensor];
         let (from, to) = (source.dtype, planned.dtype);
         let casting = from != to;
         let in_elem = (from.bits() / 8).max(1) as usize;
@@ -372,6 +377,7 @@ fn fill_shard<'p>(
 fn fill_dequantized<'p>(
     job: &Job<'_>,
     planned: &crate::plan::PlannedTensor,
+    (scale, scheme): (usize, &crate::quant::Scheme),
     free: &mpsc::Receiver<WindowBuf<'p>>,
     to_writer: &mpsc::SyncSender<Filled<'p>>,
 ) -> Result<Option<TensorRecord>, ExecError> {
@@ -382,9 +388,6 @@ fn fill_dequantized<'p>(
         options,
         ..
     } = *job;
-    let Some((scale, scheme)) = planned.input.dequantized() else {
-        return Ok(None);
-    };
     let weight = &ck.tensors[planned.input.primary()];
     let policy = plan.options.on_overflow;
     let scale = &ck.tensors[scale];

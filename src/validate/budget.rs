@@ -128,6 +128,7 @@ fn interpret(
 /// The child's entry point: runs the validation its environment describes
 /// under the budget and returns the outcome as the one line of JSON the
 /// parent reads from the child's stdout (the binary prints it).
+#[must_use = "the caller prints it: the parent reads it from the child's stdout"]
 pub fn child_main() -> String {
     let outcome = match child_run() {
         Ok(report) => ChildOutcome::Report(Box::new(report)),

@@ -4,7 +4,7 @@
 //! [`ShardFormat`] extends the planner's [`ShardLayout`] (file names, the
 //! index name, where each tensor of a shard goes, the metadata each shard
 //! carries) with the bytes only a writer makes: a shard's header and the
-//! index file. exec, convert, fit and validate ask [`of`] for the format of
+//! index file. exec, convert and fit ask [`of`] for the format of
 //! a plan's `options.format` and go through it; nothing else in the crate
 //! knows a safetensors header or index from another format's.
 //!

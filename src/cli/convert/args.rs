@@ -153,8 +153,33 @@ impl ConvertArgs {
                 CopyPath::Auto
             },
         };
-        options.keep_presets(&self.layout.keep_dtype_preset);
+        let presets: Vec<KeepPreset> = self
+            .layout
+            .keep_dtype_preset
+            .iter()
+            .map(|&p| p.into())
+            .collect();
+        options.keep_presets(&presets);
         options
+    }
+}
+
+/// `--keep-dtype-preset` as typed: the library's [`KeepPreset`] (which
+/// says what each keeps).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeepPresetArg {
+    /// The VAE: in f16 the SD and SDXL VAEs overflow to NaN (black images).
+    Vae,
+    /// Normalization weights: tiny, and the scales most hurt by rounding.
+    Norms,
+}
+
+impl From<KeepPresetArg> for KeepPreset {
+    fn from(p: KeepPresetArg) -> KeepPreset {
+        match p {
+            KeepPresetArg::Vae => KeepPreset::Vae,
+            KeepPresetArg::Norms => KeepPreset::Norms,
+        }
     }
 }
 
@@ -180,7 +205,7 @@ pub struct LayoutArgs {
     /// pipeline's or a split's `vae`, and `first_stage_model.*` in one
     /// file), `norms` (every `*norm*` and `*ln_*` tensor).
     #[arg(long, value_enum, value_name = "PRESET")]
-    pub keep_dtype_preset: Vec<KeepPreset>,
+    pub keep_dtype_preset: Vec<KeepPresetArg>,
 }
 
 impl LayoutArgs {
