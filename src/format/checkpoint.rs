@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::dtype::Dtype;
 use super::error::FormatError;
 use super::finding::Finding;
+use super::gguf::ggml::GgmlType;
 
 /// The on-disk format of a checkpoint's weight files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,6 +19,8 @@ use super::finding::Finding;
 pub enum Format {
     Safetensors,
     Pytorch,
+    /// A GGUF file or gguf-split set (see [`crate::format::gguf`]).
+    Gguf,
 }
 
 impl fmt::Display for Format {
@@ -25,6 +28,7 @@ impl fmt::Display for Format {
         f.write_str(match self {
             Format::Safetensors => "safetensors",
             Format::Pytorch => "pytorch",
+            Format::Gguf => "gguf",
         })
     }
 }
@@ -114,6 +118,11 @@ pub enum DataRef {
         entry_len: u64,
         skip: u64,
     },
+    /// `len` contiguous bytes at `offset` holding GGML blocks of
+    /// `ggml_type` (a GGUF quantized tensor): the tensor's `dtype` is `U8`,
+    /// its shape the dense one, and only `crate::cast::gguf` turns the bytes
+    /// into values.
+    Blocks { offset: u64, ggml_type: GgmlType },
 }
 
 /// One tensor of a checkpoint: what it is and where its bytes are.
@@ -149,14 +158,24 @@ impl Tensor {
                 let elem = (self.dtype.bits() / 8).max(1);
                 span(&self.shape, strides, elem).map_or(self.len, |s| s.min(self.len))
             }
-            DataRef::Contiguous { .. } | DataRef::Deflated { .. } => self.len,
+            DataRef::Contiguous { .. } | DataRef::Deflated { .. } | DataRef::Blocks { .. } => {
+                self.len
+            }
+        }
+    }
+
+    /// The GGML type of a GGUF quantized tensor's blocks.
+    pub fn ggml_type(&self) -> Option<GgmlType> {
+        match self.data {
+            DataRef::Blocks { ggml_type, .. } => Some(ggml_type),
+            _ => None,
         }
     }
 
     /// The absolute file offset where the tensor's bytes (or its storage) begin.
     pub fn offset(&self) -> u64 {
         match &self.data {
-            DataRef::Contiguous { offset } => *offset,
+            DataRef::Contiguous { offset } | DataRef::Blocks { offset, .. } => *offset,
             DataRef::Strided { storage, .. } => *storage,
             DataRef::Deflated { entry, .. } => *entry,
         }

@@ -91,6 +91,9 @@ fn open_file(path: &Path) -> Result<Checkpoint, FormatError> {
     } else {
         dir
     };
+    if super::gguf::is_gguf_path(path) {
+        return super::gguf::to_checkpoint(path, super::gguf::open(path)?);
+    }
     if name.ends_with(".index.json") {
         let format = if name.contains(".safetensors.") {
             Format::Safetensors
@@ -362,6 +365,9 @@ fn open_files(dir: &Path, paths: &[PathBuf], format: Format) -> Result<Checkpoin
                     })?;
                 (t, BTreeMap::new(), f)
             }
+            // A GGUF file is a model of its own (its split set found from
+            // its name); folder scans never list one.
+            Format::Gguf => return super::gguf::to_checkpoint(path, super::gguf::open(path)?),
         };
         for (key, value) in file_meta {
             match metadata.get(&key) {

@@ -140,11 +140,13 @@ impl SourceReader {
     pub fn tensor_bytes_gathered(&self, tensor: &Tensor, gather_limit: usize) -> TensorBytes {
         let file = Arc::clone(&self.files[tensor.file]);
         let inner = match &tensor.data {
-            DataRef::Contiguous { offset } => Inner::Range(RangeReader {
-                file,
-                pos: *offset,
-                end: offset.saturating_add(tensor.len),
-            }),
+            DataRef::Contiguous { offset } | DataRef::Blocks { offset, .. } => {
+                Inner::Range(RangeReader {
+                    file,
+                    pos: *offset,
+                    end: offset.saturating_add(tensor.len),
+                })
+            }
             DataRef::Strided {
                 storage,
                 storage_len,

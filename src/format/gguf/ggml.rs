@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A GGML tensor type id, known or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -131,6 +131,17 @@ impl Serialize for GgmlType {
     }
 }
 
+impl<'de> Deserialize<'de> for GgmlType {
+    /// The name [`Serialize`] writes: a known type's (`"Q8_0"`) or
+    /// `"type N"` for an id the table does not know.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        GgmlType::from_name(&name)
+            .or_else(|| name.strip_prefix("type ")?.parse().ok().map(GgmlType))
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown GGML type {name:?}")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +153,11 @@ mod tests {
         assert_eq!(GgmlType(5).name(), None);
         assert_eq!(GgmlType(5).to_string(), "type 5");
         assert_eq!(GgmlType::from_name("BF16"), Some(GgmlType(30)));
+        for ty in [GgmlType::Q4_K, GgmlType(5)] {
+            let json = serde_json::to_string(&ty).unwrap();
+            assert_eq!(serde_json::from_str::<GgmlType>(&json).unwrap(), ty);
+        }
+        assert!(serde_json::from_str::<GgmlType>("\"Q9_9\"").is_err());
         let q6 = GgmlType::Q6_K.layout().unwrap();
         assert_eq!(q6.byte_len(512), Some(420));
         assert_eq!(q6.byte_len(100), None);

@@ -16,6 +16,7 @@
 //! size arithmetic is checked. Tensor shapes are given in safetensors
 //! (row-major) order: ggml's dims reversed.
 
+pub mod checkpoint;
 mod cursor;
 pub mod error;
 pub mod ggml;
@@ -28,6 +29,7 @@ pub mod value;
 
 use std::path::Path;
 
+pub use self::checkpoint::{plain_dtype, to_checkpoint};
 pub use self::header::{parse_bytes, read_header};
 pub use self::model::{
     GgufFile, GgufTensor, Metadata, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS, MAX_HEADER,
