@@ -17,7 +17,7 @@ use super::device::try_zeroed;
 use super::ledger::CommitLedger;
 use super::report::{AgainstReport, Failure, ValidateReport};
 use super::ValidateError;
-use crate::cast::dequant::DequantStream;
+use crate::cast::dequant::{ChunkStream, DequantStream};
 use crate::cast::{self, OverflowPolicy};
 use crate::format::read::{SourceReader, TensorBytes};
 use crate::format::{self, Checkpoint, Tensor};
@@ -62,6 +62,25 @@ pub fn compare(
     let src_reader = SourceReader::open(&source)?;
     let out_reader = SourceReader::open(ck)?;
     let policy = policy.unwrap_or(OverflowPolicy::Inf);
+    if source.format == format::Format::Gguf {
+        let mut summary = AgainstReport {
+            source: src.display().to_string(),
+            ..AgainstReport::default()
+        };
+        let chunk = usize::try_from(staging)
+            .unwrap_or(MAX_CHUNK)
+            .clamp(4096, MAX_CHUNK);
+        let mut bufs = Buffers::new(chunk).map_err(|needed| too_big_buffers(needed))?;
+        let sides = Sides {
+            source: &source,
+            src_reader: &src_reader,
+            out: ck,
+            out_reader: &out_reader,
+        };
+        super::against_gguf::compare(&sides, policy, dropped, &mut bufs, report, &mut summary)?;
+        report.against = Some(summary);
+        return Ok(());
+    }
     let chunk = usize::try_from(staging)
         .unwrap_or(MAX_CHUNK)
         .clamp(4096, MAX_CHUNK);
@@ -185,7 +204,7 @@ pub fn compare(
     Ok(())
 }
 
-struct Buffers {
+pub(super) struct Buffers {
     source: Vec<u8>,
     cast: Vec<u8>,
     output: Vec<u8>,
@@ -269,47 +288,58 @@ impl Dequantized<'_> {
             out.dtype,
             policy,
         )?;
-        let expected_len = self.scheme.min_buffer(out.dtype);
-        if expected_len > bufs.source.len() as u64 {
-            // An MXFP4 expert larger than the compare chunk: its own buffers.
-            let len = usize::try_from(expected_len).unwrap_or(usize::MAX);
-            let bigger = Buffers {
-                source: try_zeroed(len).map_err(|_| too_big(out))?,
-                cast: Vec::new(),
-                output: try_zeroed(len).map_err(|_| too_big(out))?,
-            };
-            *bufs = bigger;
-        }
-        let mut out_stream: TensorBytes = out_reader.tensor_bytes(out);
-        let mut done = 0u64;
-        let out_elem = (out.dtype.bits() / 8).max(1) as usize;
-        let want_len = out.len;
-        while !stream.is_done() {
-            let chunk = stream.fill(&mut bufs.source)?;
-            if done + chunk.len as u64 > want_len {
-                return Ok(Some(format!(
-                    "holds {want_len} bytes, fewer than the dequantized source"
-                )));
-            }
-            let got = &mut bufs.output[..chunk.len];
-            out_reader.read_chunk(out, &mut out_stream, got)?;
-            let expected = &bufs.source[chunk.start..chunk.start + chunk.len];
-            if let Some(at) = first_unequal(expected, got, out_elem) {
-                let element = done / out_elem as u64 + at as u64;
-                return Ok(Some(format!(
-                    "differs from the dequantized {} times {} at element {element}",
-                    self.codes.name, self.scale.name
-                )));
-            }
-            done += chunk.len as u64;
-        }
-        Ok((done != want_len)
-            .then(|| format!("holds {want_len} bytes; the dequantized source {done}")))
+        let what = format!(
+            "the dequantized {} times {}",
+            self.codes.name, self.scale.name
+        );
+        stream_difference(&mut stream, &what, out_reader, out, bufs)
     }
 }
 
+/// Why `out` is not what `stream` computes (`what`, for the message), or
+/// `None` when it is, bit for bit.
+pub(super) fn stream_difference(
+    stream: &mut dyn ChunkStream,
+    what: &str,
+    out_reader: &SourceReader,
+    out: &Tensor,
+    bufs: &mut Buffers,
+) -> Result<Option<String>, ValidateError> {
+    let expected_len = stream.min_buffer();
+    if expected_len > bufs.source.len() as u64 {
+        // A unit (an MXFP4 expert, a head's rows) larger than the compare
+        // chunk: its own buffers.
+        let len = usize::try_from(expected_len).unwrap_or(usize::MAX);
+        let bigger = Buffers {
+            source: try_zeroed(len).map_err(|_| too_big(out))?,
+            cast: Vec::new(),
+            output: try_zeroed(len).map_err(|_| too_big(out))?,
+        };
+        *bufs = bigger;
+    }
+    let mut out_stream: TensorBytes = out_reader.tensor_bytes(out);
+    let mut done = 0u64;
+    let out_elem = (out.dtype.bits() / 8).max(1) as usize;
+    let want_len = out.len;
+    while !stream.is_done() {
+        let chunk = stream.fill(&mut bufs.source)?;
+        if done + chunk.len as u64 > want_len {
+            return Ok(Some(format!("holds {want_len} bytes, fewer than {what}")));
+        }
+        let got = &mut bufs.output[..chunk.len];
+        out_reader.read_chunk(out, &mut out_stream, got)?;
+        let expected = &bufs.source[chunk.start..chunk.start + chunk.len];
+        if let Some(at) = first_unequal(expected, got, out_elem) {
+            let element = done / out_elem as u64 + at as u64;
+            return Ok(Some(format!("differs from {what} at element {element}")));
+        }
+        done += chunk.len as u64;
+    }
+    Ok((done != want_len).then(|| format!("holds {want_len} bytes; {what} {done}")))
+}
+
 /// The first element (of `elem` bytes) where the two slices differ.
-fn first_unequal(expected: &[u8], got: &[u8], elem: usize) -> Option<usize> {
+pub(super) fn first_unequal(expected: &[u8], got: &[u8], elem: usize) -> Option<usize> {
     (expected != got).then(|| {
         expected
             .chunks(elem)
@@ -317,6 +347,21 @@ fn first_unequal(expected: &[u8], got: &[u8], elem: usize) -> Option<usize> {
             .position(|(a, b)| a != b)
             .unwrap_or(0)
     })
+}
+
+/// The two checkpoints compared and their readers.
+pub(super) struct Sides<'a> {
+    pub source: &'a Checkpoint,
+    pub src_reader: &'a SourceReader,
+    pub out: &'a Checkpoint,
+    pub out_reader: &'a SourceReader,
+}
+
+fn too_big_buffers(needed: u64) -> ValidateError {
+    ValidateError::Io {
+        what: format!("reserve {needed} bytes of --against buffers"),
+        source: std::io::Error::from(std::io::ErrorKind::OutOfMemory),
+    }
 }
 
 fn too_big(out: &Tensor) -> ValidateError {

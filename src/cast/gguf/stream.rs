@@ -271,4 +271,7 @@ impl ChunkStream for GgufStream<'_> {
     fn stats(&self) -> CastStats {
         GgufStream::stats(self)
     }
+    fn min_buffer(&self) -> u64 {
+        GgufStream::min_buffer(self)
+    }
 }
