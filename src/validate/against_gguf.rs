@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::against::{stream_difference, Buffers, Sides};
+use super::compare::{stream_difference, Buffers, Sides};
 use super::report::{AgainstReport, Failure, ValidateReport};
 use super::ValidateError;
 use crate::cast::{OverflowPolicy, TARGETS};

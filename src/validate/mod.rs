@@ -43,6 +43,7 @@ pub(crate) mod integrity;
 pub(crate) mod against;
 mod against_gguf;
 pub mod budget;
+mod compare;
 pub(crate) mod emulate;
 mod load;
 pub(crate) mod own;

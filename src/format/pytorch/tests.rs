@@ -105,7 +105,7 @@ fn gather(bytes: &[u8], t: &TensorMeta) -> Vec<u8> {
             }
             out
         }
-        DataRef::Deflated { .. } => panic!("deflated"),
+        DataRef::Deflated { .. } | DataRef::Blocks { .. } => panic!("not a torch layout"),
     }
 }
 
