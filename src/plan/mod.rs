@@ -7,6 +7,7 @@
 
 pub(crate) mod dequant;
 mod error;
+pub mod gguf;
 pub(crate) mod input;
 pub mod order;
 pub(crate) mod output;
