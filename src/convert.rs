@@ -14,6 +14,7 @@
 
 mod dst;
 mod error;
+mod gguf;
 mod layout;
 mod options;
 mod other;

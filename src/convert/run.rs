@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::exec::{self, ExecOptions, Reporter, WindowPool};
-use crate::format::Checkpoint;
+use crate::format::{Checkpoint, Format};
 use crate::plan::Plan;
 use crate::write::digest::{file_matches, DigestAlgo};
 use crate::write::lock::DstLock;
@@ -88,6 +88,7 @@ pub fn convert_gated(
         id,
         mut others,
         config,
+        generated,
         ..
     } = job;
 
@@ -147,7 +148,14 @@ pub fn convert_gated(
     let position = |f: &str| plan.shards.iter().position(|s| s.file == f);
     manifest.shards.sort_by_key(|s| position(&s.file));
 
-    commit(dst, &plan, &others, config.as_deref(), &mut manifest)?;
+    commit(
+        dst,
+        &plan,
+        &others,
+        config.as_deref(),
+        &generated,
+        &mut manifest,
+    )?;
     drop(lock);
     let mut s = summary(
         dst, false, resumed, &plan, todo_bytes, started, pool, options, manifest,
@@ -174,6 +182,8 @@ struct Prepared<'a> {
     id: String,
     others: other::OtherFiles,
     config: Option<String>,
+    /// Files made rather than copied (a GGUF LLM's config and tokenizer).
+    generated: Vec<(String, String)>,
 }
 
 /// The first phase: resolve where the run may write, plan, and choose the
@@ -200,7 +210,9 @@ fn prepare<'a>(
             crate::write::shard::hex(&Sha256::digest(key.as_bytes()))
         }
     };
-    let mut others = if options.copy_other_files {
+    // A GGUF's folder holds other models, not this one's files: what the
+    // output needs beside its shards is made from the header instead.
+    let mut others = if options.copy_other_files && ck.format != Format::Gguf {
         other::select(ck, &scope, &options.walk)?
     } else {
         other::OtherFiles::default()
@@ -211,6 +223,8 @@ fn prepare<'a>(
     }
     let dtype = options.plan.dtype.filter(|_| options.config_dtype);
     let config = other::rewritten_config(ck, &others, dtype)?;
+    let generated = super::gguf::generated_files(ck, &plan)?;
+    others.skipped.extend(generated.skipped);
     Ok(Prepared {
         rules,
         scope,
@@ -219,6 +233,7 @@ fn prepare<'a>(
         id,
         others,
         config,
+        generated: generated.files,
     })
 }
 
@@ -307,9 +322,14 @@ fn commit(
     plan: &Plan,
     others: &other::OtherFiles,
     config: Option<&str>,
+    generated: &[(String, String)],
     manifest: &mut Manifest,
 ) -> Result<(), ConvertError> {
     manifest.copied_files = other::copy(&others.files, dst, config)?;
+    for (name, text) in generated {
+        write_atomic(dst, name, text.as_bytes())?;
+        manifest.copied_files.push(name.clone());
+    }
     manifest.copied_sources = other::records(&others.files);
     sync_dir(dst)?;
     if let Some(index) = &plan.index_file {

@@ -48,6 +48,13 @@ pub enum PlanError {
         tensor: String,
         ty: crate::format::gguf::ggml::GgmlType,
     },
+    #[error("GGUF tensor {tensor:?} has no name in transformers' {architecture}; pass --keep-gguf-names to write the tensors under their GGUF names")]
+    GgufUnknownTensor {
+        tensor: String,
+        architecture: &'static str,
+    },
+    #[error(transparent)]
+    GgufHf(#[from] crate::plan::gguf::GgufHfError),
     #[error("{file}: tensor {tensor:?}: {reason}")]
     GgufShape {
         file: String,

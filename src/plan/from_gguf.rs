@@ -10,17 +10,18 @@
 //! other. Each output tensor's GGUF name and type go into the record, and
 //! into every shard's `__metadata__` as [`DEQUANTIZED_FROM_KEY`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
+use super::gguf::{hf_name, permuted_heads, skip_reason, Family};
 use super::input::TensorInput;
 use super::PlanError;
 use crate::cast;
 use crate::cast::gguf::ggml_type_of;
 use crate::format::gguf::ggml::GgmlType;
 use crate::format::gguf::value::{Array, Value};
-use crate::format::gguf::{GgufModel, Metadata};
+use crate::format::gguf::{GgufModel, GgufTensor, Metadata};
 use crate::format::{Checkpoint, Dtype, Format};
 
 /// The `__metadata__` key holding, as a JSON object, the GGML type each
@@ -85,16 +86,20 @@ pub trait Naming {
 
 impl GgufPlan {
     /// Plans `ck` (a [`Format::Gguf`] checkpoint read from `model`).
-    /// `dtype` is `--dtype`; `keep` tells whether `--keep-dtype` keeps a
+    /// `dtype` is `--dtype`, `keep_names` `--keep-gguf-names`; `keep` tells whether `--keep-dtype` keeps a
     /// (GGUF) name.
     pub fn new(
         ck: &Checkpoint,
         model: &GgufModel,
         dtype: Option<Dtype>,
+        keep_names: bool,
         keep: &dyn Fn(&str) -> bool,
     ) -> Result<GgufPlan, PlanError> {
         debug_assert_eq!(ck.format, Format::Gguf);
-        let naming = naming(&model.metadata)?;
+        let naming = match keep_names {
+            true => None,
+            false => naming(&model.metadata, &model.tensors)?,
+        };
         let file = ck.files.first().map(|f| f.name()).unwrap_or_default();
         let mut record = GgufRecord {
             file: file.clone(),
@@ -227,8 +232,43 @@ fn orig_shape(md: &Metadata, name: &str, numel: u64) -> Result<Option<Vec<u64>>,
     Ok(Some(dims))
 }
 
-/// The Hugging Face naming of an LLM GGUF, `None` for any other (its names
-/// are kept).
-fn naming(_md: &Metadata) -> Result<Option<Box<dyn Naming>>, PlanError> {
-    Ok(None)
+/// The Hugging Face naming of an LLM GGUF of a family [`super::gguf`]
+/// knows, `None` for any other (its names are kept).
+fn naming<'a>(
+    md: &'a Metadata,
+    tensors: &'a [GgufTensor],
+) -> Result<Option<Box<dyn Naming + 'a>>, PlanError> {
+    Ok(Family::of(md).map(|family| {
+        Box::new(HfNaming {
+            family,
+            md,
+            tensors: tensors.iter().map(|t| (t.name.as_str(), t)).collect(),
+        }) as Box<dyn Naming>
+    }))
+}
+
+/// transformers' names for a llama.cpp LLM.
+struct HfNaming<'a> {
+    family: Family,
+    md: &'a Metadata,
+    tensors: HashMap<&'a str, &'a GgufTensor>,
+}
+
+impl Naming for HfNaming<'_> {
+    fn name(&self, gguf_name: &str) -> Result<Option<(String, Option<u64>)>, PlanError> {
+        if skip_reason(self.family, gguf_name).is_some() {
+            return Ok(None);
+        }
+        let Some(hf) = hf_name(self.family, gguf_name) else {
+            return Err(PlanError::GgufUnknownTensor {
+                tensor: gguf_name.to_string(),
+                architecture: self.family.architecture(),
+            });
+        };
+        let heads = match self.tensors.get(gguf_name) {
+            Some(t) => permuted_heads(self.family, self.md, t)?,
+            None => None,
+        };
+        Ok(Some((hf, heads)))
+    }
 }

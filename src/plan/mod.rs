@@ -8,6 +8,7 @@
 pub(crate) mod dequant;
 mod error;
 pub(crate) mod from_gguf;
+pub mod gguf;
 pub(crate) mod input;
 pub mod order;
 pub(crate) mod output;
@@ -71,9 +72,13 @@ impl Plan {
         let gguf = match ck.format {
             Format::Gguf => {
                 let model = crate::format::gguf::open(&ck.files[0].path)?;
-                Some(GgufPlan::new(ck, &model, options.dtype, &|n| {
-                    keep.is_match(n)
-                })?)
+                Some(GgufPlan::new(
+                    ck,
+                    &model,
+                    options.dtype,
+                    options.keep_gguf_names,
+                    &|n| keep.is_match(n),
+                )?)
             }
             _ => None,
         };

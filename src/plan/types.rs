@@ -31,6 +31,10 @@ pub struct PlanOptions {
     /// refusing them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_unscaled: bool,
+    /// Write a GGUF LLM's tensors under their GGUF names, with no config or
+    /// tokenizer, instead of transformers' names.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_gguf_names: bool,
     /// The format written (left out of the JSON when safetensors).
     #[serde(default, skip_serializing_if = "OutputFormat::is_default")]
     pub format: OutputFormat,
@@ -46,6 +50,7 @@ impl Default for PlanOptions {
             on_overflow: OverflowPolicy::Error,
             dedupe_tied: false,
             allow_unscaled: false,
+            keep_gguf_names: false,
             format: OutputFormat::Safetensors,
         }
     }

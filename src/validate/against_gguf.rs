@@ -25,7 +25,16 @@ pub(super) fn compare(
 ) -> Result<(), ValidateError> {
     let source = sides.source;
     let model = format::gguf::open(&source.files[0].path)?;
-    let gguf = GgufPlan::new(source, &model, Some(Dtype::F32), &|_| false)?;
+    // The output's names say which naming convert used: GGUF names kept
+    // (--keep-gguf-names, or a file of no LLM family) or transformers'.
+    let gguf_names: std::collections::HashSet<&str> =
+        source.tensors.iter().map(|t| t.name.as_str()).collect();
+    let kept = sides
+        .out
+        .tensors
+        .iter()
+        .any(|t| gguf_names.contains(t.name.as_str()));
+    let gguf = GgufPlan::new(source, &model, Some(Dtype::F32), kept, &|_| false)?;
     let by_name: HashMap<&str, usize> = gguf
         .roles
         .iter()

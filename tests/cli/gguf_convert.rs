@@ -95,13 +95,26 @@ fn quantized_tensors_without_dtype_and_types_reshard_cannot_read_are_refused_fir
     );
     assert!(!dst.join("model.safetensors").exists());
 
-    let out = convert(&fixture("gguf/types.gguf"), &dst, &["--dtype", "bf16"]).code(2);
+    let out = convert(
+        &fixture("gguf/types.gguf"),
+        &dst,
+        &["--dtype", "bf16", "--keep-gguf-names"],
+    )
+    .code(2);
     let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
     assert!(
         err.contains("\"iq4_nl.weight\"") && err.contains("IQ4_NL"),
         "{err}"
     );
     assert!(!dst.join("model.safetensors").exists());
+
+    // A llama-architecture file whose tensors are not a llama's.
+    let out = convert(&fixture("gguf/types.gguf"), &dst, &["--dtype", "bf16"]).code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(
+        err.contains("\"f32.weight\" has no name") && err.contains("--keep-gguf-names"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -118,7 +131,12 @@ fn a_split_set_converts_as_one_model_from_any_member() {
     ];
     for member in ["split-00001-of-00002.gguf", "split-00002-of-00002.gguf"] {
         let dst = dir.path().join(member);
-        convert(&src.join(member), &dst, &["--dtype", "f32"]).success();
+        convert(
+            &src.join(member),
+            &dst,
+            &["--dtype", "f32", "--keep-gguf-names"],
+        )
+        .success();
         let got = read_all(&dst);
         let names: Vec<&str> = got.keys().map(String::as_str).collect();
         assert_eq!(names, ["blk.0.weight", "blk.1.weight", "blk.2.weight"]);

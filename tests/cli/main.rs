@@ -19,6 +19,7 @@ mod fuzz_corpus;
 mod gguf;
 mod gguf_convert;
 mod gguf_inspect;
+mod gguf_llm;
 mod hostile;
 mod inspect;
 mod layouts;

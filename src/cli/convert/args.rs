@@ -88,6 +88,11 @@ pub struct ConvertArgs {
     /// plain codes instead of refusing them.
     #[arg(long)]
     pub allow_unscaled: bool,
+    /// GGUF source: keep GGUF tensor names (`blk.0.attn_q.weight`) instead
+    /// of writing a transformers folder (Hugging Face names, llama's q/k
+    /// rows put back, config.json and tokenizer from the header).
+    #[arg(long)]
+    pub keep_gguf_names: bool,
     /// Record each shard's sha256 in reshard.json (what `sha256sum` prints
     /// and Hub LFS object ids are) instead of its BLAKE3, which costs a
     /// fraction of the CPU.
@@ -127,6 +132,7 @@ impl ConvertArgs {
                 },
                 dedupe_tied: self.dedupe_tied,
                 allow_unscaled: self.allow_unscaled,
+                keep_gguf_names: self.keep_gguf_names,
                 format: Default::default(),
             },
             window: self.window.bytes(),
