@@ -106,6 +106,7 @@ fn gather(bytes: &[u8], t: &TensorMeta) -> Vec<u8> {
             out
         }
         DataRef::Deflated { .. } => panic!("deflated"),
+        DataRef::Blocks { .. } => panic!("a .bin tensor is never GGUF blocks"),
     }
 }
 
