@@ -34,6 +34,8 @@ pub enum ExecError {
     Window(#[from] WindowTooSmall),
     #[error(transparent)]
     Dequant(#[from] DequantError),
+    #[error("tensor {tensor:?}: planned as computed but read as a source tensor (a reshard bug)")]
+    NotComputed { tensor: String },
     #[error("interrupted; finished shards are kept and a rerun resumes")]
     Interrupted,
 }

@@ -10,7 +10,8 @@
 //! executor writes shards only; the index and manifest are the caller's
 //! commit step.
 
-pub(crate) mod copy;
+pub(crate) mod computed;
+mod copy;
 mod job;
 pub(crate) mod mapped;
 pub(crate) mod reporter;
@@ -23,7 +24,6 @@ use std::sync::mpsc;
 use crate::write::digest::Xxh3;
 use rayon::prelude::*;
 
-use crate::cast::dequant::DequantStream;
 use crate::cast::{self, CastError, OverflowPolicy};
 use crate::format::read::SourceReader;
 use crate::format::strided::GATHER_MAX;
@@ -273,8 +273,8 @@ fn fill_shard<'p>(
         // One arm per input kind (no wildcard): a new kind must say how it
         // streams before this compiles.
         let tensor = match &planned.input {
-            TensorInput::Dequantized { scale, scheme, .. } => {
-                let sent = fill_dequantized(job, planned, (*scale, scheme), free, to_writer)?;
+            TensorInput::Dequantized { .. } | TensorInput::Gguf { .. } => {
+                let sent = fill_dequantized(job, planned, free, to_writer)?;
                 let Some(record) = sent else {
                     return Ok(records); // the write stage failed; it reports why
                 };
@@ -371,13 +371,13 @@ fn fill_shard<'p>(
     Ok(records)
 }
 
-/// The read stage for one quantized weight (see [`crate::cast::dequant`]):
-/// each free buffer takes a chunk of codes and their dense values, and the
-/// values go to the writer. `None` when the write stage is gone.
+/// The read stage for a tensor computed by a stream (see
+/// [`crate::cast::dequant`] and [`crate::cast::gguf`]): each free buffer
+/// takes a chunk of input and the output made from it, and the output goes
+/// to the writer. `None` when the write stage is gone.
 fn fill_dequantized<'p>(
     job: &Job<'_>,
     planned: &crate::plan::PlannedTensor,
-    (scale, scheme): (usize, &crate::quant::Scheme),
     free: &mpsc::Receiver<WindowBuf<'p>>,
     to_writer: &mpsc::SyncSender<Filled<'p>>,
 ) -> Result<Option<TensorRecord>, ExecError> {
@@ -388,10 +388,14 @@ fn fill_dequantized<'p>(
         options,
         ..
     } = *job;
-    let weight = &ck.tensors[planned.input.primary()];
+    let source = &ck.tensors[planned.input.primary()];
     let policy = plan.options.on_overflow;
-    let scale = &ck.tensors[scale];
-    let mut stream = DequantStream::open(reader, weight, scale, scheme, planned.dtype, policy)?;
+    let to = planned.dtype;
+    let Some(mut stream) = computed::open(reader, ck, planned, policy)? else {
+        return Err(ExecError::NotComputed {
+            tensor: planned.name.clone(),
+        });
+    };
     let mut hash = Xxh3::new();
     while !stream.is_done() {
         if options.cancel.load(Ordering::Relaxed) {
@@ -411,7 +415,7 @@ fn fill_dequantized<'p>(
             return Ok(None);
         }
     }
-    let (from, to, stats) = (weight.dtype, planned.dtype, stream.stats());
+    let (from, stats) = (source.dtype, stream.stats());
     if stats.overflow > 0 && policy == OverflowPolicy::Error {
         let count = stats.overflow;
         let tensor = planned.name.clone();

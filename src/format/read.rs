@@ -184,6 +184,54 @@ impl SourceReader {
         }
     }
 
+    /// Reads `buf.len()` bytes at byte `pos` of a tensor stored contiguously
+    /// (plain or GGML blocks), naming the file and tensor when they are not
+    /// there. Random access for readers that take rows out of order.
+    pub fn read_tensor_at(
+        &self,
+        tensor: &Tensor,
+        pos: u64,
+        buf: &mut [u8],
+    ) -> Result<(), FormatError> {
+        let path = || self.paths[tensor.file].clone();
+        let offset = match tensor.data {
+            DataRef::Contiguous { offset } | DataRef::Blocks { offset, .. } => offset,
+            DataRef::Strided { .. } | DataRef::Deflated { .. } => {
+                return Err(FormatError::BadData {
+                    path: path(),
+                    tensor: tensor.name.clone(),
+                    reason: "is not stored contiguously, so it cannot be read out of order".into(),
+                })
+            }
+        };
+        let end = pos.checked_add(buf.len() as u64);
+        if end.is_none_or(|e| e > tensor.len) {
+            return Err(FormatError::BadData {
+                path: path(),
+                tensor: tensor.name.clone(),
+                reason: format!(
+                    "a read of {} bytes at {pos} passes its {} bytes",
+                    buf.len(),
+                    tensor.len
+                ),
+            });
+        }
+        crate::platform::read_exact_at(&self.files[tensor.file], buf, offset + pos).map_err(|e| {
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                FormatError::BadData {
+                    path: path(),
+                    tensor: tensor.name.clone(),
+                    reason: "data ends early; the file was truncated or changed".into(),
+                }
+            } else {
+                FormatError::Io {
+                    path: path(),
+                    source: e,
+                }
+            }
+        })
+    }
+
     /// Reads `buf.len()` bytes of a tensor's stream into `buf`, naming the file
     /// and tensor when the bytes are not there.
     pub fn read_chunk(

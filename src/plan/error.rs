@@ -18,6 +18,8 @@ pub enum PlanError {
     Cast(#[from] CastError),
     #[error(transparent)]
     Quant(#[from] QuantError),
+    #[error(transparent)]
+    Read(#[from] crate::format::FormatError),
     #[error("{file}: quantized weight {tensor:?} has no scale; its values would be wrong by the missing factor (pass --allow-unscaled to write its codes unscaled)")]
     MissingScale { file: String, tensor: String },
     #[error("{file}: scale {tensor:?} of weight {weight:?} has a shape that does not fit the weight and the block size (see reshard inspect)")]
@@ -32,6 +34,24 @@ pub enum PlanError {
         "quantized weight {tensor:?} would be written as {name:?}, which another tensor already is"
     )]
     DenseNameTaken { tensor: String, name: String },
+    #[error("{file}: tensor {tensor:?} is {ty}; give --dtype bf16, f16 or f32 to dequantize it (safetensors has no {ty})")]
+    GgufNeedsDtype {
+        file: String,
+        tensor: String,
+        ty: crate::format::gguf::ggml::GgmlType,
+    },
+    #[error("{file}: tensor {tensor:?} is {ty}, which reshard cannot dequantize (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K and MXFP4)")]
+    GgufUnsupported {
+        file: String,
+        tensor: String,
+        ty: crate::format::gguf::ggml::GgmlType,
+    },
+    #[error("{file}: tensor {tensor:?}: {reason}")]
+    GgufShape {
+        file: String,
+        tensor: String,
+        reason: String,
+    },
     #[error("tensor {tensor:?}: its {bytes}-byte header entry makes the shard header larger than safetensors allows")]
     HeaderTooLarge { tensor: String, bytes: u64 },
     #[error("{file}: tensor {tensor:?} is an expanded view: {bytes} bytes of output from {stored} bytes stored, more than {MAX_EXPANSION} times; pass --allow-expanded to write it anyway")]

@@ -28,6 +28,15 @@ pub enum TensorInput {
         scale: usize,
         scheme: Scheme,
     },
+    /// GGUF tensor `tensor`: its GGML blocks (or plain elements)
+    /// dequantized to f32 exactly as gguf-py does, then rounded to the
+    /// planned dtype; with `unpermute_heads`, the rows of that many heads
+    /// put back in Hugging Face order (`crate::cast::gguf::RowOrder`).
+    Gguf {
+        tensor: usize,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        unpermute_heads: Option<u64>,
+    },
 }
 
 impl TensorInput {
@@ -38,6 +47,7 @@ impl TensorInput {
         match *self {
             TensorInput::Source { tensor } => tensor,
             TensorInput::Dequantized { weight, .. } => weight,
+            TensorInput::Gguf { tensor, .. } => tensor,
         }
     }
 
@@ -50,14 +60,14 @@ impl TensorInput {
     pub fn dequantized(&self) -> Option<(usize, &Scheme)> {
         match self {
             TensorInput::Dequantized { scale, scheme, .. } => Some((*scale, scheme)),
-            TensorInput::Source { .. } => None,
+            TensorInput::Source { .. } | TensorInput::Gguf { .. } => None,
         }
     }
 
     /// Every source tensor this one reads.
     pub fn reads(&self) -> Vec<usize> {
         match *self {
-            TensorInput::Source { tensor } => vec![tensor],
+            TensorInput::Source { tensor } | TensorInput::Gguf { tensor, .. } => vec![tensor],
             TensorInput::Dequantized { weight, scale, .. } => vec![weight, scale],
         }
     }

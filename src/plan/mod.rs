@@ -7,6 +7,7 @@
 
 pub(crate) mod dequant;
 mod error;
+pub(crate) mod from_gguf;
 pub(crate) mod input;
 pub mod order;
 pub(crate) mod output;
@@ -20,6 +21,8 @@ use crate::format::{Checkpoint, Dtype, Format};
 
 use self::dequant::{QuantPlan, Role};
 pub use self::error::{PlanError, EXPANSION_FLOOR, MAX_EXPANSION};
+use self::from_gguf::{GgufPlan, GgufRole};
+pub use self::from_gguf::{GgufRecord, GgufTensorRecord, DEQUANTIZED_FROM_KEY};
 pub use self::input::TensorInput;
 pub use self::output::ShardLayout;
 pub use self::types::{
@@ -65,8 +68,24 @@ impl Plan {
             return Err(PlanError::ZeroShardSize);
         }
         let keep = keep_globs(&options.keep_dtype)?;
-        let (kept, dropped) = dedupe(ck, options.dedupe_tied);
-        let names: Vec<&str> = kept.iter().map(|&i| ck.tensors[i].name.as_str()).collect();
+        let gguf = match ck.format {
+            Format::Gguf => {
+                let model = crate::format::gguf::open(&ck.files[0].path)?;
+                Some(GgufPlan::new(ck, &model, options.dtype, &|n| {
+                    keep.is_match(n)
+                })?)
+            }
+            _ => None,
+        };
+        let (mut kept, dropped) = dedupe(ck, options.dedupe_tied);
+        if let Some(g) = &gguf {
+            kept.retain(|&i| g.roles[i].is_some());
+        }
+        let name_of = |i: usize| match gguf.as_ref().and_then(|g| g.roles[i].as_ref()) {
+            Some(role) => role.name.as_str(),
+            None => ck.tensors[i].name.as_str(),
+        };
+        let names: Vec<&str> = kept.iter().map(|&i| name_of(i)).collect();
         let ordered: Vec<usize> = sort_indices(&names, options.order)
             .into_iter()
             .map(|i| kept[i])
@@ -80,6 +99,10 @@ impl Plan {
         let mut casts: BTreeMap<(Dtype, Dtype), CastPair> = BTreeMap::new();
         for &i in &ordered {
             let t = &ck.tensors[i];
+            if let Some(role) = gguf.as_ref().and_then(|g| g.roles[i].as_ref()) {
+                planned.push(gguf_tensor(t, role, &mut casts));
+                continue;
+            }
             let (name, shape, input) = match &quant.roles[i] {
                 Role::Dequant {
                     name,
@@ -164,7 +187,10 @@ impl Plan {
             }
             shards.push(lay_out_shard(layout, file, tensors));
         }
-        let metadata = layout.shard_metadata(&ck.metadata);
+        let mut metadata = layout.shard_metadata(&ck.metadata);
+        if let Some(g) = &gguf {
+            metadata.extend(g.metadata());
+        }
         Ok(Plan {
             options: options.clone(),
             index_file: layout.index_name(&prefix, count),
@@ -177,12 +203,48 @@ impl Plan {
             dropped,
             metadata,
             quantization: quant.record,
+            gguf: gguf.map(|g| g.record),
         })
     }
 
     /// Every planned tensor, shard by shard.
     pub fn tensors(&self) -> impl Iterator<Item = &PlannedTensor> {
         self.shards.iter().flat_map(|s| s.tensors.iter())
+    }
+}
+
+/// The planned tensor of GGUF tensor `t` in `role`; a plain tensor's cast
+/// is counted in `casts` (a dequantized one is the record's).
+fn gguf_tensor(
+    t: &crate::format::Tensor,
+    role: &GgufRole,
+    casts: &mut BTreeMap<(Dtype, Dtype), CastPair>,
+) -> PlannedTensor {
+    let numel = role.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+    let len = numel
+        .and_then(|n| role.dtype.byte_len(n))
+        .unwrap_or(u64::MAX);
+    if t.ggml_type().is_none() && t.dtype != role.dtype {
+        let pair = casts.entry((t.dtype, role.dtype)).or_insert(CastPair {
+            from: t.dtype,
+            to: role.dtype,
+            tensors: 0,
+            bytes_before: 0,
+            bytes_after: 0,
+        });
+        pair.tensors += 1;
+        pair.bytes_before += t.len;
+        pair.bytes_after += len;
+    }
+    PlannedTensor {
+        name: role.name.clone(),
+        input: role.input.clone(),
+        source_dtype: t.dtype,
+        dtype: role.dtype,
+        shape: role.shape.clone(),
+        len,
+        offset: 0,
+        after: None,
     }
 }
 

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::dequant::QuantRecord;
+use super::from_gguf::GgufRecord;
 use super::input::TensorInput;
 use super::order::Order;
 use crate::cast::OverflowPolicy;
@@ -128,6 +129,9 @@ pub struct Plan {
     /// A quantized source: its scheme and what was dequantized.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantization: Option<QuantRecord>,
+    /// A GGUF source: each tensor's GGUF name and type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gguf: Option<GgufRecord>,
 }
 
 /// Which format `convert` writes.

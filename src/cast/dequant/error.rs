@@ -19,6 +19,14 @@ pub enum DequantError {
         scale: String,
         dtype: Dtype,
     },
+    #[error("tensor {tensor:?} cannot be decoded")]
+    Blocks {
+        tensor: String,
+        #[source]
+        source: crate::cast::gguf::DequantError,
+    },
+    #[error("tensor {tensor:?}: its rows cannot be put back in Hugging Face order: {reason}")]
+    Rows { tensor: String, reason: String },
     #[error("tensor {tensor:?}: {from} codes cannot be dequantized to {to}")]
     Unsupported {
         tensor: String,

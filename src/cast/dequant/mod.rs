@@ -24,4 +24,4 @@ mod tests;
 pub use self::error::DequantError;
 pub use self::fp8::e8m0_to_f32;
 pub use self::mxfp4::E2M1_VALUES;
-pub use self::stream::{Chunk, DequantStream};
+pub use self::stream::{Chunk, ChunkStream, DequantStream};

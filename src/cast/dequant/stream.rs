@@ -19,6 +19,31 @@ pub struct Chunk {
     pub read: u64,
 }
 
+/// A tensor whose output bytes are computed chunk after chunk (a
+/// dequantized weight, a decoded GGUF tensor): what the executor and
+/// validate drive, whatever the input kind.
+pub trait ChunkStream {
+    /// True once every output byte has been written.
+    fn is_done(&self) -> bool;
+    /// Writes the next chunk of output into `buf` (the front may hold the
+    /// input it was made from) and says where it is.
+    fn fill(&mut self, buf: &mut [u8]) -> Result<Chunk, DequantError>;
+    /// Counts so far (overflow, underflow, NaN), as for a cast.
+    fn stats(&self) -> CastStats;
+}
+
+impl ChunkStream for DequantStream<'_> {
+    fn is_done(&self) -> bool {
+        DequantStream::is_done(self)
+    }
+    fn fill(&mut self, buf: &mut [u8]) -> Result<Chunk, DequantError> {
+        DequantStream::fill(self, buf)
+    }
+    fn stats(&self) -> CastStats {
+        DequantStream::stats(self)
+    }
+}
+
 /// One quantized weight being dequantized, chunk after chunk.
 pub struct DequantStream<'a> {
     reader: &'a SourceReader,

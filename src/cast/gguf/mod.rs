@@ -21,10 +21,12 @@
 mod f16;
 mod kquants;
 mod legacy;
+mod stream;
 #[cfg(test)]
 mod tests;
 
 pub use self::f16::f16_to_f32;
+pub use self::stream::{ggml_type_of, unpermuted_row, GgufStream, RowOrder, SCRATCH_VALUES};
 use crate::format::gguf::ggml::GgmlType;
 
 /// Why a slice could not be dequantized.

@@ -1,0 +1,54 @@
+//! The streams of computed tensors: one constructor for every planned input
+//! whose bytes are not a source tensor's (copied or cast), used by the
+//! executor and by `validate --against`, so both compute the same bytes.
+
+use crate::cast::dequant::{ChunkStream, DequantError, DequantStream};
+use crate::cast::gguf::{GgufStream, RowOrder};
+use crate::cast::OverflowPolicy;
+use crate::format::read::SourceReader;
+use crate::format::Checkpoint;
+use crate::plan::{PlannedTensor, TensorInput};
+
+/// The stream that writes `planned`'s bytes from `ck`, `None` for a source
+/// tensor (copied or cast by the caller).
+pub fn open<'a>(
+    reader: &'a SourceReader,
+    ck: &'a Checkpoint,
+    planned: &PlannedTensor,
+    policy: OverflowPolicy,
+) -> Result<Option<Box<dyn ChunkStream + 'a>>, DequantError> {
+    let to = planned.dtype;
+    // One arm per input kind (no wildcard): a new kind must say how it
+    // streams before this compiles.
+    Ok(match &planned.input {
+        TensorInput::Source { .. } => None,
+        TensorInput::Dequantized {
+            weight,
+            scale,
+            scheme,
+        } => Some(Box::new(DequantStream::open(
+            reader,
+            &ck.tensors[*weight],
+            &ck.tensors[*scale],
+            scheme,
+            to,
+            policy,
+        )?)),
+        TensorInput::Gguf {
+            tensor,
+            unpermute_heads,
+        } => {
+            let order = match unpermute_heads {
+                Some(heads) => RowOrder::Unpermute { heads: *heads },
+                None => RowOrder::Stored,
+            };
+            Some(Box::new(GgufStream::open(
+                reader,
+                &ck.tensors[*tensor],
+                to,
+                order,
+                policy,
+            )?))
+        }
+    })
+}
