@@ -474,9 +474,8 @@ pub fn fit(ck: &Checkpoint, machine: Machine, options: &FitOptions) -> Result<Fi
     // cannot load it: that fails the check. The default set leaves such
     // loaders out and says why.
     let named = !options.loaders.is_empty();
-    let fits = judged.all_fit()
-        && !judged.loaders.is_empty()
-        && !(named && !judged.not_applicable.is_empty());
+    let unreadable_named = named && !judged.not_applicable.is_empty();
+    let fits = judged.all_fit() && !judged.loaders.is_empty() && !unreadable_named;
     let host_short: Vec<Loader> = today
         .loaders
         .iter()
