@@ -5,6 +5,8 @@
 use proptest::prelude::*;
 
 use super::*;
+use generic::elem_size;
+use slice::PARALLEL_CHUNK;
 
 const ORACLE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

@@ -130,6 +130,7 @@ pub fn convert_gated(
         dropped: plan.dropped.clone(),
         planned: Vec::new(),
         quantization: plan.quantization.clone(),
+        gguf: plan.gguf.clone(),
     };
     let run = Shards {
         ck,

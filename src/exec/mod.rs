@@ -415,7 +415,13 @@ fn fill_dequantized<'p>(
             return Ok(None);
         }
     }
-    let (from, stats) = (source.dtype, stream.stats());
+    // A GGUF tensor's values are f32 before they are rounded (its dtype is
+    // the U8 of its blocks).
+    let from = match planned.input {
+        TensorInput::Gguf { .. } => crate::format::Dtype::F32,
+        _ => source.dtype,
+    };
+    let stats = stream.stats();
     if stats.overflow > 0 && policy == OverflowPolicy::Error {
         let count = stats.overflow;
         let tensor = planned.name.clone();

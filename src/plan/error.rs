@@ -18,8 +18,10 @@ pub enum PlanError {
     Cast(#[from] CastError),
     #[error(transparent)]
     Quant(#[from] QuantError),
+    /// Boxed: a format error is large, and a plan error travels in every
+    /// convert and batch result.
     #[error(transparent)]
-    Read(#[from] crate::format::FormatError),
+    Read(Box<crate::format::FormatError>),
     #[error("{file}: quantized weight {tensor:?} has no scale; its values would be wrong by the missing factor (pass --allow-unscaled to write its codes unscaled)")]
     MissingScale { file: String, tensor: String },
     #[error("{file}: scale {tensor:?} of weight {weight:?} has a shape that does not fit the weight and the block size (see reshard inspect)")]
@@ -73,3 +75,9 @@ pub const MAX_EXPANSION: u64 = 16;
 /// Expanded views of at most 16 MiB of output pass whatever their ratio:
 /// they cost nothing worth refusing.
 pub const EXPANSION_FLOOR: u64 = 16 << 20;
+
+impl From<crate::format::FormatError> for PlanError {
+    fn from(e: crate::format::FormatError) -> PlanError {
+        PlanError::Read(Box::new(e))
+    }
+}

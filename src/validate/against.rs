@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 
-use super::device::try_zeroed;
+use super::compare::{first_unequal, stream_difference, too_big_buffers, Buffers, Sides};
 use super::ledger::CommitLedger;
 use super::report::{AgainstReport, Failure, ValidateReport};
 use super::ValidateError;
@@ -25,7 +25,7 @@ use crate::plan::order::{sort_indices, Order};
 use crate::quant::Scheme;
 
 /// Largest chunk compared at once.
-const MAX_CHUNK: usize = 8 << 20;
+pub(super) const MAX_CHUNK: usize = 8 << 20;
 
 /// Stack size of the compute threads `cast_parallel` may use.
 const THREAD_STACK: usize = 2 << 20;
@@ -62,6 +62,25 @@ pub fn compare(
     let src_reader = SourceReader::open(&source)?;
     let out_reader = SourceReader::open(ck)?;
     let policy = policy.unwrap_or(OverflowPolicy::Inf);
+    if source.format == format::Format::Gguf {
+        let mut summary = AgainstReport {
+            source: src.display().to_string(),
+            ..AgainstReport::default()
+        };
+        let chunk = usize::try_from(staging)
+            .unwrap_or(MAX_CHUNK)
+            .clamp(4096, MAX_CHUNK);
+        let mut bufs = Buffers::new(chunk).map_err(too_big_buffers)?;
+        let sides = Sides {
+            source: &source,
+            src_reader: &src_reader,
+            out: ck,
+            out_reader: &out_reader,
+        };
+        super::against_gguf::compare(&sides, policy, dropped, &mut bufs, report, &mut summary)?;
+        report.against = Some(summary);
+        return Ok(());
+    }
     let chunk = usize::try_from(staging)
         .unwrap_or(MAX_CHUNK)
         .clamp(4096, MAX_CHUNK);
@@ -185,23 +204,6 @@ pub fn compare(
     Ok(())
 }
 
-struct Buffers {
-    source: Vec<u8>,
-    cast: Vec<u8>,
-    output: Vec<u8>,
-}
-
-impl Buffers {
-    fn new(chunk: usize) -> Result<Buffers, u64> {
-        let get = || try_zeroed(chunk).map_err(|_| chunk as u64);
-        Ok(Buffers {
-            source: get()?,
-            cast: get()?,
-            output: get()?,
-        })
-    }
-}
-
 /// The index of the first element where `out` differs from `theirs` (cast
 /// to `out`'s dtype when they differ), or `None` when equal.
 fn first_difference(
@@ -269,59 +271,10 @@ impl Dequantized<'_> {
             out.dtype,
             policy,
         )?;
-        let expected_len = self.scheme.min_buffer(out.dtype);
-        if expected_len > bufs.source.len() as u64 {
-            // An MXFP4 expert larger than the compare chunk: its own buffers.
-            let len = usize::try_from(expected_len).unwrap_or(usize::MAX);
-            let bigger = Buffers {
-                source: try_zeroed(len).map_err(|_| too_big(out))?,
-                cast: Vec::new(),
-                output: try_zeroed(len).map_err(|_| too_big(out))?,
-            };
-            *bufs = bigger;
-        }
-        let mut out_stream: TensorBytes = out_reader.tensor_bytes(out);
-        let mut done = 0u64;
-        let out_elem = (out.dtype.bits() / 8).max(1) as usize;
-        let want_len = out.len;
-        while !stream.is_done() {
-            let chunk = stream.fill(&mut bufs.source)?;
-            if done + chunk.len as u64 > want_len {
-                return Ok(Some(format!(
-                    "holds {want_len} bytes, fewer than the dequantized source"
-                )));
-            }
-            let got = &mut bufs.output[..chunk.len];
-            out_reader.read_chunk(out, &mut out_stream, got)?;
-            let expected = &bufs.source[chunk.start..chunk.start + chunk.len];
-            if let Some(at) = first_unequal(expected, got, out_elem) {
-                let element = done / out_elem as u64 + at as u64;
-                return Ok(Some(format!(
-                    "differs from the dequantized {} times {} at element {element}",
-                    self.codes.name, self.scale.name
-                )));
-            }
-            done += chunk.len as u64;
-        }
-        Ok((done != want_len)
-            .then(|| format!("holds {want_len} bytes; the dequantized source {done}")))
-    }
-}
-
-/// The first element (of `elem` bytes) where the two slices differ.
-fn first_unequal(expected: &[u8], got: &[u8], elem: usize) -> Option<usize> {
-    (expected != got).then(|| {
-        expected
-            .chunks(elem)
-            .zip(got.chunks(elem))
-            .position(|(a, b)| a != b)
-            .unwrap_or(0)
-    })
-}
-
-fn too_big(out: &Tensor) -> ValidateError {
-    ValidateError::Io {
-        what: format!("reserve memory to compare {:?}", out.name),
-        source: std::io::Error::from(std::io::ErrorKind::OutOfMemory),
+        let what = format!(
+            "the dequantized {} times {}",
+            self.codes.name, self.scale.name
+        );
+        stream_difference(&mut stream, &what, out_reader, out, bufs)
     }
 }

@@ -45,6 +45,8 @@ pub enum ValidateError {
     #[error(transparent)]
     Quant(#[from] crate::quant::QuantError),
     #[error(transparent)]
+    Plan(#[from] crate::plan::PlanError),
+    #[error(transparent)]
     Dequant(#[from] crate::cast::dequant::DequantError),
     #[error("the budget child process failed: {reason}")]
     Child { reason: String },

@@ -41,7 +41,9 @@ pub(crate) mod error;
 pub(crate) mod integrity;
 // Top: the ways of loading, each over the same ledger, and the budget child.
 pub(crate) mod against;
+mod against_gguf;
 pub mod budget;
+mod compare;
 pub(crate) mod emulate;
 mod load;
 pub(crate) mod own;

@@ -19,7 +19,7 @@ use crate::cast::CastStats;
 use crate::format::read::read_regular;
 use crate::format::{Checkpoint, Dtype, Format, FormatError, SourceFile};
 use crate::plan::dequant::QuantRecord;
-use crate::plan::{Dropped, Oversized, PlanOptions};
+use crate::plan::{Dropped, GgufRecord, Oversized, PlanOptions};
 
 /// File name of the manifest, written last.
 pub const MANIFEST: &str = "reshard.json";
@@ -126,6 +126,9 @@ pub struct Manifest {
     /// dequantized from what.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantization: Option<QuantRecord>,
+    /// A GGUF source: each output tensor's GGUF name and GGML type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gguf: Option<GgufRecord>,
 }
 
 impl Manifest {

@@ -155,6 +155,7 @@ mod tests {
     fn manifest(shards: &[&str], planned: &[&str]) -> Manifest {
         Manifest {
             quantization: None,
+            gguf: None,
             reshard_version: "0".into(),
             plan_id: "p".into(),
             source: SourceIdentity {

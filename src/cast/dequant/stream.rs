@@ -30,6 +30,8 @@ pub trait ChunkStream {
     fn fill(&mut self, buf: &mut [u8]) -> Result<Chunk, DequantError>;
     /// Counts so far (overflow, underflow, NaN), as for a cast.
     fn stats(&self) -> CastStats;
+    /// The smallest buffer `fill` accepts.
+    fn min_buffer(&self) -> u64;
 }
 
 impl ChunkStream for DequantStream<'_> {
@@ -41,6 +43,9 @@ impl ChunkStream for DequantStream<'_> {
     }
     fn stats(&self) -> CastStats {
         DequantStream::stats(self)
+    }
+    fn min_buffer(&self) -> u64 {
+        DequantStream::min_buffer(self)
     }
 }
 

@@ -8,7 +8,7 @@
 //! of the buffer with the crate's cast kernels. Memory beyond the caller's
 //! buffer is the scratch: [`SCRATCH_VALUES`] values, whatever the tensor.
 
-use super::{dequantize_blocks, supports};
+use super::blocks::{dequantize_blocks, supports, DequantError as BlockError};
 use crate::cast::dequant::{Chunk, ChunkStream, DequantError};
 use crate::cast::policy::{CastStats, OverflowPolicy, TARGETS};
 use crate::format::gguf::ggml::{BlockLayout, GgmlType};
@@ -96,7 +96,7 @@ impl<'a> GgufStream<'a> {
             _ => {
                 return Err(DequantError::Blocks {
                     tensor: tensor.name.clone(),
-                    source: super::DequantError::Unsupported { ty },
+                    source: BlockError::Unsupported { ty },
                 })
             }
         };
@@ -104,7 +104,7 @@ impl<'a> GgufStream<'a> {
         if layout.byte_len(numel) != Some(tensor.len) {
             return Err(DequantError::Blocks {
                 tensor: tensor.name.clone(),
-                source: super::DequantError::PartialBlock {
+                source: BlockError::PartialBlock {
                     ty,
                     bytes: usize::try_from(tensor.len).unwrap_or(usize::MAX),
                     block_bytes: layout.bytes,
@@ -144,12 +144,12 @@ impl<'a> GgufStream<'a> {
             tensor: self.tensor.name.clone(),
             reason,
         };
-        if heads == 0 || rows % heads != 0 || (rows / heads) % 2 != 0 {
+        if heads == 0 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
             return Err(bad(format!(
                 "{rows} rows do not split into {heads} heads of an even number of rows"
             )));
         }
-        if cols % layout.block != 0 {
+        if !cols.is_multiple_of(layout.block) {
             return Err(bad(format!(
                 "rows of {cols} values are not whole {}-value blocks of {}",
                 layout.block, self.ty
@@ -181,7 +181,7 @@ impl<'a> GgufStream<'a> {
     }
 
     fn out_elem(&self) -> u64 {
-        u64::from(self.to.bits() / 8)
+        self.to.bits() / 8
     }
 
     /// The smallest buffer [`GgufStream::fill`] accepts: one unit's bytes
@@ -254,7 +254,8 @@ impl<'a> GgufStream<'a> {
                 b.copy_from_slice(&v.to_le_bytes());
             }
             let dst = &mut out[at..at + values * out_elem];
-            self.stats += crate::cast::cast_slice(Dtype::F32, self.to, f32s, dst, self.policy);
+            self.stats +=
+                crate::cast::slice::cast_slice(Dtype::F32, self.to, f32s, dst, self.policy);
             at += values * out_elem;
         }
         Ok(())
@@ -270,5 +271,8 @@ impl ChunkStream for GgufStream<'_> {
     }
     fn stats(&self) -> CastStats {
         GgufStream::stats(self)
+    }
+    fn min_buffer(&self) -> u64 {
+        GgufStream::min_buffer(self)
     }
 }

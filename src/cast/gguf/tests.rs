@@ -3,6 +3,7 @@
 //! fixture test (tests/cli/gguf.rs).
 
 use super::*;
+use crate::format::gguf::ggml::GgmlType;
 
 fn dq(ty: GgmlType, b: &[u8]) -> Vec<f32> {
     let n = (b.len() as u64 / ty.layout().unwrap().bytes * ty.layout().unwrap().block) as usize;
@@ -122,4 +123,37 @@ fn wrong_lengths_and_types_are_errors() {
         Err(DequantError::Unsupported { .. })
     ));
     assert!(!supports(GgmlType(99)) && supports(GgmlType::Q6_K));
+}
+
+/// llama.cpp's `LlamaModel.permute` as numpy runs it:
+/// `w.reshape(heads, 2, d // 2, ...).swapaxes(1, 2).reshape(w.shape)`;
+/// returns, for each stored row, the Hugging Face row it holds.
+fn llama_permute(rows: u64, heads: u64) -> Vec<u64> {
+    let d = rows / heads;
+    let mut stored = vec![0; rows as usize];
+    for h in 0..heads {
+        for j in 0..2 {
+            for i in 0..d / 2 {
+                // Element [h, j, i] of the reshape moves to [h, i, j].
+                stored[(h * d + i * 2 + j) as usize] = h * d + j * (d / 2) + i;
+            }
+        }
+    }
+    stored
+}
+
+#[test]
+fn unpermuting_undoes_llama_cpps_permute() {
+    use super::unpermuted_row;
+    for (rows, heads) in [(8, 1), (8, 2), (12, 3), (64, 4), (128, 8)] {
+        let stored = llama_permute(rows, heads);
+        let d = rows / heads;
+        for hf_row in 0..rows {
+            let (h, r) = (hf_row / d, hf_row % d);
+            let from = h * d + unpermuted_row(r, d);
+            assert_eq!(stored[from as usize], hf_row, "{rows} rows, {heads} heads");
+        }
+    }
+    // Two heads of four rows, by hand: HF rows 0 1 | 2 3 are stored 0 2 1 3.
+    assert_eq!(llama_permute(8, 2), [0, 2, 1, 3, 4, 6, 5, 7]);
 }

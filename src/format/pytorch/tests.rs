@@ -105,8 +105,7 @@ fn gather(bytes: &[u8], t: &TensorMeta) -> Vec<u8> {
             }
             out
         }
-        DataRef::Deflated { .. } => panic!("deflated"),
-        DataRef::Blocks { .. } => panic!("a .bin tensor is never GGUF blocks"),
+        DataRef::Deflated { .. } | DataRef::Blocks { .. } => panic!("not a torch layout"),
     }
 }
 
