@@ -567,7 +567,12 @@ fn a_gguf_what_if_is_judged_by_the_loaders_of_what_convert_writes() {
         dtype: Some(Dtype::BF16),
         ..PlanOptions::default()
     });
-    let r = fit(&gguf(true), windows(64 * GIB, GIB, None), &o).unwrap();
+    // The plan reads the GGUF's header: a real file.
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/kinds.gguf");
+    let ck = crate::format::open(&path).unwrap();
+    let r = fit(&ck, windows(64 * GIB, GIB, None), &o).unwrap();
+    assert_eq!(r.today.format, Format::Gguf);
     let w = r.what_if.as_ref().unwrap();
     assert_eq!(w.format, Format::Safetensors);
     assert!(judged(w).contains(&Loader::TransformersV5Pread));
