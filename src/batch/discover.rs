@@ -14,6 +14,14 @@
 //!   and `spaces--` repos are skipped.
 //! - A folder with weights ([`looks_like_checkpoint`]) is a model, written to
 //!   `OUT/<its path under ROOT>`; the walk does not go below it.
+//! - Each GGUF file in a folder is a model of its own, and each gguf-split
+//!   set (`NAME-00001-of-0000N.gguf` ...) is one model, however many of its
+//!   members are there: named `<folder under ROOT>/<file stem>` or
+//!   `<folder>/NAME`, written to `OUT/` that name. A folder that is a
+//!   safetensors or `.bin` model yields its GGUF files too (their outputs
+//!   nest inside the folder's own); a folder of GGUF files only is still
+//!   walked into. An HF cache repo whose snapshot holds GGUF files and no
+//!   other weights yields one model per file or set, `ORG--NAME/<stem>`.
 //! - Every component of a model's output path must be one plain name
 //!   ([`is_plain_name`]): a repo folder named `models--..`, `models--.` or
 //!   `models--` (which would map to OUT's parent, OUT itself or nothing), or
@@ -156,20 +164,24 @@ pub fn discover(root: &Path, out: &Path) -> Result<Discovery, DiscoverError> {
             hf_repo(&dir, &name, out, &mut found);
             continue;
         }
-        if looks_like_checkpoint(&dir.path) {
+        let is_model = looks_like_checkpoint(&dir.path);
+        if is_model || has_gguf(&dir.path) {
             if let Some(bad) = dir.rel.iter().find(|c| !is_plain_name(c)) {
                 let reason = format!("folder name {bad:?} cannot be an output folder name");
                 found.skipped.push(skip(&name, &dir.path, reason));
                 continue;
             }
             let output = dir.rel.iter().fold(out.to_path_buf(), |p, c| p.join(c));
-            found.models.push(Model {
-                name,
-                source: dir.path,
-                output,
-                hf_cache: false,
-            });
-            continue;
+            gguf_models(&dir.path, &dir.rel, &output, &mut found);
+            if is_model {
+                found.models.push(Model {
+                    name,
+                    source: dir.path,
+                    output,
+                    hf_cache: false,
+                });
+                continue;
+            }
         }
         let children = match subfolders(&dir.path) {
             Ok(c) => c,
@@ -269,6 +281,11 @@ fn hf_repo(dir: &Pending, name: &str, out: &Path, found: &mut Discovery) {
     // A repo whose refs/main is broken is still listed: its job fails with
     // the reader's precise error instead of the model silently vanishing.
     if let Ok(snapshot) = resolve_hf_cache(&dir.path) {
+        if !looks_like_checkpoint(&snapshot) && has_gguf(&snapshot) {
+            let rel = [repo.to_string()];
+            gguf_models(&snapshot, &rel, &out.join(repo), found);
+            return;
+        }
         if !looks_like_checkpoint(&snapshot) {
             found.skipped.push(skip(
                 name,
@@ -284,6 +301,92 @@ fn hf_repo(dir: &Pending, name: &str, out: &Path, found: &mut Discovery) {
         output: out.join(repo),
         hf_cache: true,
     });
+}
+
+/// A GGUF file in `dir`: one model.
+struct GgufEntry {
+    /// The file stem, or a split set's `NAME`.
+    name: String,
+    /// The file to open: the set's first member when it is there, else its
+    /// lowest-numbered one (opening it names the missing members).
+    file: PathBuf,
+}
+
+/// Whether `dir` holds a GGUF file (a regular file or a link to one).
+fn has_gguf(dir: &Path) -> bool {
+    !gguf_entries(dir).is_empty()
+}
+
+/// The GGUF models in `dir`, by name: one per file, one per split set.
+fn gguf_entries(dir: &Path) -> Vec<GgufEntry> {
+    let Ok(read) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    // name -> (split number, 0 for a single file; path)
+    let mut by_name: BTreeMap<String, (u64, PathBuf)> = BTreeMap::new();
+    for entry in read.filter_map(Result::ok) {
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        if file_name.starts_with('.')
+            || !crate::format::gguf::is_gguf_path(&path)
+            || !std::fs::metadata(&path).is_ok_and(|m| m.is_file())
+        {
+            continue;
+        }
+        let (name, no) = match split_member(&file_name) {
+            Some((prefix, no)) => (prefix.to_string(), no),
+            None => (gguf_stem(&file_name).to_string(), 0),
+        };
+        match by_name.get(&name) {
+            Some((have, _)) if *have <= no => {}
+            _ => {
+                by_name.insert(name, (no, path));
+            }
+        }
+    }
+    by_name
+        .into_iter()
+        .map(|(name, (_, file))| GgufEntry { name, file })
+        .collect()
+}
+
+/// `NAME` and the 1-based member number of `NAME-00001-of-0000N.gguf`
+/// (five digits each, as llama.cpp names them).
+pub(crate) fn split_member(file_name: &str) -> Option<(&str, u64)> {
+    let stem = gguf_stem(file_name);
+    let (head, count) = stem.rsplit_once("-of-")?;
+    let (prefix, no) = head.rsplit_once('-')?;
+    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+    if prefix.is_empty() || !digits(no) || !digits(count) {
+        return None;
+    }
+    let (no, count) = (no.parse::<u64>().ok()?, count.parse::<u64>().ok()?);
+    (1..=count).contains(&no).then_some((prefix, no))
+}
+
+fn gguf_stem(file_name: &str) -> &str {
+    let cut = file_name.len().saturating_sub(".gguf".len());
+    file_name.get(..cut).unwrap_or(file_name)
+}
+
+/// Lists the GGUF models of `dir` under `rel` (outputs under `output`).
+fn gguf_models(dir: &Path, rel: &[String], output: &Path, found: &mut Discovery) {
+    for e in gguf_entries(dir) {
+        let mut parts = rel.to_vec();
+        parts.push(e.name.clone());
+        let name = rel_name(&parts);
+        if !is_plain_name(&e.name) {
+            let reason = format!("file name {:?} cannot be an output folder name", e.name);
+            found.skipped.push(skip(&name, &e.file, reason));
+            continue;
+        }
+        found.models.push(Model {
+            name,
+            output: output.join(&e.name),
+            source: e.file,
+            hf_cache: false,
+        });
+    }
 }
 
 /// OUT inside a model's folder (or its HF cache repo) would put outputs
@@ -374,6 +477,72 @@ mod tests {
 
     fn names(d: &Discovery) -> Vec<&str> {
         d.models.iter().map(|m| m.name.as_str()).collect()
+    }
+
+    #[test]
+    fn each_gguf_file_and_each_split_set_is_one_model() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        let g = root.join("llm");
+        std::fs::create_dir_all(g.join("more")).unwrap();
+        for f in [
+            "a.gguf",
+            "b-Q4_K_M.gguf",
+            "big-00001-of-00003.gguf",
+            "big-00002-of-00003.gguf",
+            "big-00003-of-00003.gguf",
+            "half-00002-of-00002.gguf",
+            "notes.txt",
+        ] {
+            std::fs::write(g.join(f), b"GGUF").unwrap();
+        }
+        std::fs::write(g.join("more/c.gguf"), b"GGUF").unwrap();
+        let out = tmp.path().join("out");
+        let d = discover(&root, &out).unwrap();
+        assert_eq!(
+            names(&d),
+            ["llm/a", "llm/b-Q4_K_M", "llm/big", "llm/half", "llm/more/c"]
+        );
+        let big = &d.models[2];
+        assert_eq!(big.source, g.join("big-00001-of-00003.gguf"));
+        assert_eq!(big.output, out.join("llm/big"));
+        // A set missing its first member opens from the lowest one there,
+        // which names what is missing.
+        assert_eq!(d.models[3].source, g.join("half-00002-of-00002.gguf"));
+        assert!(d.models.iter().all(|m| !m.hf_cache));
+        assert!(d.skipped.is_empty(), "{:?}", d.skipped);
+    }
+
+    #[test]
+    fn a_safetensors_model_folder_yields_its_gguf_files_too() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        weights(&root.join("m"), "model.safetensors");
+        std::fs::write(root.join("m/m-Q8_0.gguf"), b"GGUF").unwrap();
+        weights(&root.join("m/sub"), "model.safetensors");
+        std::fs::write(root.join("top.gguf"), b"GGUF").unwrap();
+        let d = discover(&root, &tmp.path().join("out")).unwrap();
+        // The folder's own weights, its GGUF, and a GGUF in ROOT itself;
+        // the walk still stops at the safetensors model.
+        assert_eq!(names(&d), ["m", "m/m-Q8_0", "top"]);
+        assert_eq!(d.models[0].source, root.join("m"));
+        assert_eq!(d.models[1].source, root.join("m/m-Q8_0.gguf"));
+    }
+
+    #[test]
+    fn split_member_names() {
+        assert_eq!(split_member("x-00001-of-00002.gguf"), Some(("x", 1)));
+        assert_eq!(split_member("a-b-00010-of-00012.gguf"), Some(("a-b", 10)));
+        for plain in [
+            "x.gguf",
+            "x-1-of-2.gguf",
+            "x-00003-of-00002.gguf",
+            "x-00000-of-00002.gguf",
+            "-00001-of-00002.gguf",
+            "x-0001a-of-00002.gguf",
+        ] {
+            assert_eq!(split_member(plain), None, "{plain}");
+        }
     }
 
     #[test]

@@ -397,7 +397,9 @@ pub fn convert_model(
     let ck = crate::format::open(&model.source)?;
     let mut options = ctx.convert.clone();
     options.overwrite |= converted_from(&model.output, &model.source);
-    options.copy_other_files = true;
+    // A GGUF is one file (or set) among others in its folder: the folder's
+    // other files belong to it no more than to its siblings.
+    options.copy_other_files = ck.format != crate::format::Format::Gguf;
     options.single_file = false;
     let before_commit = || -> Result<(), GateError> {
         match gate {

@@ -124,21 +124,44 @@ fn by_size_then_name(a: &ModelSize, b: &ModelSize) -> Ordering {
 
 /// A model's size for balancing: the bytes of the regular files directly in
 /// its folder (for a Hugging Face cache repo, in the snapshot `refs/main`
-/// names, through its blob links). Only `stat` is used; what cannot be read
+/// names, through its blob links); for a GGUF file its size, and for a
+/// gguf-split member every member's beside it. Only `stat` is used; what cannot be read
 /// counts 0, so a broken model still gets a part and fails when it runs.
 pub fn source_bytes(source: &Path) -> u64 {
+    if let Some(m) = std::fs::metadata(source)
+        .ok()
+        .filter(std::fs::Metadata::is_file)
+    {
+        return gguf_set_bytes(source).unwrap_or(m.len());
+    }
     let dir = resolve_hf_cache(source).unwrap_or_else(|_| source.to_path_buf());
     let Ok(entries) = std::fs::read_dir(&dir) else {
-        return std::fs::metadata(&dir)
-            .ok()
-            .filter(std::fs::Metadata::is_file)
-            .map_or(0, |m| m.len());
+        return 0;
     };
     entries
         .flatten()
         .filter_map(|e| std::fs::metadata(e.path()).ok())
         .filter(std::fs::Metadata::is_file)
         .fold(0u64, |sum, m| sum.saturating_add(m.len()))
+}
+
+/// A gguf-split member's whole set: the sizes of the members beside it
+/// (`None` for any other file).
+fn gguf_set_bytes(file: &Path) -> Option<u64> {
+    let prefix = |p: &Path| {
+        let name = p.file_name()?.to_str()?;
+        super::discover::split_member(name).map(|(prefix, _)| prefix.to_string())
+    };
+    let want = prefix(file)?;
+    let dir = file.parent()?;
+    let total = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| prefix(&e.path()).as_deref() == Some(want.as_str()))
+        .filter_map(|e| std::fs::metadata(e.path()).ok())
+        .filter(std::fs::Metadata::is_file)
+        .fold(0u64, |sum, m| sum.saturating_add(m.len()));
+    Some(total)
 }
 
 /// The assignment of a whole folder: what `batch --plan-parts N` prints.
@@ -422,6 +445,17 @@ mod tests {
         assert_eq!(source_bytes(tmp.path()), 107, "subfolders are not counted");
         assert_eq!(source_bytes(&tmp.path().join("missing")), 0);
         assert_eq!(source_bytes(&tmp.path().join("config.json")), 7);
+    }
+
+    #[test]
+    fn source_bytes_of_a_gguf_split_member_is_its_whole_set() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("m-00001-of-00002.gguf"), [0u8; 100]).unwrap();
+        std::fs::write(tmp.path().join("m-00002-of-00002.gguf"), [0u8; 30]).unwrap();
+        std::fs::write(tmp.path().join("other.gguf"), [0u8; 7]).unwrap();
+        let first = tmp.path().join("m-00001-of-00002.gguf");
+        assert_eq!(source_bytes(&first), 130);
+        assert_eq!(source_bytes(&tmp.path().join("other.gguf")), 7);
     }
 
     #[test]

@@ -18,7 +18,8 @@ use super::{printer, ExitStatus};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// A .safetensors/.bin file, a model folder, or a Hugging Face cache folder.
+    /// A .safetensors/.bin/.gguf file (or any member of a gguf-split set),
+    /// a model folder, or a Hugging Face cache folder.
     path: PathBuf,
     #[command(flatten)]
     pub machine: MachineArgs,
@@ -91,6 +92,11 @@ pub enum LoaderArg {
     FullRead,
     /// diffusers from_pretrained, component by component: sum(T) + sum(S) at worst (shard mappings freed by the garbage collector)
     Diffusers,
+    /// llama.cpp on a GGUF: every file mapped read-only (not charged to commit), all layers but the input layer copied to VRAM
+    #[value(name = "llama.cpp")]
+    LlamaCpp,
+    /// ComfyUI-GGUF on a GGUF: read-only numpy memmap; VRAM sum(T) + the largest weight dequantized in f16; what does not fit is copied to host
+    ComfyuiGguf,
     /// reshard validate: one staging buffer, min(64MiB, max(T)), + max(S) on CPU
     Reshard,
 }
@@ -103,6 +109,8 @@ impl From<LoaderArg> for Loader {
             LoaderArg::PerShardMmap => Loader::PerShardMmap,
             LoaderArg::FullRead => Loader::FullRead,
             LoaderArg::Diffusers => Loader::Diffusers,
+            LoaderArg::LlamaCpp => Loader::LlamaCpp,
+            LoaderArg::ComfyuiGguf => Loader::ComfyuiGguf,
             LoaderArg::Reshard => Loader::Reshard,
         }
     }
@@ -255,7 +263,12 @@ fn render(path: &str, r: &FitReport) -> String {
     let _ = writeln!(o);
     render_scenario(&mut o, "as it is", &r.today, r.machine.os);
     let _ = writeln!(o, "  calibrated against (docs/fit.md):");
-    for l in &r.loaders {
+    let judged = |l: &Loader| {
+        std::iter::once(&r.today)
+            .chain(&r.what_if)
+            .any(|s| s.loaders.iter().any(|f| f.loader == *l))
+    };
+    for l in r.loaders.iter().filter(|l| judged(l)) {
         let _ = writeln!(
             o,
             "    {:<22} {}: {}",
@@ -324,7 +337,12 @@ fn render_scenario(o: &mut String, label: &str, s: &Scenario, os: Os) {
     let z = &s.sizes;
     let _ = writeln!(
         o,
-        "{label}: {} shards, sum(S) {}, max(S) {}, sum(T) {}, max(T) {}",
+        "{label}{}: {} shards, sum(S) {}, max(S) {}, sum(T) {}, max(T) {}",
+        if s.format == format::Format::Gguf {
+            " (gguf)"
+        } else {
+            ""
+        },
         s.shard_count,
         human(z.shard_sum),
         human(z.shard_max),
@@ -348,6 +366,17 @@ fn render_scenario(o: &mut String, label: &str, s: &Scenario, os: Os) {
             human(l.vram),
             verdict(l, os)
         );
+    }
+    // One line per reason, naming the loaders it applies to.
+    let mut reasons: Vec<(&str, Vec<&str>)> = Vec::new();
+    for n in &s.not_applicable {
+        match reasons.iter_mut().find(|r| r.0 == n.reason) {
+            Some(r) => r.1.push(n.loader.name()),
+            None => reasons.push((&n.reason, vec![n.loader.name()])),
+        }
+    }
+    for (why, names) in reasons {
+        let _ = writeln!(o, "  not applicable: {} ({why})", names.join(", "));
     }
     if let Some(v) = &s.vram {
         if v.spill > 0 {
@@ -386,6 +415,13 @@ fn verdict(l: &LoaderFit, os: Os) -> String {
         }
         let _ = write!(v, " {} short of vram", human(l.vram_shortfall));
     }
+    if l.offloaded > 0 {
+        let _ = write!(
+            v,
+            " ({} of the weights kept in host memory: vram is short, so it runs slower)",
+            human(l.offloaded)
+        );
+    }
     if l.over_free_commit {
         v.push_str(" (more than the commit free now)");
     }
@@ -396,8 +432,22 @@ fn verdict(l: &LoaderFit, os: Os) -> String {
 }
 
 fn render_side_by_side(o: &mut String, r: &FitReport, w: &Scenario) {
+    let pairs: Vec<(&LoaderFit, &LoaderFit)> = r
+        .today
+        .loaders
+        .iter()
+        .filter_map(|a| {
+            w.loaders
+                .iter()
+                .find(|b| b.loader == a.loader)
+                .map(|b| (a, b))
+        })
+        .collect();
+    if pairs.is_empty() {
+        return;
+    }
     let _ = writeln!(o, "  change in peak commit:");
-    for (a, b) in r.today.loaders.iter().zip(&w.loaders) {
+    for (a, b) in pairs {
         let _ = writeln!(
             o,
             "  {:<22} {:>11} -> {:<11} {}",
@@ -415,8 +465,28 @@ fn render_side_by_side(o: &mut String, r: &FitReport, w: &Scenario) {
 }
 
 fn render_advice(o: &mut String, r: &FitReport) {
-    if r.today.all_fit() {
+    let judged = r.what_if.as_ref().unwrap_or(&r.today);
+    if r.today.loaders.is_empty() {
+        let _ = writeln!(o, "no loader named reads a {} checkpoint", r.today.format);
+    } else if r.today.all_fit() {
         let _ = writeln!(o, "every loader judged fits the checkpoint as it is");
+    }
+    if !r.fits && judged.all_fit() && !judged.not_applicable.is_empty() {
+        let names: Vec<&str> = judged
+            .not_applicable
+            .iter()
+            .map(|n| n.loader.name())
+            .collect();
+        let _ = writeln!(
+            o,
+            "does not load: {} cannot read {} (named with --loader)",
+            names.join(", "),
+            if judged.max_shard_size.is_some() {
+                "what convert writes"
+            } else {
+                "this checkpoint"
+            }
+        );
     }
     if let Some(rec) = &r.recommendation {
         let names: Vec<&str> = rec.fits.iter().map(|l| l.name()).collect();
@@ -435,8 +505,10 @@ fn render_advice(o: &mut String, r: &FitReport) {
             Loader::TransformersV5Pread => "it reads straight into the parameters and maps no shard, so shard size barely changes its peak",
             Loader::Diffusers => "its shards' mappings can all be alive at once until the garbage collector frees them",
             Loader::Reshard => "its peak does not depend on shard size",
+            Loader::LlamaCpp | Loader::ComfyuiGguf => "reshard writes safetensors, which it does not read",
             _ => "even the smallest candidate shards leave it over budget",
         };
+        let gguf = matches!(l, Loader::LlamaCpp | Loader::ComfyuiGguf);
         let fix = match r
             .recommendation
             .as_ref()
@@ -446,6 +518,7 @@ fn render_advice(o: &mut String, r: &FitReport) {
                 "the smaller dtype in the command above does ({})",
                 rec.dtype.map_or("", Dtype::name)
             ),
+            None if gguf => "only a smaller quantization (llama-quantize), more RAM or pagefile, or a larger GPU does".into(),
             None => "only a smaller dtype, more RAM or pagefile, or another loader does".into(),
         };
         let _ = writeln!(o, "{l}: resharding cannot make it fit: {why}; {fix}");
@@ -453,8 +526,13 @@ fn render_advice(o: &mut String, r: &FitReport) {
     if let Some(v) = r.today.vram.as_ref().filter(|v| v.spill > 0) {
         let _ = writeln!(
             o,
-            "vram: the weights are {} over dedicated VRAM whatever the shard size; only a smaller dtype, a larger GPU or offloading the last blocks (device_map) helps",
-            human(v.spill)
+            "vram: the weights are {} over dedicated VRAM whatever the shard size; only {} helps",
+            human(v.spill),
+            if r.today.format == format::Format::Gguf {
+                "a smaller quantization, a larger GPU or keeping the last blocks in host memory (llama.cpp's -ngl N, which its --fit picks by itself; ComfyUI's lowvram mode, its default when the model does not fit)"
+            } else {
+                "a smaller dtype, a larger GPU or offloading the last blocks (device_map)"
+            }
         );
     }
 }

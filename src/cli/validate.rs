@@ -26,9 +26,10 @@ pub struct Args {
     against: Option<PathBuf>,
     /// Reproduce another loader's memory pattern (fit's model, term by
     /// term) instead of reshard's loader: transformers-v5-mmap,
-    /// transformers-v5-pread, per-shard-mmap, full-read or diffusers. Host
+    /// transformers-v5-pread, per-shard-mmap, full-read or diffusers (not
+    /// the GGUF loaders, whose read-only mappings commit nothing). Host
     /// commit only: --device and --vram-budget do not apply.
-    #[arg(long, value_name = "LOADER", conflicts_with = "loader")]
+    #[arg(long, value_name = "LOADER", conflicts_with = "loader", value_parser = parse_emulated)]
     emulate: Option<Loader>,
     /// Run a real loader in your own Python and measure it from outside:
     /// python:transformers, python:transformers-pread, python:safetensors,
@@ -446,6 +447,19 @@ pub fn render(r: &ValidateReport) -> String {
     o
 }
 
+/// `--emulate`: one of fit's loaders whose pattern validate reproduces
+/// (the GGUF loaders map read-only and commit nothing to reproduce).
+fn parse_emulated(s: &str) -> Result<Loader, String> {
+    let l: Loader = s.parse()?;
+    if l.emulated() {
+        Ok(l)
+    } else {
+        Err(format!(
+            "{l} maps every file read-only, which commits nothing to reproduce: use `reshard validate` (its own loader) or the real program"
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -493,6 +507,8 @@ mod tests {
         for bad in [
             &["m", "--device", "gpu"][..],
             &["m", "--emulate", "vllm"],
+            &["m", "--emulate", "llama.cpp"],
+            &["m", "--emulate", "comfyui-gguf"],
             &["m", "--commit-budget", "lots"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");

@@ -9,6 +9,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::format::Format;
 pub use crate::platform::Os;
 
 /// A way of loading a checkpoint, named by what it does to memory.
@@ -29,17 +30,28 @@ pub enum Loader {
     FullRead,
     /// diffusers `from_pretrained`, component by component.
     Diffusers,
+    /// llama.cpp (`llama-cli`, `llama-server` and the programs built on it):
+    /// every GGUF file mapped read-only (`llama_mmap`), the layers copied
+    /// from the mapping to the GPU.
+    #[serde(rename = "llama.cpp")]
+    LlamaCpp,
+    /// ComfyUI-GGUF's loader nodes: gguf-py's read-only `np.memmap` of the
+    /// file, the quantized bytes moved to the GPU as they are and
+    /// dequantized one layer at a time when it runs.
+    ComfyuiGguf,
     /// reshard's own validating loader (`reshard validate`).
     Reshard,
 }
 
 impl Loader {
-    pub const ALL: [Loader; 6] = [
+    pub const ALL: [Loader; 8] = [
         Loader::TransformersV5Mmap,
         Loader::TransformersV5Pread,
         Loader::PerShardMmap,
         Loader::FullRead,
         Loader::Diffusers,
+        Loader::LlamaCpp,
+        Loader::ComfyuiGguf,
         Loader::Reshard,
     ];
 
@@ -51,8 +63,39 @@ impl Loader {
             Loader::PerShardMmap => "per-shard-mmap",
             Loader::FullRead => "full-read",
             Loader::Diffusers => "diffusers",
+            Loader::LlamaCpp => "llama.cpp",
+            Loader::ComfyuiGguf => "comfyui-gguf",
             Loader::Reshard => "reshard",
         }
+    }
+
+    /// Whether the loader reads checkpoints of `format`: the GGUF loaders
+    /// read GGUF only, the safetensors loaders never read GGUF, reshard's
+    /// own loader reads every format reshard opens.
+    pub fn reads(self, format: Format) -> bool {
+        match self {
+            Loader::Reshard => true,
+            Loader::LlamaCpp | Loader::ComfyuiGguf => format == Format::Gguf,
+            _ => format != Format::Gguf,
+        }
+    }
+
+    /// Why the loader cannot load a checkpoint of `format` (`None` when it
+    /// can, see [`Loader::reads`]).
+    pub fn cannot_read(self, format: Format) -> Option<&'static str> {
+        if self.reads(format) {
+            return None;
+        }
+        Some(match self {
+            Loader::LlamaCpp | Loader::ComfyuiGguf => "these read GGUF files only",
+            _ => "these read safetensors or .bin, not GGUF; reshard convert writes a GGUF as safetensors",
+        })
+    }
+
+    /// Whether `validate --emulate` reproduces the loader's pattern: the
+    /// GGUF loaders map read-only, which commits nothing to reproduce.
+    pub fn emulated(self) -> bool {
+        !matches!(self, Loader::LlamaCpp | Loader::ComfyuiGguf)
     }
 
     /// The peak host commit without a GPU, above the loader's process
@@ -65,6 +108,10 @@ impl Loader {
             Loader::PerShardMmap => "sum(T) + max(S) + 8 MiB",
             Loader::FullRead => "sum(T) + max(S)",
             Loader::Diffusers => "sum(T) + sum(S), at worst",
+            Loader::LlamaCpp => "0 (files mapped read-only); vram sum(T) - input layer",
+            Loader::ComfyuiGguf => {
+                "4 x max(n) (files mapped read-only); vram sum(T) + 2 x max(n), the rest copied to host"
+            }
             Loader::Reshard => "min(staging, max(T)), + max(S) without a GPU",
         }
     }
@@ -77,6 +124,10 @@ impl Loader {
             }
             Loader::PerShardMmap | Loader::FullRead => "safetensors 0.8.0, torch 2.15.0",
             Loader::Diffusers => "diffusers 0.42.1, safetensors 0.8.0, torch 2.15.0",
+            Loader::LlamaCpp => {
+                "llama.cpp's source (llama-mmap.cpp, llama-model-loader.cpp), not measured"
+            }
+            Loader::ComfyuiGguf => "ComfyUI-GGUF 795e451 and gguf-py 0.19.0 source, not measured",
             Loader::Reshard => "reshard",
         }
     }
@@ -84,7 +135,7 @@ impl Loader {
     /// Whether the loader runs in a Python process that imports torch and
     /// its library first: fit's baseline term applies to it.
     pub fn in_python(self) -> bool {
-        self != Loader::Reshard
+        !matches!(self, Loader::Reshard | Loader::LlamaCpp)
     }
 
     /// Whether smaller shards lower this loader's peak: those that hold one
@@ -129,6 +180,17 @@ pub struct Sizes {
     pub tensor_sum: u64,
     /// max(T)
     pub tensor_max: u64,
+    /// GGUF: bytes of llama.cpp's input layer (`token_embd`,
+    /// `position_embd`, `token_types`, `per_layer_token_embd`), which it
+    /// keeps on the CPU however many layers go to the GPU; a `token_embd`
+    /// that also serves as the missing `output` is copied to the GPU too
+    /// and is not counted. 0 for other formats.
+    #[serde(default)]
+    pub input_layer: u64,
+    /// GGUF: elements of the largest block-quantized tensor, max(n):
+    /// ComfyUI-GGUF dequantizes one such weight at a time. 0 without one.
+    #[serde(default)]
+    pub quantized_elements_max: u64,
 }
 
 impl Sizes {
@@ -143,6 +205,8 @@ impl Sizes {
             shard_max: shards.iter().copied().max().unwrap_or(0),
             tensor_sum,
             tensor_max,
+            input_layer: 0,
+            quantized_elements_max: 0,
         }
     }
 }
@@ -180,6 +244,10 @@ pub struct LoadParams {
     /// (`fit --baseline`); reported apart from the peak and added to it
     /// when judging, for the loaders that run in Python.
     pub baseline: u64,
+    /// Dedicated VRAM when known: the GGUF loaders keep on the host what
+    /// does not fit (llama.cpp's `--fit`/`-ngl`, ComfyUI's lowvram mode).
+    #[serde(default)]
+    pub vram: Option<u64>,
 }
 
 impl LoadParams {
@@ -194,6 +262,7 @@ impl LoadParams {
             window: DEFAULT_WINDOW,
             cuda_overhead: DEFAULT_CUDA_OVERHEAD,
             baseline: DEFAULT_BASELINE,
+            vram: None,
         }
     }
 }
@@ -211,6 +280,11 @@ pub struct Peak {
     pub rss_file: u64,
     /// Device memory for the weights (0 without a GPU).
     pub vram: u64,
+    /// Weights a GGUF loader keeps on the host because dedicated VRAM is
+    /// short (llama.cpp: in its mapping; comfyui-gguf: private copies,
+    /// counted in `commit`): the load fits, but runs slower.
+    #[serde(default)]
+    pub offloaded: u64,
 }
 
 impl Peak {
@@ -250,6 +324,10 @@ pub struct Pattern {
     /// Windows: safetensors' second, short-lived copy-on-write view of a
     /// file to read its header, max(S) at open.
     pub header_view: bool,
+    /// Held shards are read-only shared mappings (the GGUF loaders), which
+    /// no OS charges to commit; `validate --emulate` does not reproduce
+    /// these ([`Loader::emulated`]).
+    pub read_only: bool,
 }
 
 /// Fixed commit of transformers' mmap `from_pretrained` above the mapped
@@ -271,6 +349,7 @@ pub fn pattern(loader: Loader, s: &Sizes, p: &LoadParams) -> Pattern {
             shards: ShardHold::All,
             mapped: true,
             header_view: windows,
+            read_only: false,
         },
         // Straight into the parameters; with a GPU each reader thread
         // stages a tensor on the host.
@@ -286,6 +365,7 @@ pub fn pattern(loader: Loader, s: &Sizes, p: &LoadParams) -> Pattern {
             shards: ShardHold::None,
             mapped: false,
             header_view: false,
+            read_only: false,
         },
         // The model's storage first, then one shard mapped at a time.
         Loader::PerShardMmap => Pattern {
@@ -294,6 +374,7 @@ pub fn pattern(loader: Loader, s: &Sizes, p: &LoadParams) -> Pattern {
             shards: ShardHold::One,
             mapped: true,
             header_view: windows,
+            read_only: false,
         },
         // Each shard read whole, every tensor copied out of the bytes.
         Loader::FullRead => Pattern {
@@ -302,6 +383,7 @@ pub fn pattern(loader: Loader, s: &Sizes, p: &LoadParams) -> Pattern {
             shards: ShardHold::One,
             mapped: false,
             header_view: false,
+            read_only: false,
         },
         // The model's storage, and each shard's `load_file` mapping, which
         // stays alive until the garbage collector frees it: at worst every
@@ -313,6 +395,18 @@ pub fn pattern(loader: Loader, s: &Sizes, p: &LoadParams) -> Pattern {
             shards: ShardHold::All,
             mapped: true,
             header_view: windows,
+            read_only: false,
+        },
+        // Every file mapped read-only and kept: the tensors the CPU uses are
+        // views of the mapping (the GPU's are copied from it, see
+        // [`gguf_peak`]).
+        Loader::LlamaCpp | Loader::ComfyuiGguf => Pattern {
+            storage: 0,
+            overhead: 0,
+            shards: ShardHold::All,
+            mapped: true,
+            header_view: false,
+            read_only: true,
         },
         // One staging buffer; without a GPU, `reshard validate --device
         // cpu` stands host memory in for the device one shard at a time.
@@ -326,6 +420,7 @@ pub fn pattern(loader: Loader, s: &Sizes, p: &LoadParams) -> Pattern {
             },
             mapped: false,
             header_view: false,
+            read_only: false,
         },
     }
 }
@@ -346,6 +441,9 @@ impl Pattern {
 /// of its [`pattern`]'s terms, plus the CUDA context's commit on Windows
 /// with a GPU.
 pub fn peak(loader: Loader, s: &Sizes, p: &LoadParams) -> Peak {
+    if matches!(loader, Loader::LlamaCpp | Loader::ComfyuiGguf) {
+        return gguf_peak(loader, s, p);
+    }
     let t = pattern(loader, s, p);
     let held = t.held(s);
     let view = if t.header_view { s.shard_max } else { 0 };
@@ -368,6 +466,60 @@ pub fn peak(loader: Loader, s: &Sizes, p: &LoadParams) -> Peak {
         rss_private: private,
         rss_file: file,
         vram: if p.gpu { s.tensor_sum } else { 0 },
+        offloaded: 0,
+    }
+}
+
+/// Bytes per element of ComfyUI-GGUF's dequantized weight on the GPU: its
+/// own VRAM estimate reserves the largest quantized weight in f16.
+pub const COMFYUI_GPU_DEQUANT_BYTES: u64 = 2;
+/// On the CPU ComfyUI computes in f32: the dequantized weight is 4 bytes
+/// per element.
+pub const COMFYUI_CPU_DEQUANT_BYTES: u64 = 4;
+
+/// The GGUF loaders (docs/fit.md gives the source of each term). Both map
+/// every file read-only, which no OS charges to commit, and read every page
+/// of it once (page cache: sum(S)).
+///
+/// - llama.cpp: without a GPU the tensors are views of the mapping:
+///   nothing committed. With one, every layer but the input layer is copied
+///   from the mapping to device buffers; what does not fit dedicated VRAM
+///   stays in the mapping (`--fit`, or `-ngl` with fewer layers).
+/// - comfyui-gguf: without a GPU the weights stay in the mapping and one
+///   at a time is dequantized to f32 when used. With one, the quantized
+///   bytes go to VRAM plus room to dequantize the largest weight in f16;
+///   in lowvram mode what does not fit is copied to the GPU and back to
+///   release the mapping, so it becomes private host memory.
+fn gguf_peak(loader: Loader, s: &Sizes, p: &LoadParams) -> Peak {
+    let cuda = if p.gpu && p.os == Os::Windows {
+        p.cuda_overhead
+    } else {
+        0
+    };
+    let n = s.quantized_elements_max;
+    let (private, vram, offloaded) = match loader {
+        Loader::LlamaCpp if p.gpu => {
+            let want = s.tensor_sum.saturating_sub(s.input_layer);
+            let on_gpu = p.vram.map_or(want, |v| want.min(v));
+            (0, on_gpu, want - on_gpu)
+        }
+        Loader::LlamaCpp => (0, 0, 0),
+        _ if p.gpu => {
+            let want = s
+                .tensor_sum
+                .saturating_add(n.saturating_mul(COMFYUI_GPU_DEQUANT_BYTES));
+            let on_gpu = p.vram.map_or(want, |v| want.min(v));
+            let rest = want - on_gpu;
+            (rest, on_gpu, rest)
+        }
+        _ => (n.saturating_mul(COMFYUI_CPU_DEQUANT_BYTES), 0, 0),
+    };
+    Peak {
+        commit: private.saturating_add(cuda),
+        rss_private: private,
+        rss_file: s.shard_sum,
+        vram,
+        offloaded,
     }
 }
 
@@ -386,6 +538,7 @@ mod tests {
             window: 256 * MIB,
             cuda_overhead: 512 * MIB,
             baseline: 0,
+            vram: None,
         }
     }
 
@@ -397,6 +550,103 @@ mod tests {
             shard_max: 10 * GIB,
             tensor_sum: 24 * GIB - MIB,
             tensor_max: GIB,
+            ..Sizes::default()
+        }
+    }
+
+    /// A GGUF: 8 GiB in two files, 7 GiB of tensors, 512 MiB of it the
+    /// input layer; the largest quantized weight has 256 Mi elements.
+    fn gguf() -> Sizes {
+        Sizes {
+            shard_sum: 8 * GIB,
+            shard_max: 5 * GIB,
+            tensor_sum: 7 * GIB,
+            tensor_max: GIB,
+            input_layer: 512 * MIB,
+            quantized_elements_max: 256 * MIB,
+        }
+    }
+
+    fn with_vram(os: Os, vram: Option<u64>) -> LoadParams {
+        LoadParams {
+            vram,
+            ..params(os, true)
+        }
+    }
+
+    #[test]
+    fn llama_cpp_maps_read_only_and_commits_nothing() {
+        let s = gguf();
+        // CPU: the tensors are views of the read-only mappings.
+        let cpu = peak(Loader::LlamaCpp, &s, &params(Os::Windows, false));
+        assert_eq!((cpu.commit, cpu.rss_private, cpu.vram), (0, 0, 0));
+        assert_eq!(cpu.rss_file, 8 * GIB, "every page read once: sum(S)");
+        // GPU with room: all but the input layer go to VRAM; Windows adds
+        // only the CUDA term to commit.
+        let all = peak(
+            Loader::LlamaCpp,
+            &s,
+            &with_vram(Os::Windows, Some(24 * GIB)),
+        );
+        assert_eq!((all.vram, all.offloaded), (7 * GIB - 512 * MIB, 0));
+        assert_eq!(all.commit, 512 * MIB);
+        let linux = peak(Loader::LlamaCpp, &s, &with_vram(Os::Linux, Some(24 * GIB)));
+        assert_eq!(linux.commit, 0);
+        // 4 GiB of VRAM: the rest stays in the mapping, still uncharged.
+        let short = peak(Loader::LlamaCpp, &s, &with_vram(Os::Linux, Some(4 * GIB)));
+        assert_eq!(
+            (short.vram, short.offloaded),
+            (4 * GIB, 3 * GIB - 512 * MIB)
+        );
+        assert_eq!((short.commit, short.rss_private), (0, 0));
+        assert!(!Loader::LlamaCpp.in_python());
+        assert!(!Loader::LlamaCpp.resharding_helps());
+    }
+
+    #[test]
+    fn comfyui_gguf_dequantizes_one_weight_and_copies_what_vram_cannot_hold() {
+        let s = gguf();
+        // CPU: one weight dequantized to f32 at a time: 4 x 256 Mi.
+        let cpu = peak(Loader::ComfyuiGguf, &s, &params(Os::Windows, false));
+        assert_eq!((cpu.commit, cpu.rss_private, cpu.vram), (GIB, GIB, 0));
+        assert_eq!(cpu.rss_file, 8 * GIB);
+        // GPU with room: quantized bytes + the largest weight in f16.
+        let all = peak(
+            Loader::ComfyuiGguf,
+            &s,
+            &with_vram(Os::Linux, Some(24 * GIB)),
+        );
+        assert_eq!(
+            (all.vram, all.offloaded, all.commit),
+            (7 * GIB + 512 * MIB, 0, 0)
+        );
+        // 6 GiB: 1.5 GiB stays on the host as private copies (lowvram
+        // releases the mapping), charged to commit; Windows adds CUDA.
+        let short = peak(
+            Loader::ComfyuiGguf,
+            &s,
+            &with_vram(Os::Windows, Some(6 * GIB)),
+        );
+        assert_eq!((short.vram, short.offloaded), (6 * GIB, GIB + 512 * MIB));
+        assert_eq!(short.commit, GIB + 512 * MIB + 512 * MIB);
+        assert_eq!(short.rss_private, GIB + 512 * MIB);
+        assert!(Loader::ComfyuiGguf.in_python());
+    }
+
+    #[test]
+    fn each_loader_reads_its_formats() {
+        for l in Loader::ALL {
+            let gguf = matches!(l, Loader::LlamaCpp | Loader::ComfyuiGguf);
+            let reshard = l == Loader::Reshard;
+            assert_eq!(l.reads(Format::Gguf), gguf || reshard, "{l}");
+            assert_eq!(l.reads(Format::Safetensors), !gguf, "{l}");
+            assert_eq!(l.reads(Format::Pytorch), !gguf, "{l}");
+            assert_eq!(
+                l.cannot_read(Format::Gguf).is_some(),
+                !(gguf || reshard),
+                "{l}"
+            );
+            assert_eq!(l.emulated(), !gguf, "{l}");
         }
     }
 
@@ -495,6 +745,7 @@ mod tests {
             shard_max: 100,
             tensor_sum: 90,
             tensor_max: 40,
+            ..Sizes::default()
         };
         assert_eq!(
             peak(Loader::Reshard, &s, &params(Os::Linux, true)).commit,
@@ -536,6 +787,8 @@ mod tests {
                 "per-shard-mmap",
                 "full-read",
                 "diffusers",
+                "llama.cpp",
+                "comfyui-gguf",
                 "reshard"
             ]
         );

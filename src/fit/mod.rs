@@ -12,12 +12,12 @@ pub mod machine;
 
 use serde::{Deserialize, Serialize};
 
-use crate::format::{Checkpoint, Dtype};
+use crate::format::{Checkpoint, Dtype, Format, Tensor};
 
 use self::loader::{peak, LoadParams, Loader, Os, Peak, Sizes};
 use self::machine::Machine;
 use crate::plan::order::{block_of, sort_indices, Order};
-use crate::plan::{Plan, PlanError, PlanOptions, ShardPlan};
+use crate::plan::{OutputFormat, Plan, PlanError, PlanOptions, ShardPlan};
 
 pub use self::loader::{DEFAULT_BASELINE, DEFAULT_CUDA_OVERHEAD, DEFAULT_WINDOW};
 
@@ -44,7 +44,10 @@ pub enum FitError {
 /// What to judge, besides the checkpoint and the machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FitOptions {
-    /// The loaders to judge; the exit status depends on these only.
+    /// The loaders to judge; the exit status depends on these only. Empty:
+    /// every loader that reads the checkpoint (the others are listed as
+    /// not applicable). A loader named here that cannot read it fails the
+    /// check.
     pub loaders: Vec<Loader>,
     pub threads: u64,
     pub window: u64,
@@ -61,7 +64,7 @@ impl Default for FitOptions {
     fn default() -> Self {
         let calibrated = LoadParams::calibrated(crate::platform::Os::current());
         FitOptions {
-            loaders: Loader::ALL.to_vec(),
+            loaders: Vec::new(),
             threads: calibrated.threads,
             window: calibrated.window,
             cuda_overhead: calibrated.cuda_overhead,
@@ -144,6 +147,9 @@ pub struct LoaderFit {
     /// How far the weights exceed dedicated VRAM.
     pub vram_shortfall: u64,
     pub fits: bool,
+    /// Weights kept on the host because dedicated VRAM is short (the GGUF
+    /// loaders offload what does not fit): it fits, slower.
+    pub offloaded: u64,
     /// Windows: the peak exceeds the commit free right now.
     pub over_free_commit: bool,
     /// Mapped pages exceed available RAM: they will be dropped and read
@@ -179,6 +185,7 @@ impl LoaderFit {
             host_needed,
             host_shortfall,
             vram_shortfall,
+            offloaded: p.offloaded,
             fits: host_shortfall == 0 && vram_shortfall == 0,
             over_free_commit: b.free_commit_bytes.is_some_and(|f| total_commit > f),
             pages_from_disk: params.os != Os::Windows
@@ -231,35 +238,66 @@ pub fn vram_fit(tensors: &[(&str, u64)], dedicated: u64) -> VramFit {
     }
 }
 
+/// A judged loader that cannot read the scenario's format, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotApplicable {
+    pub loader: Loader,
+    pub reason: String,
+}
+
 /// The checkpoint as it is, or as a conversion would write it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Scenario {
     /// `None`: the checkpoint as it is.
     pub max_shard_size: Option<u64>,
     pub dtype: Option<Dtype>,
+    /// The format the loaders would read: the checkpoint's own, or
+    /// safetensors for what `convert` writes.
+    pub format: Format,
     pub shard_count: u64,
     #[serde(flatten)]
     pub sizes: Sizes,
     pub vram: Option<VramFit>,
+    /// The judged loaders that read `format`.
     pub loaders: Vec<LoaderFit>,
+    /// The judged loaders that do not read `format`: left out of `loaders`.
+    pub not_applicable: Vec<NotApplicable>,
 }
 
 impl Scenario {
-    /// Judges `loaders` on shards of `shards` bytes holding `tensors`.
-    pub fn judge(shards: &[u64], tensors: &[(&str, u64)], ctx: &Context<'_>) -> Scenario {
-        let sizes = Sizes::new(shards, tensors.iter().map(|t| t.1));
-        let loaders = ctx
-            .loaders
-            .iter()
-            .map(|&l| LoaderFit::judge(l, peak(l, &sizes, ctx.params), ctx.budget, ctx.params))
+    /// Judges the loaders that read `format` on shards of `shards` bytes
+    /// holding `tensors`; the others are listed as not applicable.
+    pub fn judge(
+        format: Format,
+        shards: &[u64],
+        sizes: Sizes,
+        tensors: &[(&str, u64)],
+        ctx: &Context<'_>,
+    ) -> Scenario {
+        let (read, unread): (Vec<Loader>, Vec<Loader>) =
+            ctx.loaders.iter().partition(|l| l.reads(format));
+        let loaders = read
+            .into_iter()
+            .map(|l| LoaderFit::judge(l, peak(l, &sizes, ctx.params), ctx.budget, ctx.params))
+            .collect();
+        let not_applicable = unread
+            .into_iter()
+            .filter_map(|loader| {
+                loader.cannot_read(format).map(|why| NotApplicable {
+                    loader,
+                    reason: why.to_string(),
+                })
+            })
             .collect();
         Scenario {
             max_shard_size: None,
             dtype: None,
+            format,
             shard_count: shards.len() as u64,
             sizes,
             vram: ctx.budget.vram_bytes.map(|v| vram_fit(tensors, v)),
             loaders,
+            not_applicable,
         }
     }
 
@@ -271,7 +309,18 @@ impl Scenario {
             .iter()
             .map(|t| (t.name.as_str(), t.len))
             .collect();
-        Scenario::judge(&shards, &tensors, ctx)
+        let mut sizes = Sizes::new(&shards, tensors.iter().map(|t| t.1));
+        if ck.format == Format::Gguf {
+            sizes.input_layer = llama_cpp_input_layer(&ck.tensors);
+            sizes.quantized_elements_max = ck
+                .tensors
+                .iter()
+                .filter(|t| comfyui_dequantizes(t))
+                .map(|t| t.shape.iter().fold(1u64, |a, &d| a.saturating_mul(d)))
+                .max()
+                .unwrap_or(0);
+        }
+        Scenario::judge(ck.format, &shards, sizes, &tensors, ctx)
     }
 
     /// The checkpoint as `convert` would write it under `plan`.
@@ -287,7 +336,11 @@ impl Scenario {
             })
             .collect();
         let tensors: Vec<(&str, u64)> = plan.tensors().map(|t| (t.name.as_str(), t.len)).collect();
-        let mut s = Scenario::judge(&shards, &tensors, ctx);
+        let sizes = Sizes::new(&shards, tensors.iter().map(|t| t.1));
+        let format = match plan.options.format {
+            OutputFormat::Safetensors => Format::Safetensors,
+        };
+        let mut s = Scenario::judge(format, &shards, sizes, &tensors, ctx);
         s.max_shard_size = Some(plan.options.max_shard_size);
         s.dtype = plan.options.dtype;
         s
@@ -306,6 +359,36 @@ impl Scenario {
     pub fn all_fit(&self) -> bool {
         self.loaders.iter().all(|l| l.fits)
     }
+}
+
+/// The tensors llama.cpp puts on its input layer, which it keeps on the CPU
+/// whatever `-ngl` says (llama-arch.cpp's `LLM_TENSOR_LAYER_INPUT`).
+const LLAMA_CPP_INPUT_LAYER: [&str; 4] = [
+    "token_embd",
+    "position_embd",
+    "token_types",
+    "per_layer_token_embd",
+];
+
+/// Bytes of llama.cpp's input layer that stay on the CPU only. When the
+/// file has no `output.weight`, llama.cpp uses `token_embd` as the output
+/// too and copies it to the output layer's device: it is then not counted.
+fn llama_cpp_input_layer(tensors: &[Tensor]) -> u64 {
+    let tied = !tensors.iter().any(|t| t.name == "output.weight");
+    tensors
+        .iter()
+        .filter(|t| {
+            let stem = t.name.split('.').next().unwrap_or("");
+            LLAMA_CPP_INPUT_LAYER.contains(&stem) && !(tied && stem == "token_embd")
+        })
+        .fold(0u64, |a, t| a.saturating_add(t.len))
+}
+
+/// ComfyUI-GGUF dequantizes every tensor whose type torch cannot use as
+/// it is: all but F32 and F16 (so BF16 too; ops.py's
+/// `torch_compatible_tensor_types`).
+fn comfyui_dequantizes(t: &Tensor) -> bool {
+    t.ggml_type().is_some() || t.dtype == Dtype::BF16
 }
 
 /// A generous bound on a shard header when the exact one cannot be built.
@@ -368,6 +451,7 @@ pub fn fit(ck: &Checkpoint, machine: Machine, options: &FitOptions) -> Result<Fi
         window: options.window,
         cuda_overhead: options.cuda_overhead,
         baseline: options.baseline,
+        vram: budget.vram_bytes,
     };
     let mut loaders = options.loaders.clone();
     loaders.sort();
@@ -386,10 +470,24 @@ pub fn fit(ck: &Checkpoint, machine: Machine, options: &FitOptions) -> Result<Fi
         None => None,
     };
     let judged = what_if.as_ref().unwrap_or(&today);
-    let fits = judged.all_fit();
-    let host_short = today.loaders.iter().any(|l| l.host_shortfall > 0);
-    let (recommendation, not_helped_by_resharding) = if !host_short {
+    // A loader named on the command line that cannot read the checkpoint
+    // cannot load it: that fails the check. The default set leaves such
+    // loaders out and says why.
+    let named = !options.loaders.is_empty();
+    let unreadable_named = named && !judged.not_applicable.is_empty();
+    let fits = judged.all_fit() && !judged.loaders.is_empty() && !unreadable_named;
+    let host_short: Vec<Loader> = today
+        .loaders
+        .iter()
+        .filter(|l| l.host_shortfall > 0)
+        .map(|l| l.loader)
+        .collect();
+    let (recommendation, not_helped_by_resharding) = if host_short.is_empty() {
         (None, Vec::new())
+    } else if ck.format == Format::Gguf {
+        // `convert` writes safetensors, which the GGUF loaders do not read:
+        // no conversion reshard makes helps them.
+        (None, host_short)
     } else {
         recommend(ck, &today, &ctx, &options.path)?
     };
@@ -425,6 +523,8 @@ fn recommend(
     } else {
         &[None]
     };
+    // The loaders that read the checkpoint (and what convert writes).
+    let judged: Vec<Loader> = today.loaders.iter().map(|l| l.loader).collect();
     let mut best: Option<(usize, Recommendation)> = None;
     let mut reshard_fixes: Vec<Loader> = today.fitting_host();
     for &dtype in dtypes {
@@ -449,8 +549,7 @@ fn recommend(
             if let Some(d) = dtype {
                 command.push_str(&format!(" --dtype {}", d.name().to_ascii_lowercase()));
             }
-            let still_not_fitting = ctx
-                .loaders
+            let still_not_fitting = judged
                 .iter()
                 .copied()
                 .filter(|l| !fits.contains(l))
@@ -466,8 +565,7 @@ fn recommend(
             best = Some((rec.fits.len(), rec));
         }
     }
-    let unhelped = ctx
-        .loaders
+    let unhelped = judged
         .iter()
         .copied()
         .filter(|l| !reshard_fixes.contains(l))

@@ -357,3 +357,228 @@ fn vram_walk_counts_whole_blocks_in_forward_order() {
     assert_eq!(vram_fit(&tensors, 40).leading_blocks_fit, 2);
     assert_eq!(vram_fit(&tensors, 9).leading_blocks_fit, 0);
 }
+
+/// A GGUF llama, by hand:
+///
+/// | tensor               | type | elements | bytes  |
+/// |----------------------|------|----------|--------|
+/// | token_embd.weight    | Q8_0 | 64 Mi    | 68 MiB |
+/// | blk.{0,1}.attn.weight| Q4_K | 128 Mi   | 72 MiB each |
+/// | output_norm.weight   | F32  | 1 Ki     | 4 KiB  |
+///
+/// sum(T) = 212 MiB + 4 KiB; no `output.weight` (tied) unless `untied`,
+/// which adds a 68 MiB Q8_0 `output.weight`. One file of sum(T) + 1 MiB.
+fn gguf(untied: bool) -> Checkpoint {
+    use crate::format::gguf::ggml::GgmlType;
+    let q8 = |name: &str, n: u64| (name.to_string(), n, n / 32 * 34, Some(GgmlType::Q8_0));
+    let mut rows = vec![
+        q8("token_embd.weight", 64 << 20),
+        (
+            "blk.0.attn.weight".into(),
+            128 << 20,
+            72 * MIB,
+            Some(GgmlType::Q4_K),
+        ),
+        (
+            "blk.1.attn.weight".into(),
+            128 << 20,
+            72 * MIB,
+            Some(GgmlType::Q4_K),
+        ),
+        ("output_norm.weight".into(), 1024, 4 * KIB, None),
+    ];
+    if untied {
+        rows.push(q8("output.weight", 64 << 20));
+    }
+    let mut offset = 0;
+    let tensors: Vec<Tensor> = rows
+        .into_iter()
+        .map(|(name, n, len, ty)| {
+            let t = Tensor {
+                name,
+                dtype: if ty.is_some() { Dtype::U8 } else { Dtype::F32 },
+                shape: vec![n / 1024, 1024],
+                len,
+                file: 0,
+                data: match ty {
+                    Some(ggml_type) => DataRef::Blocks { offset, ggml_type },
+                    None => DataRef::Contiguous { offset },
+                },
+            };
+            offset += len;
+            t
+        })
+        .collect();
+    Checkpoint {
+        dir: PathBuf::from("model.gguf"),
+        format: Format::Gguf,
+        layout: Layout::Single,
+        prefix: "model".into(),
+        files: vec![SourceFile {
+            path: PathBuf::from("model.gguf"),
+            size: offset + MIB,
+            mtime_ns: 0,
+        }],
+        tensors,
+        metadata: BTreeMap::new(),
+        findings: Vec::new(),
+    }
+}
+
+fn judged(s: &Scenario) -> Vec<Loader> {
+    s.loaders.iter().map(|l| l.loader).collect()
+}
+
+#[test]
+fn a_gguf_is_judged_by_the_gguf_loaders_only() {
+    let r = fit(
+        &gguf(true),
+        windows(8 * GIB, GIB, Some(16 * GIB)),
+        &options(),
+    )
+    .unwrap();
+    assert_eq!(r.today.format, Format::Gguf);
+    assert_eq!(
+        judged(&r.today),
+        [Loader::LlamaCpp, Loader::ComfyuiGguf, Loader::Reshard]
+    );
+    let out: Vec<Loader> = r.today.not_applicable.iter().map(|n| n.loader).collect();
+    assert_eq!(
+        out,
+        [
+            Loader::TransformersV5Mmap,
+            Loader::TransformersV5Pread,
+            Loader::PerShardMmap,
+            Loader::FullRead,
+            Loader::Diffusers
+        ]
+    );
+    // Left out of the default set, they do not decide the verdict.
+    assert!(r.fits);
+    // Untied: the input layer (token_embd, 68 MiB) stays on the CPU, the
+    // rest goes to VRAM: 212 MiB + 4 KiB + 68 MiB (output) - 68 MiB.
+    let llama = row(&r.today, Loader::LlamaCpp);
+    assert_eq!(llama.vram, 212 * MIB + 4 * KIB);
+    // Read-only mappings: only the CUDA term is charged on Windows.
+    assert_eq!(
+        (llama.peak_commit, llama.baseline, llama.offloaded),
+        (512 * MIB, 0, 0)
+    );
+    // ComfyUI: all quantized bytes plus the largest weight (128 Mi
+    // elements) in f16.
+    let comfy = row(&r.today, Loader::ComfyuiGguf);
+    assert_eq!(comfy.vram, 280 * MIB + 4 * KIB + 256 * MIB);
+    assert_eq!(comfy.peak_commit, 512 * MIB);
+}
+
+#[test]
+fn a_tied_token_embd_goes_to_the_gpu_as_the_output() {
+    let r = fit(
+        &gguf(false),
+        windows(8 * GIB, GIB, Some(16 * GIB)),
+        &options(),
+    )
+    .unwrap();
+    assert_eq!(r.today.sizes.input_layer, 0);
+    assert_eq!(r.today.sizes.quantized_elements_max, 128 << 20);
+    assert_eq!(
+        row(&r.today, Loader::LlamaCpp).vram,
+        r.today.sizes.tensor_sum
+    );
+}
+
+#[test]
+fn short_vram_keeps_the_rest_on_the_host_for_the_gguf_loaders() {
+    // 100 MiB of VRAM on Linux.
+    let given = Given {
+        os: Some(Os::Linux),
+        ram: Some(8 * GIB),
+        vram: Some(100 * MIB),
+        ..Given::default()
+    };
+    let m = Machine::resolve(&given, &Detected::default(), Os::Linux);
+    let r = fit(&gguf(true), m, &options()).unwrap();
+    let llama = row(&r.today, Loader::LlamaCpp);
+    assert_eq!((llama.vram, llama.vram_shortfall), (100 * MIB, 0));
+    assert_eq!(llama.offloaded, 112 * MIB + 4 * KIB);
+    assert_eq!(llama.peak_rss_private, 0, "the rest stays in the mapping");
+    assert!(llama.fits);
+    let comfy = row(&r.today, Loader::ComfyuiGguf);
+    let rest = 280 * MIB + 4 * KIB + 256 * MIB - 100 * MIB;
+    assert_eq!((comfy.offloaded, comfy.peak_rss_private), (rest, rest));
+    assert!(comfy.fits);
+    // reshard's row still needs every weight on the device.
+    assert!(!row(&r.today, Loader::Reshard).fits);
+}
+
+#[test]
+fn a_named_loader_that_cannot_read_the_format_fails_the_check() {
+    let mut o = options();
+    o.loaders = vec![Loader::PerShardMmap, Loader::LlamaCpp];
+    let r = fit(&gguf(true), windows(8 * GIB, GIB, None), &o).unwrap();
+    assert_eq!(judged(&r.today), [Loader::LlamaCpp]);
+    assert!(r.today.all_fit());
+    assert!(!r.fits, "per-shard-mmap cannot load a GGUF");
+    o.loaders = vec![Loader::LlamaCpp];
+    assert!(
+        fit(&gguf(true), windows(8 * GIB, GIB, None), &o)
+            .unwrap()
+            .fits
+    );
+    // And the GGUF rows do not read safetensors.
+    o.loaders = vec![Loader::ComfyuiGguf];
+    let r = fit(&llama(), windows(64 * GIB, GIB, None), &o).unwrap();
+    assert!(r.today.loaders.is_empty());
+    assert!(!r.fits);
+}
+
+#[test]
+fn the_default_set_leaves_the_gguf_loaders_out_of_a_safetensors_fit() {
+    let r = fit(
+        &llama(),
+        windows(12 * GIB, 2 * GIB, Some(16 * GIB)),
+        &options(),
+    )
+    .unwrap();
+    assert!(!judged(&r.today).contains(&Loader::LlamaCpp));
+    assert!(!judged(&r.today).contains(&Loader::ComfyuiGguf));
+    assert_eq!(r.today.not_applicable.len(), 2);
+}
+
+#[test]
+fn no_conversion_is_recommended_for_a_gguf() {
+    // 1 GiB of commit on Windows without a GPU: comfyui-gguf's 512 MiB f32
+    // dequantization plus its 976 MiB baseline do not fit; convert writes
+    // safetensors, which it cannot read, so nothing is recommended.
+    let mut o = options();
+    o.baseline = DEFAULT_BASELINE;
+    let r = fit(&gguf(true), windows(GIB, 0, None), &o).unwrap();
+    let comfy = row(&r.today, Loader::ComfyuiGguf);
+    assert_eq!(comfy.peak_commit, 512 * MIB);
+    assert!(comfy.host_shortfall > 0);
+    assert!(r.recommendation.is_none());
+    assert_eq!(r.not_helped_by_resharding, [Loader::ComfyuiGguf]);
+}
+
+#[test]
+fn a_gguf_what_if_is_judged_by_the_loaders_of_what_convert_writes() {
+    let mut o = options();
+    o.what_if = Some(PlanOptions {
+        dtype: Some(Dtype::BF16),
+        ..PlanOptions::default()
+    });
+    // The plan reads the GGUF's header: a real file.
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/kinds.gguf");
+    let ck = crate::format::open(&path).unwrap();
+    let r = fit(&ck, windows(64 * GIB, GIB, None), &o).unwrap();
+    assert_eq!(r.today.format, Format::Gguf);
+    let w = r.what_if.as_ref().unwrap();
+    assert_eq!(w.format, Format::Safetensors);
+    assert!(judged(w).contains(&Loader::TransformersV5Pread));
+    assert!(!judged(w).contains(&Loader::LlamaCpp));
+    let out: Vec<Loader> = w.not_applicable.iter().map(|n| n.loader).collect();
+    assert_eq!(out, [Loader::LlamaCpp, Loader::ComfyuiGguf]);
+    // The default set: judged on what convert writes, it fits.
+    assert!(r.fits);
+}

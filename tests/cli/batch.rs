@@ -562,3 +562,76 @@ fn fit_and_validate_modes_judge_every_model() {
         "{status:?}"
     );
 }
+
+/// A folder of GGUF files: each file and each split set is one model.
+fn gguf_root(dir: &Path) -> PathBuf {
+    let root = dir.join("root");
+    let llm = root.join("llm");
+    std::fs::create_dir_all(&llm).unwrap();
+    for f in [
+        "types.gguf",
+        "kinds.gguf",
+        "split-00001-of-00002.gguf",
+        "split-00002-of-00002.gguf",
+    ] {
+        std::fs::copy(fixture(&format!("gguf/{f}")), llm.join(f)).unwrap();
+    }
+    // A safetensors model folder holding a GGUF as well: both are models.
+    let st = root.join("st");
+    copy_dir(&fixture("tiny-gpt2"), &st);
+    std::fs::copy(fixture("gguf/kinds.gguf"), st.join("st-q.gguf")).unwrap();
+    root
+}
+
+#[test]
+fn dry_run_lists_each_gguf_and_each_split_set_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = gguf_root(tmp.path());
+    let out = tmp.path().join("out");
+    let a = batch(&root, &out, &["--dry-run", "--json"]).success();
+    let report: serde_json::Value = serde_json::from_slice(&a.get_output().stdout).unwrap();
+    let models = report["models"].as_array().unwrap();
+    let names: Vec<&str> = models.iter().map(|m| m["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["llm/kinds", "llm/split", "llm/types", "st", "st/st-q"]
+    );
+    let split = &models[1];
+    assert!(split["source"]
+        .as_str()
+        .unwrap()
+        .ends_with("split-00001-of-00002.gguf"));
+    // The set's bytes are both members'.
+    let members: u64 = ["split-00001-of-00002.gguf", "split-00002-of-00002.gguf"]
+        .iter()
+        .map(|f| std::fs::metadata(root.join("llm").join(f)).unwrap().len())
+        .sum();
+    assert_eq!(split["bytes"], members);
+    assert!(!out.exists(), "a dry run writes nothing");
+}
+
+#[test]
+fn converts_every_gguf_to_its_own_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = gguf_root(tmp.path());
+    let out = tmp.path().join("out");
+    // types.gguf holds types reshard cannot dequantize: that model fails,
+    // the others convert (exit 1: a model failed).
+    let a = batch(&root, &out, &["--dtype", "f32", "--json"]).code(1);
+    let (_, st) = statuses(&a);
+    for name in ["llm/kinds", "llm/split", "st", "st/st-q"] {
+        assert_eq!(st[name].0, "converted", "{name}: {:?}", st[name]);
+        assert!(out.join(name).join("reshard.json").is_file(), "{name}");
+    }
+    assert_eq!(st["llm/types"].0, "failed");
+    // A GGUF's output holds its own weights only: no sibling GGUF copied.
+    let listed: Vec<String> = std::fs::read_dir(out.join("llm/split"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(listed.iter().all(|f| !f.ends_with(".gguf")), "{listed:?}");
+    assert!(
+        listed.iter().any(|f| f.ends_with(".safetensors")),
+        "{listed:?}"
+    );
+}

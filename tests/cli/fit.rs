@@ -463,3 +463,123 @@ fn fit_help_lists_loaders() {
         assert!(text.contains(name), "{name} missing from --help");
     }
 }
+
+fn gguf_fit_json(path: &Path, extra: &[&str], code: i32) -> Value {
+    let a = reshard()
+        .arg("fit")
+        .arg(path)
+        .args([
+            "--os",
+            "windows",
+            "--ram",
+            "8GiB",
+            "--pagefile",
+            "1GiB",
+            "--json",
+        ])
+        .args(extra)
+        .assert()
+        .code(code);
+    serde_json::from_slice(&a.get_output().stdout).unwrap()
+}
+
+fn row_names(scenario: &Value) -> Vec<&str> {
+    scenario["loaders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["loader"].as_str().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_gguf_is_judged_by_llama_cpp_and_comfyui_gguf() {
+    let split = fixture("gguf/split-00002-of-00002.gguf");
+    let r = gguf_fit_json(&split, &["--vram", "8GiB"], 0);
+    let today = &r["today"];
+    assert_eq!(today["format"], "gguf");
+    assert_eq!(row_names(today), ["llama.cpp", "comfyui-gguf", "reshard"]);
+    let out: Vec<&str> = today["not_applicable"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["loader"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        out,
+        [
+            "transformers-v5-mmap",
+            "transformers-v5-pread",
+            "per-shard-mmap",
+            "full-read",
+            "diffusers"
+        ]
+    );
+    // Both members of the set, read-only mapped: llama.cpp commits only
+    // the CUDA term on Windows and puts every weight on the GPU (the
+    // fixture has no input layer).
+    let llama = &today["loaders"][0];
+    assert_eq!(today["shard_count"], 2);
+    assert_eq!(llama["peak_commit"], 512 * MIB);
+    assert_eq!(llama["baseline"], 0);
+    assert_eq!(llama["vram"], today["tensor_sum"]);
+    assert_eq!(llama["peak_rss_file"], today["shard_sum"]);
+    // ComfyUI-GGUF: the quantized bytes plus the largest quantized weight
+    // (blk.2.weight, Q4_K: 288 bytes, two 144-byte blocks of 256) in f16.
+    let comfy = &today["loaders"][1];
+    assert_eq!(comfy["vram"], 680 + 2 * 512);
+}
+
+#[test]
+fn a_safetensors_loader_named_for_a_gguf_fails_the_check_and_says_why() {
+    let gguf = fixture("gguf/types.gguf");
+    let a = reshard()
+        .arg("fit")
+        .arg(&gguf)
+        .args([
+            "--os",
+            "linux",
+            "--ram",
+            "8GiB",
+            "--loader",
+            "per-shard-mmap",
+        ])
+        .args(["--loader", "llama.cpp"])
+        .assert()
+        .code(1);
+    let text = String::from_utf8_lossy(&a.get_output().stdout).into_owned();
+    assert!(
+        text.contains("not applicable: per-shard-mmap (these read safetensors or .bin, not GGUF"),
+        "{text}"
+    );
+    assert!(
+        text.contains("does not load: per-shard-mmap cannot read this checkpoint"),
+        "{text}"
+    );
+    // llama.cpp alone fits: CPU only, the file mapped read-only.
+    let r = gguf_fit_json(&gguf, &["--loader", "llama.cpp"], 0);
+    assert_eq!(r["today"]["loaders"][0]["peak_commit"], 0);
+    // The GGUF rows are not applicable to safetensors.
+    let r = gguf_fit_json(&fixture("tiny-gpt2"), &[], 0);
+    let names = row_names(&r["today"]);
+    assert!(
+        !names.contains(&"llama.cpp") && !names.contains(&"comfyui-gguf"),
+        "{names:?}"
+    );
+    // And validate --emulate refuses them: nothing to reproduce.
+    reshard()
+        .args(["validate", "--emulate", "llama.cpp"])
+        .arg(&gguf)
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("maps every file read-only"));
+}
+
+#[test]
+fn a_gguf_what_if_is_judged_as_the_safetensors_convert_writes() {
+    let r = gguf_fit_json(&fixture("gguf/kinds.gguf"), &["--dtype", "bf16"], 0);
+    let w = &r["what_if"];
+    assert_eq!(w["format"], "safetensors");
+    assert!(row_names(w).contains(&"transformers-v5-pread"));
+    assert!(!row_names(w).contains(&"llama.cpp"));
+}
