@@ -51,6 +51,10 @@ pub struct ConvertOptions {
     pub digest: DigestAlgo,
     /// How source bytes are read: through mappings where possible, or buffers.
     pub copy: CopyPath,
+    /// `plan.max_shard_size` was asked for. When not, a GGUF that keeps its
+    /// names (a diffusion model for ComfyUI, Forge or InvokeAI, which load
+    /// one file) is written as one file.
+    pub shard_size_given: bool,
 }
 
 impl Default for ConvertOptions {
@@ -70,6 +74,7 @@ impl Default for ConvertOptions {
             keep_components: Vec::new(),
             digest: DigestAlgo::default(),
             copy: CopyPath::default(),
+            shard_size_given: false,
         }
     }
 }

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use crate::exec::{self, ExecOptions, Reporter, WindowPool};
 use crate::format::{Checkpoint, Format};
+use crate::plan::PlanOptions;
 use crate::plan::Plan;
 use crate::write::digest::{file_matches, DigestAlgo};
 use crate::write::lock::DstLock;
@@ -24,8 +25,23 @@ use super::{dst, other};
 /// `--dry-run` prints): the output format's plan, refused if it expands a
 /// view past what `--allow-expanded` allows.
 pub fn plan_for(ck: &Checkpoint, options: &ConvertOptions) -> Result<Plan, ConvertError> {
-    let plan = crate::write::format::plan(ck, &options.plan)?;
+    let plan = crate::write::format::plan(ck, &plan_options(ck, options)?)?;
     crate::plan::check_expanded(ck, &plan, options.allow_expanded)?;
+    Ok(plan)
+}
+
+/// The plan options a conversion of `ck` runs under: `options.plan`, except
+/// that a GGUF written under its own names (a diffusion model: the UIs that
+/// load those read one file) has no shard limit unless one was given.
+pub fn plan_options(ck: &Checkpoint, options: &ConvertOptions) -> Result<PlanOptions, ConvertError> {
+    let mut plan = options.plan.clone();
+    if ck.format == Format::Gguf && !options.shard_size_given {
+        let model = crate::format::gguf::open(&ck.files[0].path)?;
+        let llm = crate::plan::gguf::Family::of(&model.metadata).is_some();
+        if !llm || plan.keep_gguf_names {
+            plan.max_shard_size = u64::MAX;
+        }
+    }
     Ok(plan)
 }
 
@@ -122,7 +138,7 @@ pub fn convert_gated(
         reshard_version: env!("CARGO_PKG_VERSION").to_string(),
         plan_id: id,
         source,
-        options: options.plan.clone(),
+        options: plan.options.clone(),
         index_file: plan.index_file.clone(),
         shards: done,
         copied_files: Vec::new(),
@@ -203,10 +219,10 @@ fn prepare<'a>(
     let mut source = SourceIdentity::of(ck);
     source.root = Some(scope.root().display().to_string());
     let id = match &options.id_salt {
-        None => plan_id(&source, &options.plan),
+        None => plan_id(&source, &plan.options),
         Some(salt) => {
             use sha2::{Digest, Sha256};
-            let key = format!("{}\n{salt}", plan_id(&source, &options.plan));
+            let key = format!("{}\n{salt}", plan_id(&source, &plan.options));
             crate::write::shard::hex(&Sha256::digest(key.as_bytes()))
         }
     };

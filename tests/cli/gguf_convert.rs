@@ -195,3 +195,36 @@ fn validate_reads_a_gguf_and_checks_an_output_against_it() {
         "{text}"
     );
 }
+
+#[test]
+fn a_diffusion_gguf_becomes_one_file_unless_a_shard_size_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one");
+    convert(&fixture("gguf/dequant.gguf"), &one, &["--dtype", "bf16"]).success();
+    let files: Vec<String> = std::fs::read_dir(&one)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".safetensors") || n.ends_with(".json") && n != "reshard.json")
+        .collect();
+    assert_eq!(files, ["model.safetensors"], "one file, no index");
+    if let Some(python) = python_with("safetensors, torch") {
+        // What ComfyUI's loader does with a single file.
+        let code = "import sys, safetensors.torch as st\n\
+                    sd = st.load_file(sys.argv[1])\n\
+                    print(len(sd), tuple(sd['reshaped.weight'].shape), sd['q8_0.weight'].dtype)";
+        let out = run_python(
+            &python,
+            Program::Code(code),
+            &[one.join("model.safetensors").as_os_str()],
+        );
+        assert_eq!(out.trim(), "15 (4, 16, 16) torch.bfloat16");
+    }
+    let sharded = dir.path().join("sharded");
+    convert(
+        &fixture("gguf/dequant.gguf"),
+        &sharded,
+        &["--dtype", "bf16", "--max-shard-size", "20KB"],
+    )
+    .success();
+    assert!(sharded.join("model.safetensors.index.json").is_file());
+}

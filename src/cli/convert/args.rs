@@ -48,8 +48,9 @@ pub struct Args {
 pub struct ConvertArgs {
     /// Largest shard (tensor bytes). IEC units (KiB, MiB, GiB) are powers of
     /// 1024; SI units (KB, MB, GB) are powers of 1000, as Hugging Face uses.
-    #[arg(long, default_value = "1GiB", value_name = "SIZE")]
-    pub max_shard_size: ByteSize,
+    /// [default: 1GiB; a GGUF diffusion model: one file]
+    #[arg(long, value_name = "SIZE")]
+    pub max_shard_size: Option<ByteSize>,
     #[command(flatten)]
     pub layout: LayoutArgs,
     /// Memory for buffers in flight, for the whole process.
@@ -121,7 +122,10 @@ impl ConvertArgs {
     pub fn to_options(&self) -> ConvertOptions {
         let mut options = ConvertOptions {
             plan: PlanOptions {
-                max_shard_size: self.layout.max_shard_size(self.max_shard_size.bytes()),
+                max_shard_size: self.layout.max_shard_size(
+                    self.max_shard_size
+                        .map_or(PlanOptions::default().max_shard_size, ByteSize::bytes),
+                ),
                 order: self.order.into(),
                 dtype: self.dtype,
                 keep_dtype: self.keep_dtype.clone(),
@@ -158,6 +162,7 @@ impl ConvertArgs {
             } else {
                 CopyPath::Auto
             },
+            shard_size_given: self.max_shard_size.is_some(),
         };
         let presets: Vec<KeepPreset> = self
             .layout

@@ -45,6 +45,9 @@ pub fn render_plan(plan: &Plan, window: u64) -> String {
             human(c.bytes_after)
         );
     }
+    if let Some(g) = &plan.gguf {
+        render_gguf(&mut o, plan, g);
+    }
     for t in &plan.oversized {
         let _ = writeln!(o, "oversized: {} is {}, larger than --max-shard-size; it gets {} alone and sets the floor of every loader's peak", escape(&t.tensor), human(t.bytes), t.file);
     }
@@ -62,6 +65,41 @@ pub fn render_plan(plan: &Plan, window: u64) -> String {
         human(window)
     );
     o
+}
+
+/// A GGUF source: what each GGML type becomes, the names and rows.
+fn render_gguf(o: &mut String, plan: &Plan, g: &reshard::plan::GgufRecord) {
+    use std::collections::BTreeMap;
+    let sizes: BTreeMap<&str, (reshard::format::Dtype, u64)> =
+        plan.tensors().map(|t| (t.name.as_str(), (t.dtype, t.len))).collect();
+    // (GGML type, output dtype) -> (tensors, output bytes)
+    let mut by_type: BTreeMap<(String, String), (usize, u64)> = BTreeMap::new();
+    for t in &g.tensors {
+        let Some(&(dtype, len)) = sizes.get(t.tensor.as_str()) else {
+            continue;
+        };
+        let entry = by_type
+            .entry((t.from.to_string(), dtype.to_string()))
+            .or_default();
+        entry.0 += 1;
+        entry.1 += len;
+    }
+    for ((from, to), (n, bytes)) in &by_type {
+        let _ = writeln!(o, "from GGUF {from} -> {to}: {n} tensors, {}", human(*bytes));
+    }
+    let unpermuted = g.tensors.iter().filter(|t| t.unpermuted_heads.is_some()).count();
+    if g.hf_names {
+        let _ = writeln!(
+            o,
+            "names: transformers' ({}), q/k rows of {unpermuted} tensors put back; config.json and the tokenizer are made from the header",
+            g.architecture.as_deref().unwrap_or("?")
+        );
+    } else {
+        let _ = writeln!(o, "names: kept as in {}", g.file);
+    }
+    for name in &g.skipped {
+        let _ = writeln!(o, "not written: {} (llama.cpp's own)", escape(name));
+    }
 }
 
 pub fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
