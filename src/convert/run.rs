@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use crate::exec::{self, ExecOptions, Reporter, WindowPool};
 use crate::format::{Checkpoint, Format};
-use crate::plan::PlanOptions;
 use crate::plan::Plan;
+use crate::plan::PlanOptions;
 use crate::write::digest::{file_matches, DigestAlgo};
 use crate::write::lock::DstLock;
 use crate::write::manifest::{plan_id, Manifest, ShardRecord, SourceIdentity, MANIFEST, PARTIAL};
@@ -33,7 +33,10 @@ pub fn plan_for(ck: &Checkpoint, options: &ConvertOptions) -> Result<Plan, Conve
 /// The plan options a conversion of `ck` runs under: `options.plan`, except
 /// that a GGUF written under its own names (a diffusion model: the UIs that
 /// load those read one file) has no shard limit unless one was given.
-pub fn plan_options(ck: &Checkpoint, options: &ConvertOptions) -> Result<PlanOptions, ConvertError> {
+pub fn plan_options(
+    ck: &Checkpoint,
+    options: &ConvertOptions,
+) -> Result<PlanOptions, ConvertError> {
     let mut plan = options.plan.clone();
     if ck.format == Format::Gguf && !options.shard_size_given {
         let model = crate::format::gguf::open(&ck.files[0].path)?;

@@ -466,7 +466,7 @@ pub fn fit(ck: &Checkpoint, machine: Machine, options: &FitOptions) -> Result<Fi
     };
     let today = Scenario::of_checkpoint(ck, &ctx);
     let what_if = match &options.what_if {
-        Some(o) => Some(Scenario::of_plan(&crate::write::format::plan(ck, o)?, &ctx)),
+        Some(o) => Some(Scenario::of_plan(&sized_plan(ck, o)?, &ctx)),
         None => None,
     };
     let judged = what_if.as_ref().unwrap_or(&today);
@@ -534,7 +534,7 @@ fn recommend(
                 dtype,
                 ..PlanOptions::default()
             };
-            let s = Scenario::of_plan(&crate::write::format::plan(ck, &options)?, ctx);
+            let s = Scenario::of_plan(&sized_plan(ck, &options)?, ctx);
             let fits = s.fitting_host();
             if dtype.is_none() {
                 reshard_fixes.extend(fits.iter().copied());
@@ -578,3 +578,12 @@ fn recommend(
 
 #[cfg(test)]
 mod tests;
+
+/// The plan `convert` would make under `options`, for its sizes: a GGUF's
+/// tensors keep their GGUF names here, since names do not change sizes and
+/// a file transformers has no names for still has a size.
+fn sized_plan(ck: &Checkpoint, options: &PlanOptions) -> Result<Plan, PlanError> {
+    let mut options = options.clone();
+    options.keep_gguf_names = true;
+    crate::write::format::plan(ck, &options)
+}

@@ -70,8 +70,10 @@ pub fn render_plan(plan: &Plan, window: u64) -> String {
 /// A GGUF source: what each GGML type becomes, the names and rows.
 fn render_gguf(o: &mut String, plan: &Plan, g: &reshard::plan::GgufRecord) {
     use std::collections::BTreeMap;
-    let sizes: BTreeMap<&str, (reshard::format::Dtype, u64)> =
-        plan.tensors().map(|t| (t.name.as_str(), (t.dtype, t.len))).collect();
+    let sizes: BTreeMap<&str, (reshard::format::Dtype, u64)> = plan
+        .tensors()
+        .map(|t| (t.name.as_str(), (t.dtype, t.len)))
+        .collect();
     // (GGML type, output dtype) -> (tensors, output bytes)
     let mut by_type: BTreeMap<(String, String), (usize, u64)> = BTreeMap::new();
     for t in &g.tensors {
@@ -85,9 +87,17 @@ fn render_gguf(o: &mut String, plan: &Plan, g: &reshard::plan::GgufRecord) {
         entry.1 += len;
     }
     for ((from, to), (n, bytes)) in &by_type {
-        let _ = writeln!(o, "from GGUF {from} -> {to}: {n} tensors, {}", human(*bytes));
+        let _ = writeln!(
+            o,
+            "from GGUF {from} -> {to}: {n} tensors, {}",
+            human(*bytes)
+        );
     }
-    let unpermuted = g.tensors.iter().filter(|t| t.unpermuted_heads.is_some()).count();
+    let unpermuted = g
+        .tensors
+        .iter()
+        .filter(|t| t.unpermuted_heads.is_some())
+        .count();
     if g.hf_names {
         let _ = writeln!(
             o,
