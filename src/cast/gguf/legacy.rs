@@ -91,6 +91,18 @@ pub(super) fn q8_0(b: &[u8], out: &mut [f32]) {
     }
 }
 
+/// [`q8_0`] over whole blocks, each value written as its little-endian
+/// f32 bytes: the same values, without a pass through an `f32` slice (the
+/// cast kernels read bytes). `out` holds 128 bytes a block.
+pub(super) fn q8_0_le_bytes(src: &[u8], out: &mut [u8]) {
+    for (b, o) in src.chunks_exact(34).zip(out.chunks_exact_mut(128)) {
+        let d = f16_at(&b[0..2]);
+        for (o, &q) in o.chunks_exact_mut(4).zip(&b[2..34]) {
+            o.copy_from_slice(&(f32::from(q as i8) * d).to_le_bytes());
+        }
+    }
+}
+
 /// E2M1 values doubled, as gguf-py's `MXFP4.kvalues`.
 const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
@@ -111,5 +123,43 @@ pub(super) fn mxfp4(b: &[u8], out: &mut [f32]) {
     let qs = &b[1..17];
     for (j, o) in out.iter_mut().enumerate() {
         *o = d * f32::from(KVALUES[usize::from(nibble(qs, j))]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The byte path writes what the f32 kernel computes, bit for bit, for
+    /// every code and for scales of every kind (zero, subnormal, normal,
+    /// the largest, infinite, NaN).
+    #[test]
+    fn q8_0_le_bytes_equals_q8_0() {
+        let scales = [
+            0x0000u16, 0x8000, 0x0001, 0x03ff, 0x2e66, 0x3c00, 0xbc00, 0x7bff, 0x7c00, 0xfc00,
+            0x7e01,
+        ];
+        let mut src = Vec::new();
+        for (i, s) in scales.iter().enumerate() {
+            for half in 0..8u8 {
+                src.extend(s.to_le_bytes());
+                src.extend(
+                    (0..32u8).map(|j| j.wrapping_mul(8).wrapping_add(half).wrapping_add(i as u8)),
+                );
+            }
+        }
+        let blocks = src.len() / 34;
+        let mut want = vec![0f32; blocks * 32];
+        for (b, o) in src.chunks_exact(34).zip(want.chunks_exact_mut(32)) {
+            q8_0(b, o);
+        }
+        let mut got = vec![0u8; blocks * 128];
+        q8_0_le_bytes(&src, &mut got);
+        let got: Vec<u32> = got
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want);
     }
 }

@@ -9,6 +9,7 @@
 //! buffer is the scratch: [`SCRATCH_VALUES`] values, whatever the tensor.
 
 use super::blocks::{dequantize_blocks, supports, DequantError as BlockError};
+use super::legacy::q8_0_le_bytes;
 use crate::cast::dequant::{Chunk, ChunkStream, DequantError};
 use crate::cast::policy::{CastStats, OverflowPolicy, TARGETS};
 use crate::format::gguf::ggml::{BlockLayout, GgmlType};
@@ -125,7 +126,11 @@ impl<'a> GgufStream<'a> {
             row_values: 0,
             unpermute: false,
             done: 0,
-            values: vec![0.0; SCRATCH_VALUES],
+            // Q8_0 writes its f32 bytes directly (`q8_0_le_bytes`).
+            values: match ty {
+                GgmlType::Q8_0 => Vec::new(),
+                _ => vec![0.0; SCRATCH_VALUES],
+            },
             bytes: vec![0; SCRATCH_VALUES * 4],
             stats: CastStats::default(),
         };
@@ -244,14 +249,19 @@ impl<'a> GgufStream<'a> {
         let mut at = 0;
         for part in src.chunks(batch_bytes) {
             let values = part.len() / layout.bytes as usize * layout.block as usize;
-            let vals = &mut self.values[..values];
-            dequantize_blocks(self.ty, part, vals).map_err(|source| DequantError::Blocks {
-                tensor: self.tensor.name.clone(),
-                source,
-            })?;
             let f32s = &mut self.bytes[..values * 4];
-            for (b, v) in f32s.chunks_exact_mut(4).zip(vals.iter()) {
-                b.copy_from_slice(&v.to_le_bytes());
+            if self.ty == GgmlType::Q8_0 {
+                // `part` is whole blocks: every unit is.
+                q8_0_le_bytes(part, f32s);
+            } else {
+                let vals = &mut self.values[..values];
+                dequantize_blocks(self.ty, part, vals).map_err(|source| DequantError::Blocks {
+                    tensor: self.tensor.name.clone(),
+                    source,
+                })?;
+                for (b, v) in f32s.chunks_exact_mut(4).zip(vals.iter()) {
+                    b.copy_from_slice(&v.to_le_bytes());
+                }
             }
             let dst = &mut out[at..at + values * out_elem];
             self.stats +=
