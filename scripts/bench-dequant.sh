@@ -5,10 +5,11 @@
 # the output (2 GB) in the same run. Page caches are dropped before each row
 # when /proc/sys/vm/drop_caches is writable.
 #
-#   bash scripts/bench-dequant.sh [WORKDIR]     (needs target/release/reshard)
+#   bash scripts/bench-dequant.sh [WORKDIR]     (needs the release build: cargo build --release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=$PWD/target/release/reshard
+source scripts/lib/target.sh
+bin=$(cargo_target_dir)/release/reshard
 work=${1:-$(mktemp -d)}
 src=$work/fp8-src
 mkdir -p "$src"

@@ -9,13 +9,14 @@
 # The source is written once, with the standard library only, and kept in
 # WORKDIR; the outputs are removed at the end.
 #
-#   bash scripts/bench-gguf.sh [WORKDIR]     (needs target/release/reshard)
+#   bash scripts/bench-gguf.sh [WORKDIR]     (needs the release build: cargo build --release)
 #
 # BENCH_RUNS (default 5) sets the runs of each command; BENCH_BIN another
 # reshard binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=${BENCH_BIN:-$PWD/target/release/reshard}
+source scripts/lib/target.sh
+bin=${BENCH_BIN:-$(cargo_target_dir)/release/reshard}
 runs=${BENCH_RUNS:-5}
 work=${1:-$(mktemp -d)}
 src=$work/tinyllama-q8_0.gguf

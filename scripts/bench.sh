@@ -41,7 +41,9 @@ WINDOW=256MiB
 cargo build --release --quiet --bin reshard --example synth
 rm -rf "$WORK" && mkdir -p "$WORK"
 # Copies, so a rebuild during the run does not change what is measured.
-cp target/release/reshard target/release/examples/synth "$WORK/"
+source scripts/lib/target.sh
+target=$(cargo_target_dir)
+cp "$target/release/reshard" "$target/release/examples/synth" "$WORK/"
 BIN=$WORK/reshard
 SYNTH=$WORK/synth
 trap 'rm -rf "$WORK" /dev/shm/reshard-bench-pretouch' EXIT

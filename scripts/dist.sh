@@ -13,7 +13,7 @@
 #
 # The Windows build is not made here (it needs the Windows cross-build,
 # scripts/windows-test.sh). dist.sh packages it when it finds it: at
-# $RESHARD_WINDOWS_EXE, else target/x86_64-pc-windows-gnu/<profile>/reshard.exe.
+# $RESHARD_WINDOWS_EXE, else <cargo's target folder>/x86_64-pc-windows-gnu/<profile>/reshard.exe.
 # maturin cannot wrap a prebuilt exe (it always runs cargo for the target
 # itself), so that wheel is written by scripts/wheel-from-exe.py, with the
 # METADATA and licenses of the Linux wheel.
@@ -109,17 +109,19 @@ say "tarball $name.tar.gz: $(du -h "$out/$name.tar.gz" | cut -f1)"
 # ---- the crate ----------------------------------------------------------------
 # Verified: the packaged sources are built on their own (dev profile, reusing
 # target/'s dependencies), so a file left out of `include` fails here.
-rm -f "target/package/reshard-$version.crate"
+source scripts/lib/target.sh
+target=$(cargo_target_dir)
+rm -f "$target/package/reshard-$version.crate"
 cargo package --locked --allow-dirty --quiet 2>&1 | grep -v 'no documentation, homepage or repository\|^ *|$\|^ *= note: see' || true
-[ -f "target/package/reshard-$version.crate" ] || {
+[ -f "$target/package/reshard-$version.crate" ] || {
   say "cargo package failed" >&2
   exit 1
 }
-cp "target/package/reshard-$version.crate" "$out/"
+cp "$target/package/reshard-$version.crate" "$out/"
 say "crate reshard-$version.crate: $(du -h "$out/reshard-$version.crate" | cut -f1), $(cargo package --list --locked --allow-dirty 2>/dev/null | wc -l) files"
 
 # ---- Windows, when a Windows build exists ------------------------------------
-exe=${RESHARD_WINDOWS_EXE:-target/x86_64-pc-windows-gnu/$profile_dir/reshard.exe}
+exe=${RESHARD_WINDOWS_EXE:-$target/x86_64-pc-windows-gnu/$profile_dir/reshard.exe}
 if [ -f "$exe" ]; then
   if [ "$(head -c 2 "$exe")" != MZ ]; then
     say "$exe is not a Windows executable (no MZ header)" >&2

@@ -53,12 +53,14 @@ if [ "$prepare" = 1 ]; then
     | grep '"kind":\["test"\]' | grep '"name":"cli"' \
     | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
   [ -n "$test_exe" ] || { echo "gpu-check: no test binary reported" >&2; exit 2; }
+  source scripts/lib/target.sh
+  target=$(cargo_target_dir)
   mkdir -p "$bin"
   # dev (CI's --cpu-only run on this machine): links, not copies.
   put="cp"
   [ "$profile" = dev ] && put="ln -sf"
   for b in reshard examples/synth examples/cuda_copy; do
-    $put "$PWD/target/$dir/$b" "$bin/"
+    $put "$target/$dir/$b" "$bin/"
   done
   $put "$test_exe" "$bin/cli-tests"
   if [ "$profile" = release ]; then

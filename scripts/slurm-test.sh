@@ -16,7 +16,7 @@
 #
 # Needs root (the daemons run as root); without it, it says so and exits 0.
 # Installs slurm-wlm and munge with apt-get when they are missing.
-# Env: RESHARD_BIN (default: target/debug/reshard, built here),
+# Env: RESHARD_BIN (default: cargo's target folder's debug/reshard, built here),
 #      RESHARD_SLURM_PORT (slurmctld's port, default 16817; slurmd's is +1),
 #      RESHARD_KEEP=1 keeps the temp dir.
 set -euo pipefail
@@ -48,7 +48,8 @@ if [ -n "${RESHARD_BIN:-}" ]; then
   bin=$RESHARD_BIN
 else
   cargo build --locked --quiet --bin reshard
-  bin=$repo/target/debug/reshard
+  source "$repo/scripts/lib/target.sh"
+  bin=$(cd "$repo" && cargo_target_dir)/debug/reshard
 fi
 [ -x "$bin" ] || fail "no reshard binary at $bin"
 bindir=$(mktemp -d /tmp/reshard-slurm-bin.XXXXXX)

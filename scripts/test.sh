@@ -29,7 +29,8 @@ export RESHARD_TEST_PYTHON="$venv/bin/python"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 # The CUDA driver test double (test-only, never shipped) that tests/cli/cuda.rs
 # puts on reshard's library search path; under CI those tests fail without it.
-RESHARD_TEST_FAKE_CUDA=$(bash tests/fake-cuda/build.sh "$PWD/target/fake-cuda" linux)
+source scripts/lib/target.sh
+RESHARD_TEST_FAKE_CUDA=$(bash tests/fake-cuda/build.sh "$(cargo_target_dir)/fake-cuda" linux)
 export RESHARD_TEST_FAKE_CUDA
 
 if [ "${1:-}" = "--" ]; then

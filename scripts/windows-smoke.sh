@@ -15,6 +15,11 @@
 # that scripts/windows-test.sh builds; pass a release build for big sizes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The Linux build goes where cargo puts it for this checkout (a shared
+# CARGO_TARGET_DIR included), asked before env.sh points CARGO_TARGET_DIR
+# at the Windows cross-build.
+source scripts/lib/target.sh
+linux_target=$(cargo_target_dir)
 source scripts/windows/env.sh
 
 size="${1:-64MB}"
@@ -22,16 +27,16 @@ exe="${2:-$CARGO_TARGET_DIR/x86_64-pc-windows-gnu/debug/reshard.exe}"
 [ -f "$exe" ] || win_cargo build --quiet --bin reshard
 # The Linux build with the Linux toolchain and target folder: env.sh points
 # CARGO_TARGET_DIR, RUSTC and friends at the Windows cross-build.
-env -u CARGO -u CARGO_TARGET_DIR -u RUSTC -u RUSTDOC -u RUSTC_BOOTSTRAP \
+env -u CARGO -u RUSTC -u RUSTDOC -u RUSTC_BOOTSTRAP CARGO_TARGET_DIR="$linux_target" \
   cargo build --quiet --release --bin reshard --example synth
-linux=target/release/reshard
+linux=$linux_target/release/reshard
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 win() { wine "$exe" "$@"; }
 step() { printf '\n== %s\n' "$*"; }
 
-"target/release/examples/synth" "$work/src" --size "$size" --shards 2 >/dev/null
+"$linux_target/release/examples/synth" "$work/src" --size "$size" --shards 2 >/dev/null
 printf '{"model_type": "llama", "torch_dtype": "float32"}\n' >"$work/src/config.json"
 
 step "inspect"
