@@ -27,7 +27,7 @@ use rayon::prelude::*;
 use crate::cast::{self, CastError, OverflowPolicy};
 use crate::format::read::SourceReader;
 use crate::format::strided::GATHER_MAX;
-use crate::format::{Checkpoint, DataRef};
+use crate::format::{Checkpoint, DataRef, Dtype};
 use crate::plan::{Plan, ShardPlan, TensorInput};
 use crate::write::manifest::{CastRecord, ShardRecord, TensorRecord};
 use crate::write::shard::ShardWriter;
@@ -351,7 +351,10 @@ fn fill_shard<'p>(
             reporter.advance(n as u64);
             left -= n as u64;
         }
-        if casting && stats.overflow > 0 && policy == OverflowPolicy::Error {
+        // FP8 storage (--quantize) clamps by its rule: a clamp is not an
+        // overflow to refuse.
+        let clamps = matches!(to, Dtype::F8_E4M3 | Dtype::F8_E5M2);
+        if casting && !clamps && stats.overflow > 0 && policy == OverflowPolicy::Error {
             return Err(CastError::Overflow {
                 tensor: planned.name.clone(),
                 from,

@@ -61,6 +61,14 @@ pub enum PlanError {
         tensor: String,
         reason: String,
     },
+    #[error("--quantize {scheme}: the source is already quantized ({what}); convert it with --dtype first, then quantize that")]
+    QuantizeQuantized { scheme: &'static str, what: String },
+    #[error("invalid --keep or --quantize-only glob {glob:?}")]
+    BadQuantizeGlob {
+        glob: String,
+        #[source]
+        source: globset::Error,
+    },
     #[error("tensor {tensor:?}: its {bytes}-byte header entry makes the shard header larger than safetensors allows")]
     HeaderTooLarge { tensor: String, bytes: u64 },
     #[error("{file}: tensor {tensor:?} is an expanded view: {bytes} bytes of output from {stored} bytes stored, more than {MAX_EXPANSION} times; pass --allow-expanded to write it anyway")]

@@ -13,6 +13,7 @@ pub(crate) mod input;
 pub mod order;
 pub(crate) mod output;
 pub(crate) mod pack;
+pub mod quantize;
 mod types;
 
 use std::collections::BTreeMap;
@@ -26,6 +27,7 @@ use self::from_gguf::{GgufPlan, GgufRole};
 pub use self::from_gguf::{GgufRecord, GgufTensorRecord, DEQUANTIZED_FROM_KEY};
 pub use self::input::TensorInput;
 pub use self::output::ShardLayout;
+use self::quantize::Quantizer;
 pub use self::types::{
     CastPair, Dropped, OutputFormat, Oversized, Plan, PlanOptions, PlannedTensor, ShardPlan,
 };
@@ -99,6 +101,20 @@ impl Plan {
             keep.is_match(n)
         })?;
         let ordered = quant.regroup(ordered);
+        let mut quantizer = Quantizer::new(options)?;
+        if let Some(q) = &quantizer {
+            let what = match (&quant.record, &gguf) {
+                (Some(r), _) => Some(format!("{:?}", r.format)),
+                (None, Some(_)) => Some("GGUF".to_string()),
+                _ => None,
+            };
+            if let Some(what) = what {
+                return Err(PlanError::QuantizeQuantized {
+                    scheme: q.record.scheme.name(),
+                    what,
+                });
+            }
+        }
 
         let mut planned = Vec::with_capacity(ordered.len());
         let mut casts: BTreeMap<(Dtype, Dtype), CastPair> = BTreeMap::new();
@@ -131,13 +147,16 @@ impl Plan {
                 Some(to) if !keep.is_match(&t.name) => cast::target_for(t.dtype, to)?,
                 _ => None,
             };
-            let dtype = target.unwrap_or(t.dtype);
+            let mut dtype = target.unwrap_or(t.dtype);
+            if let (Some(q), true) = (quantizer.as_mut(), input.is_source()) {
+                dtype = q.dtype_for(t, dtype);
+            }
             let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
             // Element counts were checked when the header was read, a cast
             // never goes past 64-bit elements, and a dense MXFP4 shape holds
             // twice the codes' bytes.
             let len = numel.and_then(|n| dtype.byte_len(n)).unwrap_or(u64::MAX);
-            if target.is_some() {
+            if target.is_some() && target == Some(dtype) {
                 let pair = casts.entry((t.dtype, dtype)).or_insert(CastPair {
                     from: t.dtype,
                     to: dtype,
@@ -209,6 +228,7 @@ impl Plan {
             metadata,
             quantization: quant.record,
             gguf: gguf.map(|g| g.record),
+            quantized: quantizer.map(|q| q.record),
         })
     }
 

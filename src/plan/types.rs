@@ -9,6 +9,7 @@ use super::dequant::QuantRecord;
 use super::from_gguf::GgufRecord;
 use super::input::TensorInput;
 use super::order::Order;
+use super::quantize::{QuantizeRecord, QuantizeScheme};
 use crate::cast::OverflowPolicy;
 use crate::format::Dtype;
 
@@ -31,6 +32,15 @@ pub struct PlanOptions {
     /// refusing them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_unscaled: bool,
+    /// Store Linear weights quantized (`--quantize`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantize: Option<QuantizeScheme>,
+    /// Globs of tensors `--quantize` keeps (`--keep`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quantize_keep: Vec<String>,
+    /// Globs `--quantize` is limited to (`--quantize-only`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quantize_only: Vec<String>,
     /// Write a GGUF LLM's tensors under their GGUF names, with no config or
     /// tokenizer, instead of transformers' names.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -50,6 +60,9 @@ impl Default for PlanOptions {
             on_overflow: OverflowPolicy::Error,
             dedupe_tied: false,
             allow_unscaled: false,
+            quantize: None,
+            quantize_keep: Vec::new(),
+            quantize_only: Vec::new(),
             keep_gguf_names: false,
             format: OutputFormat::Safetensors,
         }
@@ -134,6 +147,9 @@ pub struct Plan {
     /// A quantized source: its scheme and what was dequantized.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantization: Option<QuantRecord>,
+    /// `--quantize`: what was quantized and what kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantized: Option<QuantizeRecord>,
     /// A GGUF source: each tensor's GGUF name and type.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gguf: Option<GgufRecord>,

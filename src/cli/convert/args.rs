@@ -7,6 +7,7 @@ use reshard::cast::OverflowPolicy;
 use reshard::convert::{ConvertOptions, KeepPreset};
 use reshard::exec::CopyPath;
 use reshard::format::Dtype;
+use reshard::plan::quantize::QuantizeScheme;
 use reshard::plan::PlanOptions;
 use reshard::units::ByteSize;
 use reshard::write::digest::DigestAlgo;
@@ -74,6 +75,20 @@ pub struct ConvertArgs {
     /// Keep tensors whose names match this glob in their dtype (repeatable).
     #[arg(long, value_name = "GLOB")]
     pub keep_dtype: Vec<String>,
+    /// Store Linear weights quantized: fp8 (float8_e4m3fn, clamped to
+    /// +-448) or fp8-e5m2 (clamped to +-57344), no scales; norms, biases,
+    /// embeddings, the output head and what the model family keeps stay in
+    /// their dtype (or --dtype's). See docs/quantize.md.
+    #[arg(long, value_enum, value_name = "SCHEME")]
+    pub quantize: Option<QuantizeArg>,
+    /// With --quantize: keep tensors matching this glob unquantized
+    /// (repeatable).
+    #[arg(long, value_name = "GLOB", requires = "quantize")]
+    pub keep: Vec<String>,
+    /// With --quantize: quantize only the Linear weights matching this glob
+    /// (repeatable; the family's keep list does not apply to them).
+    #[arg(long, value_name = "GLOB", requires = "quantize")]
+    pub quantize_only: Vec<String>,
     /// What to do with values too large for --dtype.
     #[arg(long, value_enum, default_value = "error")]
     pub on_overflow: OverflowArg,
@@ -109,6 +124,24 @@ pub struct ConvertArgs {
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum QuantizeArg {
+    /// float8_e4m3fn storage, no scales.
+    Fp8,
+    /// float8_e5m2 storage, no scales.
+    #[value(name = "fp8-e5m2")]
+    Fp8E5m2,
+}
+
+impl From<QuantizeArg> for QuantizeScheme {
+    fn from(a: QuantizeArg) -> QuantizeScheme {
+        match a {
+            QuantizeArg::Fp8 => QuantizeScheme::Fp8,
+            QuantizeArg::Fp8E5m2 => QuantizeScheme::Fp8E5m2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum OverflowArg {
     /// Fail, naming the tensor and the count.
     Error,
@@ -136,6 +169,9 @@ impl ConvertArgs {
                 },
                 dedupe_tied: self.dedupe_tied,
                 allow_unscaled: self.allow_unscaled,
+                quantize: self.quantize.map(Into::into),
+                quantize_keep: self.keep.clone(),
+                quantize_only: self.quantize_only.clone(),
                 keep_gguf_names: self.keep_gguf_names,
                 format: Default::default(),
             },

@@ -48,6 +48,9 @@ pub fn render_plan(plan: &Plan, window: u64) -> String {
     if let Some(g) = &plan.gguf {
         render_gguf(&mut o, plan, g);
     }
+    if let Some(q) = &plan.quantized {
+        render_quantized(&mut o, q);
+    }
     for t in &plan.oversized {
         let _ = writeln!(o, "oversized: {} is {}, larger than --max-shard-size; it gets {} alone and sets the floor of every loader's peak", escape(&t.tensor), human(t.bytes), t.file);
     }
@@ -65,6 +68,28 @@ pub fn render_plan(plan: &Plan, window: u64) -> String {
         human(window)
     );
     o
+}
+
+/// `--quantize`: what is quantized, what is kept and why.
+fn render_quantized(o: &mut String, q: &reshard::plan::quantize::QuantizeRecord) {
+    let _ = writeln!(
+        o,
+        "quantize {} ({}): {} Linear weights, {} -> {}",
+        q.scheme.name(),
+        q.dtype,
+        q.tensors,
+        human(q.bytes_before),
+        human(q.bytes_after)
+    );
+    let _ = writeln!(
+        o,
+        "kept: {} tensors that are not Linear weights (norms, biases, 1-D or tiny), {} more:",
+        q.not_linear,
+        q.kept.len()
+    );
+    for k in &q.kept {
+        let _ = writeln!(o, "  {}  ({})", escape(&k.tensor), k.because.describe());
+    }
 }
 
 /// A GGUF source: what each GGML type becomes, the names and rows.

@@ -1,0 +1,381 @@
+//! `--quantize`: which tensors a quantized output stores in FP8, and why
+//! the others are kept.
+//!
+//! Only Linear weights are quantized: 2-D floating-point `.weight`
+//! tensors of more than [`MIN_ELEMENTS`] elements inside a numbered block
+//! (`layers.3`, `double_blocks.0`, `down_blocks.1`). Never norms, biases,
+//! embeddings or `lm_head`, nor what a model family's reference converters
+//! keep in high precision ([`family_keep`]: FLUX's input and output
+//! layers, Wan's modulation and embeddings, SD's time and label
+//! embeddings and its first and last convolutions, a checkpoint's VAE and
+//! text encoders). `--keep GLOB` keeps more; `--quantize-only GLOB` limits
+//! quantization to what it matches (of what is eligible). Kept tensors
+//! follow `--dtype` and `--keep-dtype` like any other.
+
+use serde::{Deserialize, Serialize};
+
+use super::order::block_of;
+use super::types::PlanOptions;
+use super::PlanError;
+use crate::format::{Dtype, Tensor};
+
+/// Tensors of at most this many elements are kept: a tiny weight saves
+/// nothing and its error is not averaged over many inputs.
+pub const MIN_ELEMENTS: u64 = 1024;
+
+/// A `--quantize` scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QuantizeScheme {
+    /// Plain `float8_e4m3fn` storage, no scales: values clamped to ±448 and
+    /// rounded to nearest even (ComfyUI's `fp8_e4m3fn` weight dtype, Forge,
+    /// diffusers layerwise casting, InvokeAI's fp8 storage).
+    Fp8,
+    /// Plain `float8_e5m2` storage, clamped to ±57344.
+    Fp8E5m2,
+}
+
+impl QuantizeScheme {
+    /// The dtype quantized weights are stored in.
+    pub fn dtype(self) -> Dtype {
+        match self {
+            QuantizeScheme::Fp8 => Dtype::F8_E4M3,
+            QuantizeScheme::Fp8E5m2 => Dtype::F8_E5M2,
+        }
+    }
+
+    /// The name on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantizeScheme::Fp8 => "fp8",
+            QuantizeScheme::Fp8E5m2 => "fp8-e5m2",
+        }
+    }
+}
+
+/// Why a tensor is not quantized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeptBecause {
+    /// Not a floating-point 2-D `.weight` of more than [`MIN_ELEMENTS`]
+    /// elements in a numbered block (a norm, a bias, a tiny tensor, ...).
+    NotALinearWeight,
+    /// An embedding or the output head.
+    EmbeddingOrHead,
+    /// What the model family's converters keep in high precision.
+    FamilyKeeps,
+    /// `--keep` matched it.
+    Keep,
+    /// `--quantize-only` did not match it.
+    NotSelected,
+}
+
+impl KeptBecause {
+    pub fn describe(self) -> &'static str {
+        match self {
+            KeptBecause::NotALinearWeight => "not a Linear weight (norm, bias, 1-D or tiny)",
+            KeptBecause::EmbeddingOrHead => "embedding or output head",
+            KeptBecause::FamilyKeeps => "kept in high precision by the model family's converters",
+            KeptBecause::Keep => "--keep",
+            KeptBecause::NotSelected => "not matched by --quantize-only",
+        }
+    }
+}
+
+/// What `--quantize` did, for the plan, the dry run and reshard.json.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuantizeRecord {
+    pub scheme: QuantizeScheme,
+    pub dtype: Dtype,
+    /// Tensors quantized, and their bytes before and after.
+    pub tensors: usize,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+    /// Floating-point tensors kept (norms, biases and other tensors that
+    /// are not Linear weights are only counted).
+    pub kept: Vec<KeptTensor>,
+    pub not_linear: usize,
+}
+
+/// A Linear-shaped tensor left unquantized, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptTensor {
+    pub tensor: String,
+    pub because: KeptBecause,
+}
+
+/// The `--quantize` decisions of one plan, and their record.
+pub struct Quantizer {
+    keep: globset::GlobSet,
+    only: Option<globset::GlobSet>,
+    pub record: QuantizeRecord,
+}
+
+impl Quantizer {
+    /// `None` without `--quantize`.
+    pub fn new(options: &PlanOptions) -> Result<Option<Quantizer>, PlanError> {
+        let Some(scheme) = options.quantize else {
+            return Ok(None);
+        };
+        let only = match options.quantize_only.is_empty() {
+            true => None,
+            false => Some(globs(&options.quantize_only)?),
+        };
+        Ok(Some(Quantizer {
+            keep: globs(&options.quantize_keep)?,
+            only,
+            record: QuantizeRecord {
+                scheme,
+                dtype: scheme.dtype(),
+                tensors: 0,
+                bytes_before: 0,
+                bytes_after: 0,
+                kept: Vec::new(),
+                not_linear: 0,
+            },
+        }))
+    }
+
+    /// The dtype source tensor `t` is written in: the scheme's when it is
+    /// quantized, else `planned` (its own or `--dtype`'s). Records which.
+    pub fn dtype_for(&mut self, t: &Tensor, planned: Dtype) -> Dtype {
+        let keep = |n: &str| self.keep.is_match(n);
+        let only = self.only.as_ref().map(|g| move |n: &str| g.is_match(n));
+        let only_ref = only.as_ref().map(|f| f as &dyn Fn(&str) -> bool);
+        let r = &mut self.record;
+        match decide(t, &keep, only_ref) {
+            Ok(()) => {
+                r.tensors += 1;
+                r.bytes_before += t.len;
+                // One byte an element.
+                r.bytes_after += t.numel();
+                r.dtype
+            }
+            Err(KeptBecause::NotALinearWeight) => {
+                r.not_linear += 1;
+                planned
+            }
+            Err(because) => {
+                r.kept.push(KeptTensor {
+                    tensor: t.name.clone(),
+                    because,
+                });
+                planned
+            }
+        }
+    }
+}
+
+fn globs(globs: &[String]) -> Result<globset::GlobSet, PlanError> {
+    let mut set = globset::GlobSetBuilder::new();
+    for g in globs {
+        let glob = globset::GlobBuilder::new(g)
+            .literal_separator(false)
+            .build()
+            .map_err(|source| PlanError::BadQuantizeGlob {
+                glob: g.clone(),
+                source,
+            })?;
+        set.add(glob);
+    }
+    set.build().map_err(|source| PlanError::BadQuantizeGlob {
+        glob: globs.join(" "),
+        source,
+    })
+}
+
+/// Whether `t` is quantized: `Ok(())` or why it is kept. `keep` and
+/// `only` say whether `--keep` / `--quantize-only` match a name (`only` is
+/// `None` without `--quantize-only`).
+pub fn decide(
+    t: &Tensor,
+    keep: &dyn Fn(&str) -> bool,
+    only: Option<&dyn Fn(&str) -> bool>,
+) -> Result<(), KeptBecause> {
+    let float = matches!(t.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16 | Dtype::F64);
+    let matrix =
+        float && t.shape.len() == 2 && t.name.ends_with(".weight") && t.numel() > MIN_ELEMENTS;
+    if !matrix {
+        return Err(KeptBecause::NotALinearWeight);
+    }
+    if is_embedding_or_head(&t.name) {
+        return Err(KeptBecause::EmbeddingOrHead);
+    }
+    if block_of(&t.name).is_none() {
+        return Err(KeptBecause::NotALinearWeight);
+    }
+    if keep(&t.name) {
+        return Err(KeptBecause::Keep);
+    }
+    if let Some(only) = only {
+        return if only(&t.name) {
+            Ok(())
+        } else {
+            Err(KeptBecause::NotSelected)
+        };
+    }
+    if family_keep(&t.name) {
+        return Err(KeptBecause::FamilyKeeps);
+    }
+    Ok(())
+}
+
+/// Name parts (between dots) that mark an embedding or the output head.
+fn is_embedding_or_head(name: &str) -> bool {
+    name.split('.').any(|part| {
+        part.contains("embed")
+            || matches!(part, "wte" | "wpe" | "lm_head" | "token_embd")
+            || part.starts_with("norm")
+            || part.ends_with("norm")
+    })
+}
+
+/// Top-level (or, for a whole-model file, second-level) prefixes of
+/// tensors the reference converters of each family keep in high precision,
+/// and the components a one-file checkpoint holds besides its denoiser.
+const FAMILY_KEEP_PREFIXES: &[&str] = &[
+    // FLUX (black-forest-labs names, as ComfyUI's scaled-FP8 converters
+    // keep them).
+    "img_in",
+    "txt_in",
+    "time_in",
+    "vector_in",
+    "guidance_in",
+    "final_layer",
+    // Wan.
+    "patch_embedding",
+    "text_embedding",
+    "time_embedding",
+    "time_projection",
+    "head",
+    // SD 1.x / SDXL (LDM names).
+    "time_embed",
+    "label_emb",
+    // VAE and text encoders of a one-file checkpoint.
+    "first_stage_model",
+    "cond_stage_model",
+    "conditioner",
+    "text_encoders",
+    "vae",
+];
+
+/// True for a tensor a family's converters keep in high precision: a kept
+/// prefix at the top of the name (after a `model.diffusion_model.` or
+/// `diffusion_model.` wrapper), Wan's per-block `modulation`, or SD's first
+/// and last convolutions (`input_blocks.0.0`, `out.2`; `conv_in`,
+/// `conv_out`).
+pub fn family_keep(name: &str) -> bool {
+    let inner = name
+        .strip_prefix("model.diffusion_model.")
+        .or_else(|| name.strip_prefix("diffusion_model."))
+        .unwrap_or(name);
+    let first = inner.split('.').next().unwrap_or("");
+    FAMILY_KEEP_PREFIXES.contains(&first)
+        || FAMILY_KEEP_PREFIXES.contains(&name.split('.').next().unwrap_or(""))
+        || inner
+            .split('.')
+            .any(|p| p == "modulation" || p == "conv_in" || p == "conv_out")
+        || inner.starts_with("input_blocks.0.0.")
+        || inner.starts_with("out.2.")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::DataRef;
+
+    fn t(name: &str, dtype: Dtype, shape: &[u64]) -> Tensor {
+        Tensor {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+            len: 0,
+            file: 0,
+            data: DataRef::Contiguous { offset: 0 },
+        }
+    }
+
+    fn no(_: &str) -> bool {
+        false
+    }
+
+    #[test]
+    fn only_linear_weights_of_blocks_are_quantized() {
+        let q = |name: &str, dtype, shape: &[u64]| decide(&t(name, dtype, shape), &no, None);
+        assert_eq!(
+            q("model.layers.0.mlp.up_proj.weight", Dtype::BF16, &[64, 32]),
+            Ok(())
+        );
+        assert_eq!(
+            q("double_blocks.3.img_attn.qkv.weight", Dtype::F32, &[96, 32]),
+            Ok(())
+        );
+        for (name, dtype, shape) in [
+            (
+                "model.layers.0.mlp.up_proj.bias",
+                Dtype::BF16,
+                &[64, 32][..],
+            ),
+            (
+                "model.layers.0.input_layernorm.weight",
+                Dtype::BF16,
+                &[2048],
+            ),
+            ("model.layers.0.mlp.up_proj.weight", Dtype::BF16, &[32, 32]),
+            ("model.layers.0.mlp.up_proj.weight", Dtype::I8, &[64, 32]),
+            ("model.layers.0.conv.weight", Dtype::F16, &[8, 8, 3, 3]),
+            ("proj_out.weight", Dtype::BF16, &[64, 32]),
+        ] {
+            assert_eq!(
+                q(name, dtype, shape),
+                Err(KeptBecause::NotALinearWeight),
+                "{name}"
+            );
+        }
+        for name in ["model.embed_tokens.weight", "lm_head.weight"] {
+            assert_eq!(
+                q(name, Dtype::BF16, &[64, 32]),
+                Err(KeptBecause::EmbeddingOrHead)
+            );
+        }
+        assert_eq!(
+            q("model.layers.0.q_norm.weight", Dtype::BF16, &[64, 32]),
+            Err(KeptBecause::EmbeddingOrHead)
+        );
+    }
+
+    #[test]
+    fn family_lists_keep_and_only_apply() {
+        let k = |name: &str| decide(&t(name, Dtype::BF16, &[64, 64]), &no, None);
+        for name in [
+            "final_layer.0.linear.weight",
+            "img_in.0.weight",
+            "model.diffusion_model.time_in.0.in_layer.weight",
+            "blocks.3.modulation.0.weight",
+            "model.diffusion_model.input_blocks.0.0.weight",
+            "first_stage_model.decoder.up.0.block.0.conv1.weight",
+            "conditioner.embedders.0.transformer.text_model.encoder.layers.0.mlp.fc1.weight",
+        ] {
+            assert_eq!(k(name), Err(KeptBecause::FamilyKeeps), "{name}");
+        }
+        assert_eq!(
+            k("model.diffusion_model.double_blocks.0.img_mlp.0.weight"),
+            Ok(())
+        );
+        let tensor = t("double_blocks.0.img_mlp.0.weight", Dtype::BF16, &[64, 64]);
+        let keep_mlp = |n: &str| n.contains("mlp");
+        assert_eq!(decide(&tensor, &keep_mlp, None), Err(KeptBecause::Keep));
+        let only_attn: &dyn Fn(&str) -> bool = &|n: &str| n.contains("attn");
+        assert_eq!(
+            decide(&tensor, &no, Some(only_attn)),
+            Err(KeptBecause::NotSelected)
+        );
+        // --quantize-only can pick what the family list keeps.
+        let vae = t(
+            "first_stage_model.decoder.up.0.attn.0.q.weight",
+            Dtype::F32,
+            &[64, 64],
+        );
+        assert_eq!(decide(&vae, &no, Some(only_attn)), Ok(()));
+    }
+}
