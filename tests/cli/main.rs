@@ -17,6 +17,7 @@ mod docs_examples;
 mod fit;
 mod fuzz_corpus;
 mod gguf;
+mod gguf_adversarial;
 mod gguf_convert;
 mod gguf_inspect;
 mod gguf_llm;
