@@ -134,7 +134,9 @@ impl<'a> GgufStream<'a> {
             bytes: vec![0; SCRATCH_VALUES * 4],
             stats: CastStats::default(),
         };
-        if let RowOrder::Unpermute { heads } = order {
+        // A tensor of no elements has no rows to put back (and head groups
+        // of zero bytes would make a unit of nothing).
+        if let (RowOrder::Unpermute { heads }, 1..) = (order, numel) {
             stream.group_heads(layout, heads)?;
         }
         Ok(stream)

@@ -80,6 +80,10 @@ pub fn to_checkpoint(path: &Path, model: GgufModel) -> Result<Checkpoint, Format
             data,
         });
     }
+    // The names every other format's reader checks (an empty name,
+    // `__metadata__`, which would become the safetensors metadata key).
+    let paths: Vec<PathBuf> = model.files.iter().map(|f| f.path.clone()).collect();
+    crate::format::tensor_names::check(&paths, &tensors)?;
     Ok(Checkpoint {
         dir,
         format: Format::Gguf,

@@ -110,7 +110,7 @@ pub fn config_json(
             if family == Family::Qwen3 {
                 c.insert("attention_bias", json!(has("blk.0.attn_q.bias")));
                 c.insert("head_dim", json!(head_dim));
-            } else if head_dim * heads != hidden {
+            } else if head_dim.checked_mul(heads) != Some(hidden) {
                 return Err(GgufHfError::BadValue {
                     key: key("attention.key_length"),
                     why: format!(
