@@ -128,10 +128,7 @@ fn llama_kvs(arch: &'static str) -> Vec<(String, Kv)> {
         ("tokenizer.ggml.model".into(), Kv::Str("gpt2")),
         ("tokenizer.ggml.tokens".into(), Kv::Strs(tokens)),
         ("tokenizer.ggml.token_type".into(), Kv::I32s(vec![1; 26])),
-        (
-            "tokenizer.ggml.merges".into(),
-            Kv::Strs(vec!["a b".into()]),
-        ),
+        ("tokenizer.ggml.merges".into(), Kv::Strs(vec!["a b".into()])),
     ]
 }
 
