@@ -131,8 +131,11 @@ impl GgufPlan {
                     ty: from,
                 });
             }
+            // --keep-dtype may name the tensor as it is written or as the
+            // GGUF has it.
+            let kept = keep(&name) || keep(&t.name);
             let out = match dtype {
-                _ if quantized && keep(&t.name) => {
+                _ if quantized && kept => {
                     return Err(PlanError::KeepQuantized {
                         tensor: t.name.clone(),
                     })
@@ -145,7 +148,7 @@ impl GgufPlan {
                         ty: from,
                     })
                 }
-                Some(to) if !keep(&t.name) => cast::target_for(t.dtype, to)?.unwrap_or(t.dtype),
+                Some(to) if !kept => cast::target_for(t.dtype, to)?.unwrap_or(t.dtype),
                 _ => t.dtype,
             };
             let shape = orig_shape(&model.metadata, &t.name, t.numel())

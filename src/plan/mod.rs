@@ -101,7 +101,11 @@ impl Plan {
             keep.is_match(n)
         })?;
         let ordered = quant.regroup(ordered);
-        let mut quantizer = Quantizer::new(options)?;
+        let mut quantizer = Quantizer::new(
+            options.quantize,
+            &options.quantize_keep,
+            &options.quantize_only,
+        )?;
         if let Some(q) = &quantizer {
             let what = match (&quant.record, &gguf) {
                 (Some(r), _) => Some(format!("{:?}", r.format)),

@@ -15,7 +15,6 @@
 use serde::{Deserialize, Serialize};
 
 use super::order::block_of;
-use super::types::PlanOptions;
 use super::PlanError;
 use crate::format::{Dtype, Tensor};
 
@@ -112,17 +111,22 @@ pub struct Quantizer {
 }
 
 impl Quantizer {
-    /// `None` without `--quantize`.
-    pub fn new(options: &PlanOptions) -> Result<Option<Quantizer>, PlanError> {
-        let Some(scheme) = options.quantize else {
+    /// `None` without `--quantize` (`scheme`); `keep` and `only` are the
+    /// globs of `--keep` and `--quantize-only`.
+    pub fn new(
+        scheme: Option<QuantizeScheme>,
+        keep: &[String],
+        only: &[String],
+    ) -> Result<Option<Quantizer>, PlanError> {
+        let Some(scheme) = scheme else {
             return Ok(None);
         };
-        let only = match options.quantize_only.is_empty() {
+        let only = match only.is_empty() {
             true => None,
-            false => Some(globs(&options.quantize_only)?),
+            false => Some(globs(only)?),
         };
         Ok(Some(Quantizer {
-            keep: globs(&options.quantize_keep)?,
+            keep: globs(keep)?,
             only,
             record: QuantizeRecord {
                 scheme,

@@ -13,13 +13,13 @@
 
 use std::collections::HashMap;
 
-use super::compare::{first_unequal, stream_difference, too_big_buffers, Buffers, Sides};
+use super::compare::{first_difference, stream_difference, too_big_buffers, Buffers, Sides};
 use super::ledger::CommitLedger;
 use super::report::{AgainstReport, Failure, ValidateReport};
 use super::ValidateError;
 use crate::cast::dequant::DequantStream;
 use crate::cast::{self, OverflowPolicy};
-use crate::format::read::{SourceReader, TensorBytes};
+use crate::format::read::SourceReader;
 use crate::format::{self, Checkpoint, Tensor};
 use crate::plan::order::{sort_indices, Order};
 use crate::quant::Scheme;
@@ -202,47 +202,6 @@ pub fn compare(
     }
     report.against = Some(summary);
     Ok(())
-}
-
-/// The index of the first element where `out` differs from `theirs` (cast
-/// to `out`'s dtype when they differ), or `None` when equal.
-fn first_difference(
-    src_reader: &SourceReader,
-    theirs: &Tensor,
-    out_reader: &SourceReader,
-    out: &Tensor,
-    bufs: &mut Buffers,
-    policy: OverflowPolicy,
-) -> Result<Option<u64>, ValidateError> {
-    let in_elem = (theirs.dtype.bits() / 8).max(1) as usize;
-    let out_elem = (out.dtype.bits() / 8).max(1) as usize;
-    let casting = theirs.dtype != out.dtype;
-    let per_chunk = bufs.source.len() / in_elem.max(out_elem);
-    let numel = out.numel();
-    let mut src_stream: TensorBytes = src_reader.tensor_bytes(theirs);
-    let mut out_stream: TensorBytes = out_reader.tensor_bytes(out);
-    let mut done = 0u64;
-    while done < numel {
-        let n = usize::try_from(numel - done)
-            .unwrap_or(usize::MAX)
-            .min(per_chunk);
-        let input = &mut bufs.source[..n * in_elem];
-        src_reader.read_chunk(theirs, &mut src_stream, input)?;
-        let expected: &[u8] = if casting {
-            let output = &mut bufs.cast[..n * out_elem];
-            cast::cast_parallel(theirs.dtype, out.dtype, input, output, policy);
-            output
-        } else {
-            input
-        };
-        let got = &mut bufs.output[..n * out_elem];
-        out_reader.read_chunk(out, &mut out_stream, got)?;
-        if let Some(at) = first_unequal(expected, got, out_elem) {
-            return Ok(Some(done + at as u64));
-        }
-        done += n as u64;
-    }
-    Ok(None)
 }
 
 /// A quantized source tensor: its codes, its scale and how they combine.

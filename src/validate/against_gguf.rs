@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::compare::{stream_difference, Buffers, Sides};
+use super::compare::{first_difference, stream_difference, Buffers, Sides};
 use super::report::{AgainstReport, Failure, ValidateReport};
 use super::ValidateError;
 use crate::cast::{OverflowPolicy, TARGETS};
@@ -66,6 +66,29 @@ pub(super) fn compare(
                 "shape {:?} but the GGUF tensor's is {:?}",
                 t.shape, role.shape
             )));
+            continue;
+        }
+        if let TensorInput::Source { tensor } = role.input {
+            // Copied, or cast like any plain tensor (integers, F64 too).
+            let theirs = &source.tensors[tensor];
+            let castable = theirs.dtype == t.dtype
+                || matches!(crate::cast::target_for(theirs.dtype, t.dtype), Ok(Some(_)));
+            if !castable {
+                report.fail(mismatch(format!(
+                    "{} but the GGUF tensor's is {}, which reshard does not cast",
+                    t.dtype, theirs.dtype
+                )));
+                continue;
+            }
+            let at = first_difference(sides.src_reader, theirs, sides.out_reader, t, bufs, policy)?;
+            if let Some(at) = at {
+                report.fail(mismatch(format!(
+                    "differs from GGUF tensor {:?} ({}) at element {at}",
+                    theirs.name, theirs.dtype
+                )));
+            }
+            summary.tensors_compared += 1;
+            summary.cast_compared += usize::from(theirs.dtype != t.dtype);
             continue;
         }
         if !TARGETS.contains(&t.dtype) {

@@ -6,6 +6,7 @@
 use super::device::try_zeroed;
 use super::ValidateError;
 use crate::cast::dequant::ChunkStream;
+use crate::cast::{self, OverflowPolicy};
 use crate::format::read::{SourceReader, TensorBytes};
 use crate::format::{Checkpoint, Tensor};
 
@@ -102,4 +103,45 @@ fn too_big(out: &Tensor) -> ValidateError {
         what: format!("reserve memory to compare {:?}", out.name),
         source: std::io::Error::from(std::io::ErrorKind::OutOfMemory),
     }
+}
+
+/// The index of the first element where `out` differs from `theirs` (cast
+/// to `out`'s dtype when they differ), or `None` when equal.
+pub(super) fn first_difference(
+    src_reader: &SourceReader,
+    theirs: &Tensor,
+    out_reader: &SourceReader,
+    out: &Tensor,
+    bufs: &mut Buffers,
+    policy: OverflowPolicy,
+) -> Result<Option<u64>, ValidateError> {
+    let in_elem = (theirs.dtype.bits() / 8).max(1) as usize;
+    let out_elem = (out.dtype.bits() / 8).max(1) as usize;
+    let casting = theirs.dtype != out.dtype;
+    let per_chunk = bufs.source.len() / in_elem.max(out_elem);
+    let numel = out.numel();
+    let mut src_stream: TensorBytes = src_reader.tensor_bytes(theirs);
+    let mut out_stream: TensorBytes = out_reader.tensor_bytes(out);
+    let mut done = 0u64;
+    while done < numel {
+        let n = usize::try_from(numel - done)
+            .unwrap_or(usize::MAX)
+            .min(per_chunk);
+        let input = &mut bufs.source[..n * in_elem];
+        src_reader.read_chunk(theirs, &mut src_stream, input)?;
+        let expected: &[u8] = if casting {
+            let output = &mut bufs.cast[..n * out_elem];
+            cast::cast_parallel(theirs.dtype, out.dtype, input, output, policy);
+            output
+        } else {
+            input
+        };
+        let got = &mut bufs.output[..n * out_elem];
+        out_reader.read_chunk(out, &mut out_stream, got)?;
+        if let Some(at) = first_unequal(expected, got, out_elem) {
+            return Ok(Some(done + at as u64));
+        }
+        done += n as u64;
+    }
+    Ok(None)
 }

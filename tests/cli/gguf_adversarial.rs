@@ -100,7 +100,7 @@ fn write_gguf(path: &Path, kvs: &[(&str, Kv)], tensors: &[T]) {
         offsets.push(offset);
         offset = (offset + t.data.len() as u64).div_ceil(32) * 32;
     }
-    while b.len() % 32 != 0 {
+    while !b.len().is_multiple_of(32) {
         b.push(0);
     }
     let start = b.len();
@@ -253,7 +253,6 @@ fn a_qwen2_key_length_that_overflows_is_a_clear_error() {
 /// outputs were reported as mismatches (exit 1) and an F64 tensor stopped
 /// the check (exit 2, "F64 codes cannot be dequantized").
 #[test]
-#[ignore = "adversarial finding 04: validate --against a GGUF refuses plain I8/I32/F64 tensors; not fixed on adv-review"]
 fn validate_against_passes_a_correct_conversion_of_plain_int_and_f64_tensors() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("ints.gguf");
@@ -288,4 +287,25 @@ fn validate_against_passes_a_correct_conversion_of_plain_int_and_f64_tensors() {
     let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
     out.success().stdout(predicates::str::contains("passed"));
     let _ = stdout;
+}
+
+/// A config the header cannot give failed only the real run: the dry run
+/// (and so `fit` and `batch --dry-run`) said it would work.
+#[test]
+fn a_dry_run_fails_where_the_run_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("q.gguf");
+    write_llama(
+        &src,
+        "qwen2",
+        vec![("qwen2.attention.key_length".into(), Kv::U64(1 << 62))],
+        &[f32_tensor("token_embd.weight", &[64, 26])],
+    );
+    let dst = dir.path().join("out");
+    let out = convert(&src, &dst, &["--dtype", "bf16", "--dry-run"]).code(2);
+    assert!(
+        stderr_of(&out).contains("key_length"),
+        "{}",
+        stderr_of(&out)
+    );
 }

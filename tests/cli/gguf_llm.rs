@@ -104,3 +104,30 @@ fn only_llamas_q_and_k_rows_are_put_back_with_their_head_counts() {
     assert!(qwen.contains_key("model.layers.0.self_attn.q_proj.bias"));
     assert!(qwen.values().all(|i| i.get("unpermute_heads").is_none()));
 }
+
+#[test]
+fn keep_dtype_matches_the_name_written_as_well_as_the_gguf_name() {
+    for glob in ["model.norm.weight", "output_norm.weight"] {
+        let out = reshard()
+            .args(["convert", "--dry-run", "--json", "--dtype", "bf16"])
+            .args(["--keep-dtype", glob])
+            .arg(llm("llama-q8_0.gguf"))
+            .arg(tempfile::tempdir().unwrap().path().join("out"))
+            .assert()
+            .success();
+        let plan: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+        let plan = if plan.get("plan").is_some() {
+            &plan["plan"]
+        } else {
+            &plan
+        };
+        let norm = plan["shards"][0]["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == "model.norm.weight")
+            .unwrap()
+            .clone();
+        assert_eq!(norm["dtype"], "F32", "{glob}");
+    }
+}

@@ -55,12 +55,26 @@ const PRE_TOKENIZERS: &[(&str, Pre)] = &[
     ("default", Pre::Gpt2),
 ];
 
+/// The most tokens a vocabulary may have: the largest real ones (Gemma 3's,
+/// Llama 4's) hold 262,144 and 202,048.
+pub const MAX_TOKENS: usize = 1 << 20;
+
 /// The tokenizer files (name, text) the GGUF metadata allows: always
 /// tokenizer.json and tokenizer_config.json, or an error naming the key
 /// or value that has no Hugging Face equivalent.
 pub fn tokenizer_files(metadata: &Metadata) -> Result<Vec<(String, String)>, GgufHfError> {
     let tokens_key = "tokenizer.ggml.tokens";
     let tokens = meta::strings(metadata, tokens_key)?.ok_or_else(|| meta::missing(tokens_key))?;
+    if tokens.len() > MAX_TOKENS {
+        // tokenizer.json costs a few KiB of memory a token while it is built.
+        return Err(GgufHfError::BadValue {
+            key: tokens_key.into(),
+            why: format!(
+                "{} tokens, more than the {MAX_TOKENS} of any real vocabulary",
+                tokens.len()
+            ),
+        });
+    }
     let mut texts = Vec::with_capacity(tokens.len());
     for i in 0..tokens.len() {
         texts.push(tokens.get_str(i).ok_or_else(|| GgufHfError::BadEntry {
