@@ -88,7 +88,7 @@ fn main() {
         "pair", "memcpy", "1T GB/s", "1T x mcp", "par GB/s", "par x mcp"
     );
 
-    let cases: [(Dtype, Dtype, &[u8], OverflowPolicy); 8] = [
+    let cases: [(Dtype, Dtype, &[u8], OverflowPolicy); 14] = [
         (Dtype::F32, Dtype::BF16, &f32_in, OverflowPolicy::Error),
         (Dtype::F32, Dtype::BF16, &f32_in, OverflowPolicy::Saturate),
         (Dtype::F32, Dtype::F16, &f32_in, OverflowPolicy::Error),
@@ -97,6 +97,13 @@ fn main() {
         (Dtype::F16, Dtype::BF16, &f16_in, OverflowPolicy::Error),
         (Dtype::BF16, Dtype::F32, &bf16_in, OverflowPolicy::Error),
         (Dtype::F16, Dtype::F32, &f16_in, OverflowPolicy::Error),
+        // Plain FP8 (`--quantize fp8`, `fp8-e5m2`): the policy is ignored.
+        (Dtype::F32, Dtype::F8_E4M3, &f32_in, OverflowPolicy::Error),
+        (Dtype::F32, Dtype::F8_E5M2, &f32_in, OverflowPolicy::Error),
+        (Dtype::BF16, Dtype::F8_E4M3, &bf16_in, OverflowPolicy::Error),
+        (Dtype::BF16, Dtype::F8_E5M2, &bf16_in, OverflowPolicy::Error),
+        (Dtype::F16, Dtype::F8_E4M3, &f16_in, OverflowPolicy::Error),
+        (Dtype::F16, Dtype::F8_E5M2, &f16_in, OverflowPolicy::Error),
     ];
     for (from, to, input, policy) in cases {
         let n = input.len() / (from.bits() / 8) as usize;

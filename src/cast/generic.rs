@@ -41,7 +41,30 @@ pub(super) fn cast_generic<const SAT: bool>(
         (F32, F32) => drive(i, o, k::same_f32),
         (F64, F64) => drive(i, o, k::same_f64),
         (F8_E4M3 | F8_E5M2, _) => cast_f8(from, to, i, o),
+        (_, F8_E4M3 | F8_E5M2) => encode_f8(from, to, i, o),
         _ => unreachable!("cast_slice checked the pair {from} -> {to}"),
+    }
+}
+
+/// F8 targets (`--quantize fp8`): 16-bit sources widen exactly to f32,
+/// f64 rounds to f32 as torch does, then [`f8`] encodes with its clamp.
+#[inline(always)]
+pub(super) fn encode_f8(from: Dtype, to: Dtype, i: &[u8], o: &mut [u8]) -> CastStats {
+    use kernels as k;
+    use Dtype::*;
+    match (from, to) {
+        (F32, F8_E4M3) => drive(i, o, f8::f32_to_e4m3),
+        (F32, _) => drive(i, o, f8::f32_to_e5m2),
+        (BF16, F8_E4M3) => drive(i, o, then(k::bf16_to_f32, f8::f32_to_e4m3)),
+        (BF16, _) => drive(i, o, then(k::bf16_to_f32, f8::f32_to_e5m2)),
+        (F16, F8_E4M3) => drive(i, o, then(k::f16_to_f32, f8::f32_to_e4m3)),
+        (F16, _) => drive(i, o, then(k::f16_to_f32, f8::f32_to_e5m2)),
+        (_, F8_E4M3) => drive(i, o, |x: u64| {
+            f8::f64_via_f32(x, f8::f32_to_e4m3, f8::E4M3_MAX)
+        }),
+        _ => drive(i, o, |x: u64| {
+            f8::f64_via_f32(x, f8::f32_to_e5m2, f8::E5M2_MAX)
+        }),
     }
 }
 

@@ -13,6 +13,12 @@
 //! ties to even; NaN stays NaN; infinities and signed zeros are kept;
 //! subnormals are exact both ways; widening is exact.
 //!
+//! The plain FP8 targets F8_E4M3 and F8_E5M2 (`--quantize fp8` and
+//! `fp8-e5m2`, chosen by the planner, never by [`target_for`]) follow
+//! torch's `x.clamp(-max, max).to(float8_*)` instead: out-of-range values
+//! and infinities saturate whatever the policy and are counted as
+//! `overflow`; NaN stays NaN with its sign.
+//!
 //! ```
 //! use reshard::cast::{cast_slice, OverflowPolicy};
 //! use reshard::format::Dtype;

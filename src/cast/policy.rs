@@ -25,7 +25,9 @@ pub enum OverflowPolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct CastStats {
     /// Finite inputs whose rounded value exceeds the target's largest finite
-    /// value (written as infinity, or saturated).
+    /// value (written as infinity, or saturated). For the F8 targets: the
+    /// inputs the clamp changed (beyond ±448 or ±57344, infinities
+    /// included), which are saturated under every policy.
     pub overflow: u64,
     /// Non-zero finite inputs that became zero.
     pub underflow: u64,
@@ -83,6 +85,8 @@ fn max_finite_text(d: Dtype) -> &'static str {
         Dtype::BF16 => "3.3895e38",
         Dtype::F32 => "3.4028e38",
         Dtype::F64 => "1.7977e308",
+        Dtype::F8_E4M3 => "448",
+        Dtype::F8_E5M2 => "57344",
         _ => "unknown",
     }
 }

@@ -10,17 +10,26 @@ use super::simd;
 use crate::format::Dtype;
 
 /// True when [`cast_slice`] has a kernel for `from` -> `to`: every pair
-/// among F64, F32, F16, BF16 (a dtype to itself included), and F8_E4M3 or
-/// F8_E5M2 to any of those four.
+/// among F64, F32, F16, BF16 (a dtype to itself included), F8_E4M3 or
+/// F8_E5M2 to any of those four, and any of those four to F8_E4M3 or
+/// F8_E5M2 (the plain FP8 encoding of `--quantize fp8`, clamped to the
+/// largest finite value whatever the policy; see `f8.rs`).
+///
+/// F8 to F8 is not a kernel: E4M3 -> E5M2 would round, and a plan never
+/// asks for it.
 pub fn supports(from: Dtype, to: Dtype) -> bool {
-    TARGETS.contains(&to)
-        && (TARGETS.contains(&from) || matches!(from, Dtype::F8_E4M3 | Dtype::F8_E5M2))
+    let f8 = |d: Dtype| matches!(d, Dtype::F8_E4M3 | Dtype::F8_E5M2);
+    (TARGETS.contains(&to) && (TARGETS.contains(&from) || f8(from)))
+        || (TARGETS.contains(&from) && f8(to))
 }
 
 /// Casts whole elements from `input` (dtype `from`) into `output` (dtype
 /// `to`), little-endian, slices of any alignment. With
 /// [`OverflowPolicy::Error`] the output is as with `Inf` and the overflows
-/// are counted for the caller to act on.
+/// are counted for the caller to act on. F8 targets ignore the policy: they
+/// always clamp to the largest finite value (torch's `clamp(-max,
+/// max).to(float8_*)`) and count the clamped values, infinities included,
+/// as `overflow`.
 ///
 /// # Panics
 ///
