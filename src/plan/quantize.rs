@@ -57,7 +57,8 @@ impl QuantizeScheme {
 #[serde(rename_all = "kebab-case")]
 pub enum KeptBecause {
     /// Not a floating-point 2-D `.weight` of more than [`MIN_ELEMENTS`]
-    /// elements in a numbered block (a norm, a bias, a tiny tensor, ...).
+    /// elements in a numbered block (a norm, a bias, a tiny tensor, a
+    /// projection outside the blocks, ...).
     NotALinearWeight,
     /// An embedding or the output head.
     EmbeddingOrHead,
@@ -72,7 +73,9 @@ pub enum KeptBecause {
 impl KeptBecause {
     pub fn describe(self) -> &'static str {
         match self {
-            KeptBecause::NotALinearWeight => "not a Linear weight (norm, bias, 1-D or tiny)",
+            KeptBecause::NotALinearWeight => {
+                "not a Linear weight of a block (norm, bias, 1-D, tiny or outside the blocks)"
+            }
             KeptBecause::EmbeddingOrHead => "embedding or output head",
             KeptBecause::FamilyKeeps => "kept in high precision by the model family's converters",
             KeptBecause::Keep => "--keep",
@@ -205,9 +208,6 @@ pub fn decide(
     if is_embedding_or_head(&t.name) {
         return Err(KeptBecause::EmbeddingOrHead);
     }
-    if block_of(&t.name).is_none() {
-        return Err(KeptBecause::NotALinearWeight);
-    }
     if keep(&t.name) {
         return Err(KeptBecause::Keep);
     }
@@ -221,13 +221,16 @@ pub fn decide(
     if family_keep(&t.name) {
         return Err(KeptBecause::FamilyKeeps);
     }
+    if block_of(&t.name).is_none() {
+        return Err(KeptBecause::NotALinearWeight);
+    }
     Ok(())
 }
 
 /// Name parts (between dots) that mark an embedding or the output head.
 fn is_embedding_or_head(name: &str) -> bool {
     name.split('.').any(|part| {
-        part.contains("embed")
+        (part.contains("embed") && !part.starts_with("embedder"))
             || matches!(part, "wte" | "wpe" | "lm_head" | "token_embd")
             || part.starts_with("norm")
             || part.ends_with("norm")

@@ -30,6 +30,7 @@ mod platform;
 mod proof;
 mod pytorch;
 mod quant;
+mod quantize_fp8;
 mod readers;
 mod snapshots;
 mod touch;

@@ -83,7 +83,7 @@ fn render_quantized(o: &mut String, q: &reshard::plan::quantize::QuantizeRecord)
     );
     let _ = writeln!(
         o,
-        "kept: {} tensors that are not Linear weights (norms, biases, 1-D or tiny), {} more:",
+        "kept: {} tensors that are not Linear weights of blocks (norms, biases, 1-D, tiny), {} more:",
         q.not_linear,
         q.kept.len()
     );
