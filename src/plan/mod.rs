@@ -9,6 +9,7 @@ pub(crate) mod dequant;
 mod error;
 pub(crate) mod from_gguf;
 pub mod gguf;
+mod globs;
 pub(crate) mod input;
 pub mod order;
 pub(crate) mod output;
@@ -25,6 +26,7 @@ use self::dequant::{QuantPlan, Role};
 pub use self::error::{PlanError, EXPANSION_FLOOR, MAX_EXPANSION};
 use self::from_gguf::{GgufPlan, GgufRole};
 pub use self::from_gguf::{GgufRecord, GgufTensorRecord, DEQUANTIZED_FROM_KEY};
+use self::globs::glob_set;
 pub use self::input::TensorInput;
 pub use self::output::ShardLayout;
 use self::quantize::Quantizer;
@@ -161,16 +163,7 @@ impl Plan {
             // twice the codes' bytes.
             let len = numel.and_then(|n| dtype.byte_len(n)).unwrap_or(u64::MAX);
             if target.is_some() && target == Some(dtype) {
-                let pair = casts.entry((t.dtype, dtype)).or_insert(CastPair {
-                    from: t.dtype,
-                    to: dtype,
-                    tensors: 0,
-                    bytes_before: 0,
-                    bytes_after: 0,
-                });
-                pair.tensors += 1;
-                pair.bytes_before += t.len;
-                pair.bytes_after += len;
+                count_cast(&mut casts, t.dtype, dtype, t.len, len);
             }
             planned.push(PlannedTensor {
                 name: name.clone(),
@@ -242,6 +235,26 @@ impl Plan {
     }
 }
 
+/// Adds one tensor cast from `from` to `to` to the plan's cast totals.
+fn count_cast(
+    casts: &mut BTreeMap<(Dtype, Dtype), CastPair>,
+    from: Dtype,
+    to: Dtype,
+    bytes_before: u64,
+    bytes_after: u64,
+) {
+    let pair = casts.entry((from, to)).or_insert(CastPair {
+        from,
+        to,
+        tensors: 0,
+        bytes_before: 0,
+        bytes_after: 0,
+    });
+    pair.tensors += 1;
+    pair.bytes_before += bytes_before;
+    pair.bytes_after += bytes_after;
+}
+
 /// The planned tensor of GGUF tensor `t` in `role`; a plain tensor's cast
 /// is counted in `casts` (a dequantized one is the record's).
 fn gguf_tensor(
@@ -254,16 +267,7 @@ fn gguf_tensor(
         .and_then(|n| role.dtype.byte_len(n))
         .unwrap_or(u64::MAX);
     if t.ggml_type().is_none() && t.dtype != role.dtype {
-        let pair = casts.entry((t.dtype, role.dtype)).or_insert(CastPair {
-            from: t.dtype,
-            to: role.dtype,
-            tensors: 0,
-            bytes_before: 0,
-            bytes_after: 0,
-        });
-        pair.tensors += 1;
-        pair.bytes_before += t.len;
-        pair.bytes_after += len;
+        count_cast(casts, t.dtype, role.dtype, t.len, len);
     }
     PlannedTensor {
         name: role.name.clone(),
@@ -278,21 +282,7 @@ fn gguf_tensor(
 }
 
 fn keep_globs(globs: &[String]) -> Result<globset::GlobSet, PlanError> {
-    let mut set = globset::GlobSetBuilder::new();
-    for g in globs {
-        let glob = globset::GlobBuilder::new(g)
-            .literal_separator(false)
-            .build()
-            .map_err(|source| PlanError::BadGlob {
-                glob: g.clone(),
-                source,
-            })?;
-        set.add(glob);
-    }
-    set.build().map_err(|source| PlanError::BadGlob {
-        glob: globs.join(" "),
-        source,
-    })
+    glob_set(globs).map_err(|(glob, source)| PlanError::BadGlob { glob, source })
 }
 
 /// Source tensor indices to write, and the tied names left out. Only exact

@@ -14,6 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::globs::glob_set;
 use super::order::block_of;
 use super::PlanError;
 use crate::format::{Dtype, Tensor};
@@ -174,21 +175,7 @@ impl Quantizer {
 }
 
 fn globs(globs: &[String]) -> Result<globset::GlobSet, PlanError> {
-    let mut set = globset::GlobSetBuilder::new();
-    for g in globs {
-        let glob = globset::GlobBuilder::new(g)
-            .literal_separator(false)
-            .build()
-            .map_err(|source| PlanError::BadQuantizeGlob {
-                glob: g.clone(),
-                source,
-            })?;
-        set.add(glob);
-    }
-    set.build().map_err(|source| PlanError::BadQuantizeGlob {
-        glob: globs.join(" "),
-        source,
-    })
+    glob_set(globs).map_err(|(glob, source)| PlanError::BadQuantizeGlob { glob, source })
 }
 
 /// Whether `t` is quantized: `Ok(())` or why it is kept. `keep` and

@@ -64,8 +64,17 @@ fn a_qwen2_q8_0_gguf_with_biases_and_tied_embeddings_loads_in_transformers() {
 
 /// The dry-run plan's tensors, name -> planned input.
 fn planned_inputs(gguf: &Path) -> serde_json::Map<String, serde_json::Value> {
+    planned(gguf, &[])
+        .into_iter()
+        .map(|(name, t)| (name, t["input"].clone()))
+        .collect()
+}
+
+/// The dry-run plan's tensors of `--dtype bf16 EXTRA...`, name -> tensor.
+fn planned(gguf: &Path, extra: &[&str]) -> serde_json::Map<String, serde_json::Value> {
     let out = reshard()
         .args(["convert", "--dry-run", "--json", "--dtype", "bf16"])
+        .args(extra)
         .arg(gguf)
         .arg(tempfile::tempdir().unwrap().path().join("out"))
         .assert()
@@ -81,7 +90,7 @@ fn planned_inputs(gguf: &Path) -> serde_json::Map<String, serde_json::Value> {
         .unwrap()
         .iter()
         .flat_map(|s| s["tensors"].as_array().unwrap())
-        .map(|t| (t["name"].as_str().unwrap().to_string(), t["input"].clone()))
+        .map(|t| (t["name"].as_str().unwrap().to_string(), t.clone()))
         .collect()
 }
 
@@ -108,26 +117,7 @@ fn only_llamas_q_and_k_rows_are_put_back_with_their_head_counts() {
 #[test]
 fn keep_dtype_matches_the_name_written_as_well_as_the_gguf_name() {
     for glob in ["model.norm.weight", "output_norm.weight"] {
-        let out = reshard()
-            .args(["convert", "--dry-run", "--json", "--dtype", "bf16"])
-            .args(["--keep-dtype", glob])
-            .arg(llm("llama-q8_0.gguf"))
-            .arg(tempfile::tempdir().unwrap().path().join("out"))
-            .assert()
-            .success();
-        let plan: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
-        let plan = if plan.get("plan").is_some() {
-            &plan["plan"]
-        } else {
-            &plan
-        };
-        let norm = plan["shards"][0]["tensors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|t| t["name"] == "model.norm.weight")
-            .unwrap()
-            .clone();
-        assert_eq!(norm["dtype"], "F32", "{glob}");
+        let tensors = planned(&llm("llama-q8_0.gguf"), &["--keep-dtype", glob]);
+        assert_eq!(tensors["model.norm.weight"]["dtype"], "F32", "{glob}");
     }
 }
