@@ -322,10 +322,13 @@ fn render_placement(p: &reshard::validate::Placement) -> String {
 
 pub fn render(r: &ValidateReport) -> String {
     let mut o = String::new();
-    let checks = if r.manifest {
-        "shard digests (as reshard.json records them: BLAKE3 or sha256) and xxh3 checked against reshard.json"
-    } else {
-        "no reshard.json: bytes loaded (and read back from a GPU), not checksummed"
+    let gpu = r.device.device.starts_with("cuda");
+    let checks = match (r.manifest, r.against.is_some(), gpu) {
+        (false, false, _) if r.emulation.is_some() => "no reshard.json: headers checked and the shards loaded as the emulated loader loads them; nothing compared",
+        (true, _, _) => "shard digests (as reshard.json records them: BLAKE3 or sha256) and xxh3 checked against reshard.json",
+        (false, true, _) => "no reshard.json: headers and offsets checked and every byte read; values compared with --against below",
+        (false, false, true) => "no reshard.json: headers and offsets checked, every byte read and read back from the GPU; nothing compared (no checksums to check; --against SRC compares with a source)",
+        (false, false, false) => "no reshard.json: headers and offsets checked and every byte read; nothing compared (no checksums to check; --against SRC compares with a source)",
     };
     let _ = writeln!(
         o,

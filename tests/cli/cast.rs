@@ -172,7 +172,11 @@ fn casting_to_f8_is_refused_before_writing() {
     let dst = tmp.path().join("out");
     convert(&fixture("tiny-llama"), &dst, &["--dtype", "F8_E4M3"])
         .code(2)
-        .stderr(predicates::str::contains("needs scales"));
+        .stderr(predicates::str::contains("needs scales"))
+        .stderr(predicates::str::contains("--quantize fp8"));
+    convert(&fixture("tiny-llama"), &dst, &["--dtype", "int8"])
+        .code(2)
+        .stderr(predicates::str::contains("bf16, f16, f32 or f64"));
     assert!(!dst.exists());
 }
 

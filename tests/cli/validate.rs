@@ -491,3 +491,37 @@ fn against_passes_through_a_cast() {
         "{against}"
     );
 }
+
+/// Without reshard.json there is nothing to check bytes against: the
+/// report says what was checked and that nothing was compared, and does
+/// not talk of a GPU on the CPU device.
+#[test]
+fn a_model_without_a_manifest_says_nothing_was_compared() {
+    let out = reshard()
+        .args(["validate", "--device", "cpu"])
+        .arg(fixture("tiny-llama"))
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    let first = text.lines().next().unwrap();
+    assert!(
+        first.contains("every byte read") && first.contains("nothing compared"),
+        "{first}"
+    );
+    assert!(!first.contains("GPU"), "{first}");
+    let out = reshard()
+        .args(["validate", "--device", "cpu"])
+        .arg(fixture("tiny-llama"))
+        .arg("--against")
+        .arg(fixture("tiny-llama"))
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(
+        text.lines()
+            .next()
+            .unwrap()
+            .contains("compared with --against"),
+        "{text}"
+    );
+}

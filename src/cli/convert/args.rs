@@ -70,7 +70,7 @@ pub struct ConvertArgs {
     #[arg(long)]
     pub no_progress: bool,
     /// Cast floating-point tensors to this dtype (bf16, f16, f32, f64).
-    #[arg(long, value_name = "DTYPE")]
+    #[arg(long, value_name = "DTYPE", value_parser = parse_dtype)]
     pub dtype: Option<Dtype>,
     /// Keep tensors whose names match this glob in their dtype (repeatable).
     #[arg(long, value_name = "GLOB")]
@@ -121,6 +121,21 @@ pub struct ConvertArgs {
     /// another program mid-read (see docs/convert.md).
     #[arg(long, alias = "no-kernel-copy")]
     pub no_mmap: bool,
+}
+
+/// `--dtype`: a dtype name, with the valid targets and, for an FP8 or
+/// integer name, the flag that does what was meant.
+fn parse_dtype(s: &str) -> Result<Dtype, String> {
+    let lower = s.to_ascii_lowercase();
+    let fp8 = ["fp8", "float8", "f8"].iter().any(|p| lower.starts_with(p));
+    match s.parse::<Dtype>() {
+        Ok(d) if reshard::cast::TARGETS.contains(&d) => Ok(d),
+        _ if fp8 => Err(format!(
+            "--dtype casts to bf16, f16, f32 or f64; FP8 needs scales or a clamp: use --quantize {}",
+            if lower.contains("e5m2") { "fp8-e5m2" } else { "fp8" }
+        )),
+        _ => Err(format!("{s:?}: --dtype takes bf16, f16, f32 or f64")),
+    }
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
