@@ -232,11 +232,9 @@ fn mapped_input_and_forced_read_write_give_identical_casts() {
                 "1MiB",
                 "--threads",
                 "2",
-                "--on-overflow",
-                "inf",
             ];
             if dtype != "keep" {
-                args.extend(["--dtype", dtype]);
+                args.extend(["--dtype", dtype, "--on-overflow", "inf"]);
             }
             let files = assert_same_without_mmap(&src, &fast, &slow, &args);
             assert!(files > 2, "{name} {dtype}: {files} files");

@@ -72,8 +72,9 @@ pub struct ConvertArgs {
     /// Cast floating-point tensors to this dtype (bf16, f16, f32, f64).
     #[arg(long, value_name = "DTYPE", value_parser = parse_dtype)]
     pub dtype: Option<Dtype>,
-    /// Keep tensors whose names match this glob in their dtype (repeatable).
-    #[arg(long, value_name = "GLOB")]
+    /// Keep tensors whose names match this glob in their dtype (repeatable;
+    /// with --dtype).
+    #[arg(long, value_name = "GLOB", requires = "dtype")]
     pub keep_dtype: Vec<String>,
     /// Store Linear weights quantized: fp8 (float8_e4m3fn, clamped to
     /// +-448) or fp8-e5m2 (clamped to +-57344), no scales; norms, biases,
@@ -90,7 +91,7 @@ pub struct ConvertArgs {
     #[arg(long, value_name = "GLOB", requires = "quantize")]
     pub quantize_only: Vec<String>,
     /// What to do with values too large for --dtype.
-    #[arg(long, value_enum, default_value = "error")]
+    #[arg(long, value_enum, default_value = "error", requires = "dtype")]
     pub on_overflow: OverflowArg,
     /// Write only the first name of tensors that share one storage.
     #[arg(long)]
@@ -266,7 +267,7 @@ pub struct LayoutArgs {
     /// With --dtype: keep these in their dtype (repeatable): `vae` (a
     /// pipeline's or a split's `vae`, and `first_stage_model.*` in one
     /// file), `norms` (every `*norm*` and `*ln_*` tensor).
-    #[arg(long, value_enum, value_name = "PRESET")]
+    #[arg(long, value_enum, value_name = "PRESET", requires = "dtype")]
     pub keep_dtype_preset: Vec<KeepPresetArg>,
 }
 

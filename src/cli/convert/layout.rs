@@ -140,6 +140,8 @@ mod tests {
     #[test]
     fn keep_dtype_presets_add_globs_and_whole_components() {
         let o = parse(&[
+            "--dtype",
+            "bf16",
             "--keep-dtype",
             "x.*",
             "--keep-dtype-preset",
@@ -154,6 +156,14 @@ mod tests {
             ["x.*", "first_stage_model.*", "*norm*", "*ln_*"]
         );
         assert_eq!(o.keep_components, ["vae"]);
-        assert!(parse(&["--keep-dtype-preset", "unet"]).is_err());
+        assert!(parse(&["--dtype", "bf16", "--keep-dtype-preset", "unet"]).is_err());
+        // What only --dtype reads is refused without it, not ignored.
+        for flag in [
+            &["--keep-dtype", "x"][..],
+            &["--keep-dtype-preset", "vae"],
+            &["--on-overflow", "inf"],
+        ] {
+            assert!(parse(flag).is_err(), "{flag:?}");
+        }
     }
 }
