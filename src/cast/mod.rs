@@ -37,6 +37,7 @@ mod generic;
 pub mod gguf;
 mod kernels;
 mod policy;
+pub mod quantize;
 mod simd;
 mod slice;
 #[cfg(test)]

@@ -359,14 +359,19 @@ fn is_indexed_by(ck: &Checkpoint, path: &Path) -> bool {
 /// When casting, a config.json that [`select`] skipped (a FIFO, a link out
 /// of the model) is an error, not a note: the output would otherwise claim
 /// the source's dtype.
+///
+/// `quantization` (the `quantization_config` of a `--quantize` layout
+/// that needs one) is added to it; a source config that already has one
+/// is refused, since the output would claim two.
 pub fn rewritten_config(
     ck: &Checkpoint,
     others: &OtherFiles,
     dtype: Option<Dtype>,
+    quantization: Option<&serde_json::Value>,
 ) -> Result<Option<String>, ConvertError> {
-    let Some(to) = dtype else {
+    if dtype.is_none() && quantization.is_none() {
         return Ok(None);
-    };
+    }
     if let Some(skipped) = others.skipped.iter().find(|f| f.name == "config.json") {
         return Err(ConvertError::Config {
             path: ck.dir.join("config.json"),
@@ -376,14 +381,38 @@ pub fn rewritten_config(
     let Some(f) = others.files.iter().find(|f| f.name == "config.json") else {
         return Ok(None);
     };
-    let text =
+    let mut text =
         crate::format::read::read_regular_string(&f.path, crate::format::config::MAX_CONFIG)?;
-    cast::rewrite_config_dtype(&text, to)
-        .map(Some)
-        .map_err(|e| ConvertError::Config {
-            path: f.path.clone(),
-            reason: e.to_string(),
-        })
+    let bad = |reason: String| ConvertError::Config {
+        path: f.path.clone(),
+        reason,
+    };
+    if let Some(to) = dtype {
+        text = cast::rewrite_config_dtype(&text, to).map_err(|e| bad(e.to_string()))?;
+    }
+    if let Some(q) = quantization {
+        text = with_quantization_config(&text, q).map_err(bad)?;
+    }
+    Ok(Some(text))
+}
+
+/// `config` (a JSON object) with a `quantization_config` key added at its
+/// end, every other byte kept as written (numbers included).
+fn with_quantization_config(config: &str, q: &serde_json::Value) -> Result<String, String> {
+    let keys: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(config).map_err(|e| format!("not a JSON object: {e}"))?;
+    if keys.contains_key("quantization_config") || keys.contains_key("compression_config") {
+        return Err("it already has a quantization_config; the output cannot claim two".into());
+    }
+    let body = config.trim_end();
+    let Some(inner) = body.strip_suffix('}') else {
+        return Err("not a JSON object".into());
+    };
+    let inner = inner.trim_end();
+    let comma = if keys.is_empty() { "" } else { "," };
+    let value = serde_json::to_string_pretty(q).map_err(|e| e.to_string())?;
+    let value = value.replace('\n', "\n  ");
+    Ok(format!("{inner}{comma}\n  \"quantization_config\": {value}\n}}\n"))
 }
 
 /// Copies `files` into `dst` at their relative paths, config.json as

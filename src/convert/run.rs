@@ -244,7 +244,8 @@ fn prepare<'a>(
         others.files.retain(|f| f.name != "hf_quant_config.json");
     }
     let dtype = options.plan.dtype.filter(|_| options.config_dtype);
-    let config = other::rewritten_config(ck, &others, dtype)?;
+    let quantization = plan.quantized.as_ref().and_then(|q| q.config());
+    let config = other::rewritten_config(ck, &others, dtype, quantization.as_ref())?;
     let generated = super::gguf::generated_files(ck, &plan)?;
     others.skipped.extend(generated.skipped);
     Ok(Prepared {

@@ -2,7 +2,9 @@
 //! whose bytes are not a source tensor's (copied or cast), used by the
 //! executor and by `validate --against`, so both compute the same bytes.
 
-use crate::cast::dequant::{ChunkStream, DequantError, DequantStream};
+use crate::cast::dequant::{Chunk, ChunkStream, DequantError, DequantStream};
+use crate::cast::CastStats;
+use crate::cast::quantize::QuantizeStream;
 use crate::cast::gguf::{GgufStream, RowOrder};
 use crate::cast::OverflowPolicy;
 use crate::format::read::SourceReader;
@@ -50,5 +52,52 @@ pub fn open<'a>(
                 policy,
             )?))
         }
+        TensorInput::Quantized {
+            tensor,
+            recipe,
+            work,
+            part,
+        } => Some(Box::new(QuantizeStream::open(
+            reader,
+            &ck.tensors[*tensor],
+            *recipe,
+            *work,
+            *part,
+        )?)),
+        TensorInput::Constant { bytes, .. } => Some(Box::new(Constant {
+            bytes: bytes.clone(),
+            done: false,
+        })),
     })
+}
+
+/// Fixed bytes, written in one chunk.
+struct Constant {
+    bytes: Vec<u8>,
+    done: bool,
+}
+
+impl ChunkStream for Constant {
+    fn is_done(&self) -> bool {
+        self.done
+    }
+    fn fill(&mut self, buf: &mut [u8]) -> Result<Chunk, DequantError> {
+        // The plan keeps constants small (a layer's JSON config, an empty
+        // marker): far below any window.
+        let len = self.bytes.len().min(buf.len());
+        buf[..len].copy_from_slice(&self.bytes[..len]);
+        self.bytes.drain(..len);
+        self.done = self.bytes.is_empty();
+        Ok(Chunk {
+            start: 0,
+            len,
+            read: 0,
+        })
+    }
+    fn stats(&self) -> CastStats {
+        CastStats::default()
+    }
+    fn min_buffer(&self) -> u64 {
+        1
+    }
 }

@@ -302,6 +302,7 @@ impl<'a> TensorHashes<'a> {
                 shape: t.shape.clone(),
                 xxh3: format!("{:016x}", hash.digest()),
                 cast: None,
+                quantized: None,
             });
             self.next += 1;
             self.seen = 0;

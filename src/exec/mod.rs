@@ -273,7 +273,10 @@ fn fill_shard<'p>(
         // One arm per input kind (no wildcard): a new kind must say how it
         // streams before this compiles.
         let tensor = match &planned.input {
-            TensorInput::Dequantized { .. } | TensorInput::Gguf { .. } => {
+            TensorInput::Dequantized { .. }
+            | TensorInput::Gguf { .. }
+            | TensorInput::Quantized { .. }
+            | TensorInput::Constant { .. } => {
                 let sent = fill_dequantized(job, planned, free, to_writer)?;
                 let Some(record) = sent else {
                     return Ok(records); // the write stage failed; it reports why
@@ -369,6 +372,7 @@ fn fill_shard<'p>(
             shape: planned.shape.clone(),
             xxh3: format!("{:016x}", hash.digest()),
             cast: casting.then_some(CastRecord { from, to, stats }),
+            quantized: None,
         });
     }
     Ok(records)
@@ -436,11 +440,16 @@ fn fill_dequantized<'p>(
         }
         .into());
     }
+    let (cast, quantized) = match planned.input {
+        TensorInput::Quantized { .. } | TensorInput::Constant { .. } => (None, stream.quality()),
+        _ => (Some(CastRecord { from, to, stats }), None),
+    };
     Ok(Some(TensorRecord {
         name: planned.name.clone(),
         dtype: to,
         shape: planned.shape.clone(),
         xxh3: format!("{:016x}", hash.digest()),
-        cast: Some(CastRecord { from, to, stats }),
+        cast,
+        quantized,
     }))
 }

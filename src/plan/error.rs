@@ -63,6 +63,23 @@ pub enum PlanError {
     },
     #[error("--quantize {scheme}: the source is already quantized ({what}); convert it with --dtype first, then quantize that")]
     QuantizeQuantized { scheme: &'static str, what: String },
+    #[error("--block is the block size of --quantize fp8-block; --quantize {scheme} has no blocks")]
+    BlockWithoutBlockScheme { scheme: &'static str },
+    #[error("--block: a block size of 0 rows or columns holds no values")]
+    ZeroBlock,
+    #[error("--quantize {scheme}: tensor {tensor:?} would get the scale or marker {name:?}, which the source already has")]
+    QuantizeNameTaken {
+        scheme: &'static str,
+        tensor: String,
+        name: String,
+    },
+    #[error("--quantize fp8-block: tensor {tensor:?} has {cols} columns, {scales} block scales in one block row (at most {max}); use wider blocks")]
+    BlockRowTooWide {
+        tensor: String,
+        cols: u64,
+        scales: u64,
+        max: u64,
+    },
     #[error("invalid --keep or --quantize-only glob {glob:?}")]
     BadQuantizeGlob {
         glob: String,

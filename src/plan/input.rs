@@ -11,6 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::cast::quantize::{Part, Recipe};
+use crate::format::Dtype;
 use crate::quant::Scheme;
 
 /// The source of one planned tensor's bytes.
@@ -37,6 +39,19 @@ pub enum TensorInput {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         unpermute_heads: Option<u64>,
     },
+    /// Source tensor `tensor` (a 2-D weight) quantized to scaled FP8 by
+    /// `recipe` in working dtype `work`: its codes or its scales
+    /// (`crate::cast::quantize`).
+    Quantized {
+        tensor: usize,
+        recipe: Recipe,
+        work: Dtype,
+        part: Part,
+    },
+    /// Fixed bytes a quantized layout needs beside a weight (ComfyUI's
+    /// `comfy_quant` JSON, the `scaled_fp8` marker), kept with source
+    /// tensor `of`.
+    Constant { of: usize, bytes: Vec<u8> },
 }
 
 impl TensorInput {
@@ -48,7 +63,22 @@ impl TensorInput {
             TensorInput::Source { tensor } => tensor,
             TensorInput::Dequantized { weight, .. } => weight,
             TensorInput::Gguf { tensor, .. } => tensor,
+            TensorInput::Quantized { tensor, .. } => tensor,
+            TensorInput::Constant { of, .. } => of,
         }
+    }
+
+    /// True for a tensor that only accompanies another (a computed scale,
+    /// a constant): it is packed into its weight's shard.
+    pub fn accompanies(&self) -> bool {
+        matches!(
+            self,
+            TensorInput::Constant { .. }
+                | TensorInput::Quantized {
+                    part: Part::Scales,
+                    ..
+                }
+        )
     }
 
     /// True for a source tensor copied or cast as it is.
@@ -60,15 +90,21 @@ impl TensorInput {
     pub fn dequantized(&self) -> Option<(usize, &Scheme)> {
         match self {
             TensorInput::Dequantized { scale, scheme, .. } => Some((*scale, scheme)),
-            TensorInput::Source { .. } | TensorInput::Gguf { .. } => None,
+            TensorInput::Source { .. }
+            | TensorInput::Gguf { .. }
+            | TensorInput::Quantized { .. }
+            | TensorInput::Constant { .. } => None,
         }
     }
 
     /// Every source tensor this one reads.
     pub fn reads(&self) -> Vec<usize> {
         match *self {
-            TensorInput::Source { tensor } | TensorInput::Gguf { tensor, .. } => vec![tensor],
+            TensorInput::Source { tensor }
+            | TensorInput::Gguf { tensor, .. }
+            | TensorInput::Quantized { tensor, .. } => vec![tensor],
             TensorInput::Dequantized { weight, scale, .. } => vec![weight, scale],
+            TensorInput::Constant { .. } => Vec::new(),
         }
     }
 }

@@ -29,7 +29,7 @@ pub use self::from_gguf::{GgufRecord, GgufTensorRecord, DEQUANTIZED_FROM_KEY};
 use self::globs::glob_set;
 pub use self::input::TensorInput;
 pub use self::output::ShardLayout;
-use self::quantize::Quantizer;
+use self::quantize::{Quantized, Quantizer};
 pub use self::types::{
     CastPair, Dropped, OutputFormat, Oversized, Plan, PlanOptions, PlannedTensor, ShardPlan,
 };
@@ -107,6 +107,7 @@ impl Plan {
             options.quantize,
             &options.quantize_keep,
             &options.quantize_only,
+            options.quantize_block,
         )?;
         if let Some(q) = &quantizer {
             let what = match (&quant.record, &gguf) {
@@ -123,6 +124,7 @@ impl Plan {
         }
 
         let mut planned = Vec::with_capacity(ordered.len());
+        let mut derived_names: Option<std::collections::HashSet<&str>> = None;
         let mut casts: BTreeMap<(Dtype, Dtype), CastPair> = BTreeMap::new();
         for &i in &ordered {
             let t = &ck.tensors[i];
@@ -155,7 +157,14 @@ impl Plan {
             };
             let mut dtype = target.unwrap_or(t.dtype);
             if let (Some(q), true) = (quantizer.as_mut(), input.is_source()) {
-                dtype = q.dtype_for(t, dtype);
+                match q.quantize(i, t, dtype) {
+                    Quantized::As(d) => dtype = d,
+                    Quantized::Scaled(tensors) => {
+                        check_derived(ck, t, &tensors, q, &mut derived_names)?;
+                        planned.extend(tensors);
+                        continue;
+                    }
+                }
             }
             let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
             // Element counts were checked when the header was read, a cast
@@ -182,7 +191,8 @@ impl Plan {
             .map(|t| Item {
                 bytes: t.len,
                 block: block_of(&t.name),
-                glued: matches!(quant.roles[t.input.primary()], Role::GluedTo(_)),
+                glued: matches!(quant.roles[t.input.primary()], Role::GluedTo(_))
+                    || t.input.accompanies(),
             })
             .collect();
         let ranges = pack(&items, options.max_shard_size);
@@ -212,6 +222,9 @@ impl Plan {
         if let Some(g) = &gguf {
             metadata.extend(g.metadata());
         }
+        if let Some((key, value)) = quantizer.as_ref().and_then(|q| q.metadata()) {
+            metadata.insert(key, value);
+        }
         Ok(Plan {
             options: options.clone(),
             index_file: layout.index_name(&prefix, count),
@@ -233,6 +246,42 @@ impl Plan {
     pub fn tensors(&self) -> impl Iterator<Item = &PlannedTensor> {
         self.shards.iter().flat_map(|s| s.tensors.iter())
     }
+}
+
+/// Refuses scale and marker names the source already uses (`names`, the
+/// source's names, is built on first use), and block rows of too many
+/// scales.
+fn check_derived<'c>(
+    ck: &'c Checkpoint,
+    weight: &crate::format::Tensor,
+    tensors: &[PlannedTensor],
+    q: &Quantizer,
+    names: &mut Option<std::collections::HashSet<&'c str>>,
+) -> Result<(), PlanError> {
+    let names = names.get_or_insert_with(|| ck.tensors.iter().map(|t| t.name.as_str()).collect());
+    for t in &tensors[1..] {
+        if names.contains(t.name.as_str()) {
+            return Err(PlanError::QuantizeNameTaken {
+                scheme: q.record.scheme.name(),
+                tensor: weight.name.clone(),
+                name: t.name.clone(),
+            });
+        }
+    }
+    if let Some([_, bc]) = q.record.block {
+        let cols = weight.shape.get(1).copied().unwrap_or(0);
+        let scales = cols.div_ceil(bc);
+        let max = crate::cast::quantize::MAX_ROW_SCALES;
+        if scales > max {
+            return Err(PlanError::BlockRowTooWide {
+                tensor: weight.name.clone(),
+                cols,
+                scales,
+                max,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Adds one tensor cast from `from` to `to` to the plan's cast totals.

@@ -17,6 +17,9 @@ use serde::{Deserialize, Serialize};
 use super::globs::glob_set;
 use super::order::block_of;
 use super::PlanError;
+use super::input::TensorInput;
+use super::types::PlannedTensor;
+use crate::cast::quantize::{working_dtype, Part, Recipe};
 use crate::format::{Dtype, Tensor};
 
 /// Tensors of at most this many elements are kept: a tiny weight saves
@@ -33,14 +36,43 @@ pub enum QuantizeScheme {
     Fp8,
     /// Plain `float8_e5m2` storage, clamped to ±57344.
     Fp8E5m2,
+    /// ComfyUI's mixed-precision layout: per quantized Linear
+    /// `<layer>.weight` E4M3, `<layer>.weight_scale` (F32 scalar),
+    /// `<layer>.comfy_quant` (the U8 bytes of `{"format": "float8_e4m3fn"}`)
+    /// and `_quantization_metadata` in the header; scales as comfy-kitchen
+    /// computes them.
+    Fp8Scaled,
+    /// The older ComfyUI / Forge layout: a `scaled_fp8` marker tensor and
+    /// `<layer>.scale_weight` (F32 scalar) per quantized Linear.
+    Fp8ScaledLegacy,
+    /// compressed-tensors `FP8_DYNAMIC` (llm-compressor): `weight_scale`
+    /// `[out, 1]` in the model's dtype and a `quantization_config` in
+    /// `config.json`.
+    Fp8Channel,
+    /// transformers FineGrainedFP8 / DeepSeek: `weight_scale_inv` F32 per
+    /// block (`--block`, 128x128 by default) and `quant_method: fp8`.
+    Fp8Block,
 }
 
+/// The block of `--quantize fp8-block` unless `--block` says otherwise.
+pub const DEFAULT_BLOCK: [u64; 2] = [128, 128];
+
 impl QuantizeScheme {
+    /// Every scheme, in the order `--help` lists them.
+    pub const ALL: [QuantizeScheme; 6] = [
+        QuantizeScheme::Fp8,
+        QuantizeScheme::Fp8E5m2,
+        QuantizeScheme::Fp8Scaled,
+        QuantizeScheme::Fp8ScaledLegacy,
+        QuantizeScheme::Fp8Channel,
+        QuantizeScheme::Fp8Block,
+    ];
+
     /// The dtype quantized weights are stored in.
     pub fn dtype(self) -> Dtype {
         match self {
-            QuantizeScheme::Fp8 => Dtype::F8_E4M3,
             QuantizeScheme::Fp8E5m2 => Dtype::F8_E5M2,
+            _ => Dtype::F8_E4M3,
         }
     }
 
@@ -49,6 +81,36 @@ impl QuantizeScheme {
         match self {
             QuantizeScheme::Fp8 => "fp8",
             QuantizeScheme::Fp8E5m2 => "fp8-e5m2",
+            QuantizeScheme::Fp8Scaled => "fp8-scaled",
+            QuantizeScheme::Fp8ScaledLegacy => "fp8-scaled-legacy",
+            QuantizeScheme::Fp8Channel => "fp8-channel",
+            QuantizeScheme::Fp8Block => "fp8-block",
+        }
+    }
+
+    /// How a scaled scheme derives its scales (`block` is `--block`);
+    /// `None` for plain FP8, which is a cast.
+    pub fn recipe(self, block: [u64; 2]) -> Option<Recipe> {
+        match self {
+            QuantizeScheme::Fp8 | QuantizeScheme::Fp8E5m2 => None,
+            QuantizeScheme::Fp8Scaled | QuantizeScheme::Fp8ScaledLegacy => {
+                Some(Recipe::PerTensor)
+            }
+            QuantizeScheme::Fp8Channel => Some(Recipe::PerChannel),
+            QuantizeScheme::Fp8Block => Some(Recipe::Block {
+                rows: block[0],
+                cols: block[1],
+            }),
+        }
+    }
+
+    /// The suffix that replaces a quantized weight's `weight` in its
+    /// scale's name.
+    pub fn scale_suffix(self) -> &'static str {
+        match self {
+            QuantizeScheme::Fp8ScaledLegacy => "scale_weight",
+            QuantizeScheme::Fp8Block => "weight_scale_inv",
+            _ => "weight_scale",
         }
     }
 }
@@ -90,6 +152,12 @@ impl KeptBecause {
 pub struct QuantizeRecord {
     pub scheme: QuantizeScheme,
     pub dtype: Dtype,
+    /// `fp8-block`: rows and columns of a scale's block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block: Option<[u64; 2]>,
+    /// The quantized weights (the stems before `.weight`), in plan order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<String>,
     /// Tensors quantized, and their bytes before and after.
     pub tensors: usize,
     pub bytes_before: u64,
@@ -98,6 +166,60 @@ pub struct QuantizeRecord {
     /// are not Linear weights are only counted).
     pub kept: Vec<KeptTensor>,
     pub not_linear: usize,
+    /// Linear layers (2-D `.weight` stems, embeddings aside) left
+    /// unquantized: what `config.json` lists as `ignore` /
+    /// `modules_to_not_convert`, since those loaders expect a scale for
+    /// every other Linear.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unquantized_linear: Vec<String>,
+}
+
+impl QuantizeRecord {
+    /// The `quantization_config` `config.json` needs for this layout:
+    /// compressed-tensors' for `fp8-channel`, FineGrainedFP8's for
+    /// `fp8-block`; `None` for the single-file layouts.
+    pub fn config(&self) -> Option<serde_json::Value> {
+        use serde_json::json;
+        let ignore = &self.unquantized_linear;
+        match self.scheme {
+            QuantizeScheme::Fp8Channel => Some(json!({
+                "config_groups": {
+                    "group_0": {
+                        "input_activations": {
+                            "dynamic": true,
+                            "num_bits": 8,
+                            "strategy": "token",
+                            "symmetric": true,
+                            "type": "float"
+                        },
+                        "output_activations": null,
+                        "targets": ["Linear"],
+                        "weights": {
+                            "dynamic": false,
+                            "num_bits": 8,
+                            "observer": "minmax",
+                            "strategy": "channel",
+                            "symmetric": true,
+                            "type": "float"
+                        }
+                    }
+                },
+                "format": "float-quantized",
+                "ignore": ignore,
+                "kv_cache_scheme": null,
+                "quant_method": "compressed-tensors",
+                "quantization_status": "compressed"
+            })),
+            QuantizeScheme::Fp8Block => Some(json!({
+                "activation_scheme": "dynamic",
+                "fmt": "e4m3",
+                "modules_to_not_convert": ignore,
+                "quant_method": "fp8",
+                "weight_block_size": self.block.unwrap_or(DEFAULT_BLOCK)
+            })),
+            _ => None,
+        }
+    }
 }
 
 /// A Linear-shaped tensor left unquantized, and why.
@@ -111,20 +233,47 @@ pub struct KeptTensor {
 pub struct Quantizer {
     keep: globset::GlobSet,
     only: Option<globset::GlobSet>,
+    block: [u64; 2],
     pub record: QuantizeRecord,
 }
 
+/// How one source tensor is written under `--quantize`.
+pub enum Quantized {
+    /// Not quantized, or plain FP8: written in this dtype, as a cast.
+    As(Dtype),
+    /// Scaled FP8: these tensors (codes, scale, and any constant the
+    /// layout needs) take its place.
+    Scaled(Vec<PlannedTensor>),
+}
+
+/// The bytes of `<layer>.comfy_quant`: Python's `json.dumps` of the layer
+/// config, as ComfyUI writes them.
+pub const COMFY_QUANT: &[u8] = br#"{"format": "float8_e4m3fn"}"#;
+
+/// The name of the legacy layout's marker tensor (after the model prefix).
+pub const SCALED_FP8_MARKER: &str = "scaled_fp8";
+
 impl Quantizer {
     /// `None` without `--quantize` (`scheme`); `keep` and `only` are the
-    /// globs of `--keep` and `--quantize-only`.
+    /// globs of `--keep` and `--quantize-only`, `block` is `--block`.
     pub fn new(
         scheme: Option<QuantizeScheme>,
         keep: &[String],
         only: &[String],
+        block: Option<[u64; 2]>,
     ) -> Result<Option<Quantizer>, PlanError> {
         let Some(scheme) = scheme else {
             return Ok(None);
         };
+        if block.is_some() && scheme != QuantizeScheme::Fp8Block {
+            return Err(PlanError::BlockWithoutBlockScheme {
+                scheme: scheme.name(),
+            });
+        }
+        let block = block.unwrap_or(DEFAULT_BLOCK);
+        if block.contains(&0) {
+            return Err(PlanError::ZeroBlock);
+        }
         let only = match only.is_empty() {
             true => None,
             false => Some(globs(only)?),
@@ -132,45 +281,175 @@ impl Quantizer {
         Ok(Some(Quantizer {
             keep: globs(keep)?,
             only,
+            block,
             record: QuantizeRecord {
                 scheme,
                 dtype: scheme.dtype(),
+                block: (scheme == QuantizeScheme::Fp8Block).then_some(block),
+                layers: Vec::new(),
                 tensors: 0,
                 bytes_before: 0,
                 bytes_after: 0,
                 kept: Vec::new(),
                 not_linear: 0,
+                unquantized_linear: Vec::new(),
             },
         }))
     }
 
-    /// The dtype source tensor `t` is written in: the scheme's when it is
-    /// quantized, else `planned` (its own or `--dtype`'s). Records which.
-    pub fn dtype_for(&mut self, t: &Tensor, planned: Dtype) -> Dtype {
+    /// How source tensor `index` (`t`) is written: quantized, or in
+    /// `planned` (its own dtype or `--dtype`'s). Records which. `prefix`
+    /// is the model prefix the legacy marker is named under.
+    pub fn quantize(&mut self, index: usize, t: &Tensor, planned: Dtype) -> Quantized {
         let keep = |n: &str| self.keep.is_match(n);
         let only = self.only.as_ref().map(|g| move |n: &str| g.is_match(n));
         let only_ref = only.as_ref().map(|f| f as &dyn Fn(&str) -> bool);
+        let decision = decide(t, &keep, only_ref);
         let r = &mut self.record;
-        match decide(t, &keep, only_ref) {
-            Ok(()) => {
-                r.tensors += 1;
-                r.bytes_before += t.len;
-                // One byte an element.
-                r.bytes_after += t.numel();
-                r.dtype
-            }
+        match decision {
+            Ok(()) => {}
             Err(KeptBecause::NotALinearWeight) => {
                 r.not_linear += 1;
-                planned
+                if is_linear_shaped(t) {
+                    r.unquantized_linear.push(stem_of(&t.name));
+                }
+                return Quantized::As(planned);
             }
             Err(because) => {
+                if is_linear_shaped(t) {
+                    r.unquantized_linear.push(stem_of(&t.name));
+                }
                 r.kept.push(KeptTensor {
                     tensor: t.name.clone(),
                     because,
                 });
-                planned
+                return Quantized::As(planned);
             }
         }
+        r.tensors += 1;
+        r.bytes_before += t.len;
+        let stem = stem_of(&t.name);
+        let Some(recipe) = r.scheme.recipe(self.block) else {
+            // One byte an element.
+            r.bytes_after += t.numel();
+            r.layers.push(stem);
+            return Quantized::As(r.dtype);
+        };
+        let work = working_dtype(planned);
+        let (rows, cols) = (t.shape[0], t.shape[1]);
+        let input = |part| TensorInput::Quantized {
+            tensor: index,
+            recipe,
+            work,
+            part,
+        };
+        let codes = derived(&t.name, t.dtype, input(Part::Codes), Dtype::F8_E4M3, t.shape.clone(), None);
+        let scale_dtype = recipe.scale_dtype(work);
+        let scale = derived(
+            &format!("{stem}.{}", r.scheme.scale_suffix()),
+            t.dtype,
+            input(Part::Scales),
+            scale_dtype,
+            recipe.scale_shape(rows, cols),
+            Some(&t.name),
+        );
+        let mut tensors = vec![codes, scale];
+        match r.scheme {
+            QuantizeScheme::Fp8Scaled => tensors.push(derived(
+                &format!("{stem}.comfy_quant"),
+                Dtype::U8,
+                TensorInput::Constant {
+                    of: index,
+                    bytes: COMFY_QUANT.to_vec(),
+                },
+                Dtype::U8,
+                vec![COMFY_QUANT.len() as u64],
+                Some(&t.name),
+            )),
+            QuantizeScheme::Fp8ScaledLegacy if r.layers.is_empty() => {
+                let prefix = model_prefix(&t.name);
+                tensors.push(derived(
+                    &format!("{prefix}{SCALED_FP8_MARKER}"),
+                    Dtype::F8_E4M3,
+                    TensorInput::Constant {
+                        of: index,
+                        bytes: Vec::new(),
+                    },
+                    Dtype::F8_E4M3,
+                    vec![0],
+                    Some(&t.name),
+                ))
+            }
+            _ => {}
+        }
+        r.bytes_after += tensors.iter().map(|p| p.len).sum::<u64>();
+        r.layers.push(stem);
+        Quantized::Scaled(tensors)
+    }
+
+    /// The `__metadata__` entries the layout needs: ComfyUI's
+    /// `_quantization_metadata` for `fp8-scaled`.
+    pub fn metadata(&self) -> Option<(String, String)> {
+        if self.record.scheme != QuantizeScheme::Fp8Scaled || self.record.layers.is_empty() {
+            return None;
+        }
+        let layers: serde_json::Map<String, serde_json::Value> = self
+            .record
+            .layers
+            .iter()
+            .map(|l| (l.clone(), serde_json::json!({"format": "float8_e4m3fn"})))
+            .collect();
+        let value = serde_json::json!({"format_version": "1.0", "layers": layers});
+        Some(("_quantization_metadata".into(), value.to_string()))
+    }
+}
+
+/// A weight's layer name: its name before `.weight`.
+fn stem_of(name: &str) -> String {
+    name.strip_suffix(".weight").unwrap_or(name).to_string()
+}
+
+/// A 2-D floating-point `.weight` that is not an embedding table: what
+/// a loader builds a Linear for.
+fn is_linear_shaped(t: &Tensor) -> bool {
+    let float = matches!(t.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16 | Dtype::F64);
+    let embedding = t.name.split('.').any(|p| {
+        (p.contains("embed") && !p.starts_with("embedder"))
+            || matches!(p, "wte" | "wpe" | "token_embd")
+    });
+    float && t.shape.len() == 2 && t.name.ends_with(".weight") && !embedding
+}
+
+/// The wrapper ComfyUI names a one-file checkpoint's denoiser under
+/// (`model.diffusion_model.`), or nothing.
+fn model_prefix(name: &str) -> &'static str {
+    if name.starts_with("model.diffusion_model.") {
+        "model.diffusion_model."
+    } else {
+        ""
+    }
+}
+
+/// A planned tensor computed from a source tensor, laid out after `after`.
+fn derived(
+    name: &str,
+    source_dtype: Dtype,
+    input: TensorInput,
+    dtype: Dtype,
+    shape: Vec<u64>,
+    after: Option<&str>,
+) -> PlannedTensor {
+    let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+    let len = numel.and_then(|n| dtype.byte_len(n)).unwrap_or(u64::MAX);
+    PlannedTensor {
+        name: name.to_string(),
+        input,
+        source_dtype,
+        dtype,
+        shape,
+        len,
+        offset: 0,
+        after: after.map(str::to_string),
     }
 }
 

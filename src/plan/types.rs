@@ -41,6 +41,9 @@ pub struct PlanOptions {
     /// Globs `--quantize` is limited to (`--quantize-only`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quantize_only: Vec<String>,
+    /// `--block ROWSxCOLS` of `--quantize fp8-block` (128x128 when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantize_block: Option<[u64; 2]>,
     /// Write a GGUF LLM's tensors under their GGUF names, with no config or
     /// tokenizer, instead of transformers' names.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -63,6 +66,7 @@ impl Default for PlanOptions {
             quantize: None,
             quantize_keep: Vec::new(),
             quantize_only: Vec::new(),
+            quantize_block: None,
             keep_gguf_names: false,
             format: OutputFormat::Safetensors,
         }

@@ -60,6 +60,9 @@ pub struct TensorRecord {
     pub xxh3: String,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub cast: Option<CastRecord>,
+    /// `--quantize` with scales: how far the codes are from the source.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub quantized: Option<crate::cast::quantize::QuantQuality>,
 }
 
 /// What a cast did to one tensor.

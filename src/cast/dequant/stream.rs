@@ -32,6 +32,10 @@ pub trait ChunkStream {
     fn stats(&self) -> CastStats;
     /// The smallest buffer `fill` accepts.
     fn min_buffer(&self) -> u64;
+    /// For quantized codes: how far they are from the source so far.
+    fn quality(&self) -> Option<crate::cast::quantize::QuantQuality> {
+        None
+    }
 }
 
 impl ChunkStream for DequantStream<'_> {

@@ -76,12 +76,15 @@ pub struct ConvertArgs {
     /// with --dtype).
     #[arg(long, value_name = "GLOB", requires = "dtype")]
     pub keep_dtype: Vec<String>,
-    /// Store Linear weights quantized: fp8 (float8_e4m3fn, clamped to
-    /// +-448) or fp8-e5m2 (clamped to +-57344), no scales; norms, biases,
-    /// embeddings, the output head and what the model family keeps stay in
-    /// their dtype (or --dtype's). See docs/quantize.md.
+    /// Store Linear weights quantized to FP8 (the schemes below); norms,
+    /// biases, embeddings, the output head and what the model family keeps
+    /// stay in their dtype (or --dtype's). See docs/quantize.md for which
+    /// program reads which scheme.
     #[arg(long, value_enum, value_name = "SCHEME")]
     pub quantize: Option<QuantizeArg>,
+    /// With --quantize fp8-block: rows x columns of one scale's block.
+    #[arg(long, value_name = "ROWSxCOLS", value_parser = parse_block, requires = "quantize")]
+    pub block: Option<[u64; 2]>,
     /// With --quantize: keep tensors matching this glob unquantized
     /// (repeatable).
     #[arg(long, value_name = "GLOB", requires = "quantize")]
@@ -139,13 +142,47 @@ fn parse_dtype(s: &str) -> Result<Dtype, String> {
     }
 }
 
+/// `--block ROWSxCOLS` (or one number for square blocks).
+fn parse_block(s: &str) -> Result<[u64; 2], String> {
+    let bad = || format!("{s:?}: --block takes ROWSxCOLS, for example 128x128");
+    let mut parts = s.split(['x', 'X']);
+    let rows: u64 = parts.next().ok_or_else(bad)?.trim().parse().map_err(|_| bad())?;
+    let cols: u64 = match parts.next() {
+        Some(c) => c.trim().parse().map_err(|_| bad())?,
+        None => rows,
+    };
+    if parts.next().is_some() {
+        return Err(bad());
+    }
+    if rows == 0 || cols == 0 {
+        return Err(format!("{s:?}: a block of 0 rows or columns holds no values"));
+    }
+    Ok([rows, cols])
+}
+
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum QuantizeArg {
-    /// float8_e4m3fn storage, no scales.
+    /// float8_e4m3fn storage, no scales (ComfyUI's fp8_e4m3fn weight
+    /// dtype, Forge, diffusers layerwise casting, InvokeAI).
     Fp8,
     /// float8_e5m2 storage, no scales.
     #[value(name = "fp8-e5m2")]
     Fp8E5m2,
+    /// ComfyUI's scaled FP8: a per-tensor weight_scale, comfy_quant and
+    /// _quantization_metadata.
+    #[value(name = "fp8-scaled")]
+    Fp8Scaled,
+    /// The older scaled FP8 layout (scaled_fp8 marker, scale_weight) of
+    /// older ComfyUI and Forge builds.
+    #[value(name = "fp8-scaled-legacy")]
+    Fp8ScaledLegacy,
+    /// compressed-tensors FP8_DYNAMIC: per-channel weight_scale (transformers
+    /// with compressed-tensors, vLLM).
+    #[value(name = "fp8-channel")]
+    Fp8Channel,
+    /// transformers FineGrainedFP8 / DeepSeek: weight_scale_inv per block.
+    #[value(name = "fp8-block")]
+    Fp8Block,
 }
 
 impl From<QuantizeArg> for QuantizeScheme {
@@ -153,6 +190,10 @@ impl From<QuantizeArg> for QuantizeScheme {
         match a {
             QuantizeArg::Fp8 => QuantizeScheme::Fp8,
             QuantizeArg::Fp8E5m2 => QuantizeScheme::Fp8E5m2,
+            QuantizeArg::Fp8Scaled => QuantizeScheme::Fp8Scaled,
+            QuantizeArg::Fp8ScaledLegacy => QuantizeScheme::Fp8ScaledLegacy,
+            QuantizeArg::Fp8Channel => QuantizeScheme::Fp8Channel,
+            QuantizeArg::Fp8Block => QuantizeScheme::Fp8Block,
         }
     }
 }
@@ -188,6 +229,7 @@ impl ConvertArgs {
                 quantize: self.quantize.map(Into::into),
                 quantize_keep: self.keep.clone(),
                 quantize_only: self.quantize_only.clone(),
+                quantize_block: self.block,
                 keep_gguf_names: self.keep_gguf_names,
                 format: Default::default(),
             },
