@@ -10,6 +10,7 @@ mod fit;
 mod inspect;
 mod printer;
 mod progress;
+mod quality;
 mod validate;
 
 use clap::{Parser, Subcommand};

@@ -438,6 +438,15 @@ pub fn render(r: &ValidateReport) -> String {
                 String::new()
             }
         );
+        if let (Some(scheme), Some(q)) = (a.quantize_scheme, &a.quality) {
+            let _ = writeln!(
+                o,
+                "  {} of them compared with the source quantized again ({}: codes, scales, companions)",
+                a.quantized_compared,
+                scheme.name()
+            );
+            o.push_str(&crate::cli::quality::render_quality(q));
+        }
     }
     if r.passed {
         let _ = writeln!(o, "passed");

@@ -12,7 +12,9 @@ use crate::plan::Plan;
 use crate::plan::PlanOptions;
 use crate::write::digest::{file_matches, DigestAlgo};
 use crate::write::lock::DstLock;
-use crate::write::manifest::{plan_id, Manifest, ShardRecord, SourceIdentity, MANIFEST, PARTIAL};
+use crate::write::manifest::{
+    plan_id, Manifest, QuantizedOutput, ShardRecord, SourceIdentity, MANIFEST, PARTIAL,
+};
 use crate::write::owned::DstInventory;
 use crate::write::scope::{OutputScope, ScopeRules};
 use crate::write::{remove_stale_temps, sync_dir, write_atomic, WriteError};
@@ -154,6 +156,7 @@ pub fn convert_gated(
         planned: Vec::new(),
         quantization: plan.quantization.clone(),
         gguf: plan.gguf.clone(),
+        quantized: None,
     };
     let run = Shards {
         ck,
@@ -169,6 +172,13 @@ pub fn convert_gated(
     // Shards in plan order, whatever order the workers finished in.
     let position = |f: &str| plan.shards.iter().position(|s| s.file == f);
     manifest.shards.sort_by_key(|s| position(&s.file));
+    manifest.quantized = plan.quantized.as_ref().map(|q| QuantizedOutput {
+        scheme: q.scheme,
+        tensors: q.tensors,
+        bytes_before: q.bytes_before,
+        bytes_after: q.bytes_after,
+        quality: manifest.quality(),
+    });
 
     commit(
         dst,

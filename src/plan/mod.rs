@@ -15,6 +15,7 @@ pub mod order;
 pub(crate) mod output;
 pub(crate) mod pack;
 pub mod quantize;
+pub mod quantizer;
 mod types;
 
 use std::collections::BTreeMap;
@@ -29,7 +30,7 @@ pub use self::from_gguf::{GgufRecord, GgufTensorRecord, DEQUANTIZED_FROM_KEY};
 use self::globs::glob_set;
 pub use self::input::TensorInput;
 pub use self::output::ShardLayout;
-use self::quantize::{Quantized, Quantizer};
+use self::quantizer::{Quantized, Quantizer};
 pub use self::types::{
     CastPair, Dropped, OutputFormat, Oversized, Plan, PlanOptions, PlannedTensor, ShardPlan,
 };

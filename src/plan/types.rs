@@ -53,6 +53,25 @@ pub struct PlanOptions {
     pub format: OutputFormat,
 }
 
+impl PlanOptions {
+    /// The dtype a source tensor is written in when it is not quantized:
+    /// `--dtype`'s cast of it unless `--keep-dtype` matches it, else its
+    /// own. (A glob that does not parse matches nothing here: the planner
+    /// refuses it before anything is written.)
+    pub fn written_dtype(&self) -> impl Fn(&crate::format::Tensor) -> Dtype + '_ {
+        let keep = super::globs::glob_set(&self.keep_dtype).ok();
+        move |t| match self.dtype {
+            Some(to) if !keep.as_ref().is_some_and(|k| k.is_match(&t.name)) => {
+                crate::cast::target_for(t.dtype, to)
+                    .ok()
+                    .flatten()
+                    .unwrap_or(t.dtype)
+            }
+            _ => t.dtype,
+        }
+    }
+}
+
 impl Default for PlanOptions {
     fn default() -> Self {
         PlanOptions {

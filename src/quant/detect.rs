@@ -96,7 +96,8 @@ impl Quantization {
 const MAX_QUANT_CONFIG: u64 = crate::format::config::MAX_CONFIG;
 
 /// Tensor-name endings that serve only the quantization.
-const EXTRA_SUFFIXES: [&str; 6] = [
+const EXTRA_SUFFIXES: [&str; 7] = [
+    ".comfy_quant",
     ".input_scale",
     ".k_scale",
     ".v_scale",
@@ -375,11 +376,17 @@ fn fp8_weights(
                 file: file_of(ck, i),
             });
         } else if !is_scale
-            && (EXTRA_SUFFIXES.iter().any(|s| t.name.ends_with(s)) || t.name == "scaled_fp8")
+            && (EXTRA_SUFFIXES.iter().any(|s| t.name.ends_with(s)) || is_marker(&t.name))
         {
             q.extras.push(i);
         }
     }
+}
+
+/// ComfyUI's `scaled_fp8` marker, at the top or under a model prefix
+/// (`model.diffusion_model.scaled_fp8`).
+fn is_marker(name: &str) -> bool {
+    name == "scaled_fp8" || name.ends_with(".scaled_fp8")
 }
 
 /// The scheme of an F8 weight of `shape` with a scale of `scale` shape, or

@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 
+use super::against_quantized::Requantized;
 use super::compare::{first_difference, stream_difference, too_big_buffers, Buffers, Sides};
 use super::ledger::CommitLedger;
 use super::report::{AgainstReport, Failure, ValidateReport};
@@ -22,6 +23,7 @@ use crate::cast::{self, OverflowPolicy};
 use crate::format::read::SourceReader;
 use crate::format::{self, Checkpoint, Tensor};
 use crate::plan::order::{sort_indices, Order};
+use crate::plan::{PlanOptions, PlannedTensor};
 use crate::quant::Scheme;
 
 /// Largest chunk compared at once.
@@ -52,7 +54,7 @@ pub fn warm_threads() -> u64 {
 pub fn compare(
     ck: &Checkpoint,
     src: &std::path::Path,
-    policy: Option<OverflowPolicy>,
+    options: Option<&PlanOptions>,
     dropped: &[String],
     staging: u64,
     ledger: &mut CommitLedger,
@@ -61,7 +63,7 @@ pub fn compare(
     let source = format::open(src)?;
     let src_reader = SourceReader::open(&source)?;
     let out_reader = SourceReader::open(ck)?;
-    let policy = policy.unwrap_or(OverflowPolicy::Inf);
+    let policy = options.map_or(OverflowPolicy::Inf, |o| o.on_overflow);
     if source.format == format::Format::Gguf {
         let mut summary = AgainstReport {
             source: src.display().to_string(),
@@ -106,6 +108,25 @@ pub fn compare(
         .map(|t| (t.name.as_str(), t))
         .collect();
     let quant = crate::quant::detect(&source)?;
+    let defaults = PlanOptions::default();
+    let written = options.unwrap_or(&defaults).written_dtype();
+    let mut requant = match &quant {
+        Some(_) => None,
+        None => crate::quant::detect(ck)?.and_then(|q| Requantized::of(ck, &q, &source, &written)),
+    };
+    for (tensor, reason) in requant.iter().flat_map(|r| &r.unknown) {
+        let file = ck
+            .tensors
+            .iter()
+            .find(|t| &t.name == tensor)
+            .map(|t| ck.files[t.file].name())
+            .unwrap_or_default();
+        report.fail(Failure::AgainstMismatch {
+            tensor: tensor.clone(),
+            file,
+            reason: reason.clone(),
+        });
+    }
     // Dense name -> (codes, scale, scheme), and what a dense output leaves out.
     let mut dense: HashMap<&str, (&Tensor, &Tensor, &Scheme)> = HashMap::new();
     let mut folded: std::collections::HashSet<&str> = std::collections::HashSet::new();
@@ -145,6 +166,36 @@ pub fn compare(
                 summary.dequantized_compared += 1;
                 continue;
             }
+        }
+        if let Some(expected) = requant.as_ref().and_then(|r| r.expected.get(&out.name)) {
+            let Ok(bufs) = bufs.as_mut() else {
+                continue;
+            };
+            let quality = requantized_difference(
+                expected,
+                &source,
+                &src_reader,
+                &out_reader,
+                out,
+                bufs,
+                policy,
+            )?;
+            match quality {
+                Err(reason) => report.fail(Failure::AgainstMismatch {
+                    tensor: out.name.clone(),
+                    file: file.clone(),
+                    reason,
+                }),
+                Ok(Some(q)) => {
+                    if let Some(r) = requant.as_mut() {
+                        r.quality.add(&out.name, &q);
+                    }
+                }
+                Ok(None) => {}
+            }
+            summary.tensors_compared += 1;
+            summary.quantized_compared += 1;
+            continue;
         }
         let Some(&theirs) = by_name.get(out.name.as_str()) else {
             report.fail(Failure::AgainstMissing {
@@ -200,8 +251,46 @@ pub fn compare(
             });
         }
     }
+    if let Some(r) = requant {
+        summary.quantize_scheme = Some(r.scheme);
+        summary.quality = Some(r.quality);
+    }
     report.against = Some(summary);
     Ok(())
+}
+
+/// Why `out` is not `expected` (a quantized weight's codes, scale or
+/// companion, recomputed from the source), or the codes' error figures
+/// when it is.
+fn requantized_difference(
+    expected: &PlannedTensor,
+    source: &Checkpoint,
+    src_reader: &SourceReader,
+    out_reader: &SourceReader,
+    out: &Tensor,
+    bufs: &mut Buffers,
+    policy: OverflowPolicy,
+) -> Result<Result<Option<crate::cast::quantize::QuantQuality>, String>, ValidateError> {
+    if expected.dtype != out.dtype || expected.shape != out.shape {
+        return Ok(Err(format!(
+            "{} {:?}, but quantizing the source gives {} {:?}",
+            out.dtype, out.shape, expected.dtype, expected.shape
+        )));
+    }
+    let Some(mut stream) = crate::exec::computed::open(src_reader, source, expected, policy)?
+    else {
+        return Ok(Err("not a quantized tensor reshard computes".into()));
+    };
+    let what = format!(
+        "quantizing the source's {}",
+        source.tensors[expected.input.primary()].name
+    );
+    if let Some(reason) = stream_difference(stream.as_mut(), &what, out_reader, out, bufs)? {
+        return Ok(Err(reason));
+    }
+    Ok(Ok(Requantized::is_codes(expected)
+        .then(|| stream.quality())
+        .flatten()))
 }
 
 /// A quantized source tensor: its codes, its scale and how they combine.

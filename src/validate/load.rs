@@ -86,7 +86,7 @@ pub(crate) fn run(
         }
     }
     if let Some(src) = &options.against {
-        let policy = manifest.as_ref().map(|m| m.options.on_overflow);
+        let plan_options = manifest.as_ref().map(|m| &m.options);
         let dropped: Vec<String> = manifest
             .iter()
             .flat_map(|m| m.dropped.iter().map(|d| d.tensor.clone()))
@@ -94,7 +94,7 @@ pub(crate) fn run(
         let result = against::compare(
             &ck,
             src,
-            policy,
+            plan_options,
             &dropped,
             device::staging_len(options.staging, &ck) as u64,
             ledger,

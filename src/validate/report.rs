@@ -92,6 +92,16 @@ pub struct AgainstReport {
     /// codes and scales.
     #[serde(default)]
     pub dequantized_compared: usize,
+    /// Of those, compared with quantizing the source again (codes, scales
+    /// and their companions of a `convert --quantize` output).
+    #[serde(default)]
+    pub quantized_compared: usize,
+    /// The scheme the output's layout shows, when it is quantized.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantize_scheme: Option<crate::plan::quantize::QuantizeScheme>,
+    /// The error figures of its codes against the source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quality: Option<crate::cast::quantize::QualityReport>,
 }
 
 /// A check that ran and failed. Each names the file and, where one is

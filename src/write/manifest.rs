@@ -132,9 +132,39 @@ pub struct Manifest {
     /// A GGUF source: each output tensor's GGUF name and GGML type.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gguf: Option<GgufRecord>,
+    /// `--quantize`: what was quantized, the bytes it saved and the error
+    /// figures over the written codes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantized: Option<QuantizedOutput>,
+}
+
+/// What `--quantize` did to the output, as convert prints it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuantizedOutput {
+    pub scheme: crate::plan::quantize::QuantizeScheme,
+    /// Weights quantized, and their bytes before (as they would have been
+    /// written) and after (codes and scales).
+    pub tensors: usize,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+    /// The figures of every quantized weight with scales (plain FP8 is a
+    /// cast: its clamping is counted as a cast's).
+    pub quality: crate::cast::quantize::QualityReport,
 }
 
 impl Manifest {
+    /// The quality report of the tensors written so far (resumed shards'
+    /// included), from their records.
+    pub fn quality(&self) -> crate::cast::quantize::QualityReport {
+        let mut report = crate::cast::quantize::QualityReport::default();
+        for t in self.shards.iter().flat_map(|s| &s.tensors) {
+            if let Some(q) = &t.quantized {
+                report.add(&t.name, q);
+            }
+        }
+        report
+    }
+
     pub fn to_json(&self) -> Vec<u8> {
         let mut v = serde_json::to_vec_pretty(self).unwrap_or_default();
         v.push(b'\n');

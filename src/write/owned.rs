@@ -156,6 +156,7 @@ mod tests {
         Manifest {
             quantization: None,
             gguf: None,
+            quantized: None,
             reshard_version: "0".into(),
             plan_id: "p".into(),
             source: SourceIdentity {

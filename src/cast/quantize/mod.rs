@@ -11,9 +11,11 @@
 //! cast ([`super::f8`]).
 
 mod recipe;
+mod report;
 mod stream;
 
 pub use self::recipe::{
     code, dequantized, round_to, working_dtype, QuantQuality, Recipe, Scale, E4M3_MAX,
 };
+pub use self::report::{QualityReport, TensorQuality, WORST};
 pub use self::stream::{Part, QuantizeStream, MAX_ROW_SCALES};

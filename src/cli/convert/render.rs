@@ -181,6 +181,19 @@ pub fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
         human(s.peak_buffer_bytes),
         human(s.window)
     );
+    if let Some(q) = &s.manifest.quantized {
+        let _ = writeln!(
+            o,
+            "quantized {} weight{} ({}): {} -> {}, {} saved",
+            q.tensors,
+            if q.tensors == 1 { "" } else { "s" },
+            q.scheme.name(),
+            human(q.bytes_before),
+            human(q.bytes_after),
+            human(q.bytes_before.saturating_sub(q.bytes_after))
+        );
+        o.push_str(&crate::cli::quality::render_quality(&q.quality));
+    }
     if s.resumed_shards > 0 {
         let _ = writeln!(
             o,
