@@ -379,6 +379,19 @@ pub fn rewritten_config(
         });
     }
     let Some(f) = others.files.iter().find(|f| f.name == "config.json") else {
+        if quantization.is_some() {
+            // Without it the output is codes and scales no loader can
+            // tell apart (reshard itself refuses to guess a block size).
+            return Err(ConvertError::Config {
+                path: ck.dir.join("config.json"),
+                reason: "not part of the source (a one-file checkpoint, or a folder without \
+                         it): --quantize fp8-channel and fp8-block write their \
+                         quantization_config into it, where transformers and vLLM read the \
+                         scheme; convert the model's folder, or use --quantize fp8-scaled for a \
+                         one-file checkpoint"
+                    .into(),
+            });
+        }
         return Ok(None);
     };
     let mut text =

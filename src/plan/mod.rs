@@ -220,6 +220,11 @@ impl Plan {
             shards.push(lay_out_shard(layout, file, tensors));
         }
         let mut metadata = layout.shard_metadata(&ck.metadata);
+        if quant.record.as_ref().is_some_and(|r| r.dequantized) {
+            // ComfyUI reads this key as "these layers are quantized": a
+            // dense output must not carry it.
+            metadata.remove(quantize::COMFY_LAYERS_KEY);
+        }
         if let Some(g) = &gguf {
             metadata.extend(g.metadata());
         }

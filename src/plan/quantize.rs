@@ -22,6 +22,10 @@ use crate::format::{Dtype, Tensor};
 /// nothing and its error is not averaged over many inputs.
 pub const MIN_ELEMENTS: u64 = 1024;
 
+/// The `__metadata__` key under which ComfyUI's mixed-precision files
+/// list their quantized layers.
+pub const COMFY_LAYERS_KEY: &str = "_quantization_metadata";
+
 /// A `--quantize` scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -125,6 +129,9 @@ pub enum KeptBecause {
     Keep,
     /// `--quantize-only` did not match it.
     NotSelected,
+    /// `fp8-block`: a dimension neither a multiple of `--block` nor within
+    /// one block, which loaders misread.
+    NotTileable,
 }
 
 impl KeptBecause {
@@ -137,6 +144,9 @@ impl KeptBecause {
             KeptBecause::FamilyKeeps => "kept in high precision by the model family's converters",
             KeptBecause::Keep => "--keep",
             KeptBecause::NotSelected => "not matched by --quantize-only",
+            KeptBecause::NotTileable => {
+                "a dimension is neither a multiple of --block nor within one block (transformers misreads such scales)"
+            }
         }
     }
 }

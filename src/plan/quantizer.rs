@@ -6,7 +6,8 @@
 use super::globs::glob_set;
 use super::input::TensorInput;
 use super::quantize::{
-    decide, KeptBecause, KeptTensor, QuantizeRecord, QuantizeScheme, DEFAULT_BLOCK,
+    decide, KeptBecause, KeptTensor, QuantizeRecord, QuantizeScheme, COMFY_LAYERS_KEY,
+    DEFAULT_BLOCK,
 };
 use super::types::PlannedTensor;
 use super::PlanError;
@@ -88,7 +89,7 @@ impl Quantizer {
         let keep = |n: &str| self.keep.is_match(n);
         let only = self.only.as_ref().map(|g| move |n: &str| g.is_match(n));
         let only_ref = only.as_ref().map(|f| f as &dyn Fn(&str) -> bool);
-        let decision = decide(t, &keep, only_ref);
+        let decision = decide(t, &keep, only_ref).and_then(|()| self.tileable(t));
         let r = &mut self.record;
         match decision {
             Ok(()) => {}
@@ -178,6 +179,24 @@ impl Quantizer {
         Quantized::Scaled(tensors)
     }
 
+    /// `fp8-block`: whether the weight's block grid is one its loaders
+    /// read back. transformers' `Fp8Dequantize` (5.24) derives the block
+    /// from the scale grid (`rows // scale_rows`), so a dimension that is
+    /// neither a multiple of the block nor within one block is misread
+    /// (`[172, 64]` in 128-row blocks reads as two 86-row blocks), and its
+    /// quantizer leaves such weights unquantized too.
+    fn tileable(&self, t: &Tensor) -> Result<(), KeptBecause> {
+        if self.record.scheme != QuantizeScheme::Fp8Block || t.shape.len() != 2 {
+            return Ok(());
+        }
+        let fits = |dim: u64, block: u64| dim <= block || dim.is_multiple_of(block);
+        if fits(t.shape[0], self.block[0]) && fits(t.shape[1], self.block[1]) {
+            Ok(())
+        } else {
+            Err(KeptBecause::NotTileable)
+        }
+    }
+
     /// The `__metadata__` entries the layout needs: ComfyUI's
     /// `_quantization_metadata` for `fp8-scaled`.
     pub fn metadata(&self) -> Option<(String, String)> {
@@ -191,7 +210,7 @@ impl Quantizer {
             .map(|l| (l.clone(), serde_json::json!({"format": "float8_e4m3fn"})))
             .collect();
         let value = serde_json::json!({"format_version": "1.0", "layers": layers});
-        Some(("_quantization_metadata".into(), value.to_string()))
+        Some((COMFY_LAYERS_KEY.into(), value.to_string()))
     }
 }
 

@@ -102,10 +102,27 @@ fn scheme_of(out: &Checkpoint, quant: &Quantization) -> Option<QuantizeScheme> {
     match quant.format {
         QuantFormat::ScaledFp8 if has(".comfy_quant") => Some(QuantizeScheme::Fp8Scaled),
         QuantFormat::ScaledFp8 if has(".scale_weight") => Some(QuantizeScheme::Fp8ScaledLegacy),
+        // fp8-channel written without a config.json (a one-file source):
+        // per-row scales, `[out, 1]`.
+        QuantFormat::ScaledFp8 if quant.weights.iter().any(per_row) => {
+            Some(QuantizeScheme::Fp8Channel)
+        }
         QuantFormat::CompressedTensorsFp8 => Some(QuantizeScheme::Fp8Channel),
         QuantFormat::Fp8 => Some(QuantizeScheme::Fp8Block),
         _ => None,
     }
+}
+
+/// A weight whose scale is one per row of a multi-row weight.
+fn per_row(w: &crate::quant::QuantWeight) -> bool {
+    matches!(
+        w.scheme,
+        Some(Scheme::Blocks {
+            rows,
+            block_rows: 1,
+            ..
+        }) if rows > 1
+    )
 }
 
 /// `weight_block_size` of an `fp8-block` output's config, else the block

@@ -31,6 +31,7 @@ mod proof;
 mod pytorch;
 mod quant;
 mod quantize_fp8;
+mod quantize_scaled;
 mod readers;
 mod snapshots;
 mod touch;

@@ -17,7 +17,8 @@
 //!   replaced by the dtype's epsilon; `codes = fp8(clamp(w(x / scale)))`.
 //! - [`Recipe::Block`], transformers' FineGrainedFP8 quantizer (the
 //!   DeepSeek layout), all in f32: per block `s = 448 / amax` (1 for an
-//!   all-zero block), `codes = fp8(clamp(x * s))`, and the stored
+//!   all-zero block; computed as torch computes a scalar divided by a
+//!   tensor, `(1 / amax) * 448`, two roundings), `codes = fp8(clamp(x * s))`, and the stored
 //!   `weight_scale_inv = 1 / s`. Edge blocks that do not fill the block
 //!   size are quantized over the values they have (transformers' own
 //!   quantizer leaves such tensors unquantized; its loader reads them).
@@ -171,7 +172,13 @@ impl Scale {
                 }
             }
             Recipe::Block { .. } => {
-                let s = if amax > 0.0 { E4M3_MAX / amax } else { 1.0 };
+                // torch evaluates `448.0 / tensor` as `reciprocal(tensor) *
+                // 448.0`: two roundings, which transformers' quantizer has.
+                let s = if amax > 0.0 {
+                    (1.0 / amax) * E4M3_MAX
+                } else {
+                    1.0
+                };
                 Scale {
                     apply: s,
                     stored: 1.0 / s,
