@@ -16,7 +16,7 @@ mod args;
 mod layout;
 mod render;
 
-pub use self::args::{Args, ConvertArgs};
+pub use self::args::{parse_block, Args, ConvertArgs, QuantizeArg};
 use self::layout::{dry_run, print_notes, render_components, run_split};
 use self::render::render_summary;
 

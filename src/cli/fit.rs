@@ -29,6 +29,13 @@ pub struct Args {
     /// What if the checkpoint were converted with this --max-shard-size?
     #[arg(long, value_name = "SIZE")]
     max_shard_size: Option<ByteSize>,
+    /// What if its Linear weights were quantized with this --quantize
+    /// scheme? (Bytes, host commit and VRAM of the stored FP8 output.)
+    #[arg(long, value_enum, value_name = "SCHEME")]
+    quantize: Option<crate::cli::convert::QuantizeArg>,
+    /// With --quantize fp8-block: the block, as convert's --block.
+    #[arg(long, value_name = "ROWSxCOLS", value_parser = crate::cli::convert::parse_block, requires = "quantize")]
+    block: Option<[u64; 2]>,
     #[command(flatten)]
     pub print: crate::cli::printer::OutputArgs,
 }
@@ -156,14 +163,17 @@ impl MachineArgs {
 
 impl Args {
     fn options(&self) -> FitOptions {
-        let what_if =
-            (self.dtype.is_some() || self.max_shard_size.is_some()).then(|| PlanOptions {
-                max_shard_size: self
-                    .max_shard_size
-                    .map_or(PlanOptions::default().max_shard_size, ByteSize::bytes),
-                dtype: self.dtype,
-                ..PlanOptions::default()
-            });
+        let asked =
+            self.dtype.is_some() || self.max_shard_size.is_some() || self.quantize.is_some();
+        let what_if = asked.then(|| PlanOptions {
+            max_shard_size: self
+                .max_shard_size
+                .map_or(PlanOptions::default().max_shard_size, ByteSize::bytes),
+            dtype: self.dtype,
+            quantize: self.quantize.map(Into::into),
+            quantize_block: self.block,
+            ..PlanOptions::default()
+        });
         self.machine
             .options(self.path.display().to_string(), what_if)
     }
@@ -285,6 +295,9 @@ fn render(path: &str, r: &FitReport) -> String {
         );
         if let Some(d) = w.dtype {
             let _ = write!(label, " --dtype {}", d.name().to_ascii_lowercase());
+        }
+        if let Some(q) = w.quantize {
+            let _ = write!(label, " --quantize {}", q.name());
         }
         render_scenario(&mut o, &label, w, r.machine.os);
         render_side_by_side(&mut o, r, w);

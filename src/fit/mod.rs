@@ -251,6 +251,9 @@ pub struct Scenario {
     /// `None`: the checkpoint as it is.
     pub max_shard_size: Option<u64>,
     pub dtype: Option<Dtype>,
+    /// `--quantize`: the scheme its Linear weights would be stored in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantize: Option<crate::plan::quantize::QuantizeScheme>,
     /// The format the loaders would read: the checkpoint's own, or
     /// safetensors for what `convert` writes.
     pub format: Format,
@@ -292,6 +295,7 @@ impl Scenario {
         Scenario {
             max_shard_size: None,
             dtype: None,
+            quantize: None,
             format,
             shard_count: shards.len() as u64,
             sizes,
@@ -343,6 +347,7 @@ impl Scenario {
         let mut s = Scenario::judge(format, &shards, sizes, &tensors, ctx);
         s.max_shard_size = Some(plan.options.max_shard_size);
         s.dtype = plan.options.dtype;
+        s.quantize = plan.options.quantize;
         s
     }
 

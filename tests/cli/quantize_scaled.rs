@@ -337,3 +337,32 @@ fn a_flux_file_keeps_its_family_list_and_an_all_zero_weight_gets_the_reference_s
         validate_against(&dst, &src).success();
     }
 }
+
+#[test]
+fn fit_quantize_predicts_the_bytes_convert_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let llama = fixture("tiny-llama");
+    for scheme in SCHEMES {
+        let out = reshard()
+            .args(["fit", "--json", "--quantize", scheme])
+            .arg(&llama)
+            .output()
+            .unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let what_if = &report["what_if"];
+        assert_eq!(what_if["quantize"], scheme);
+        let dst = dir.path().join(scheme);
+        convert(&llama, &dst, &["--quantize", scheme]).success();
+        let ck = reshard::format::open(&dst).unwrap();
+        let written: u64 = ck.tensors.iter().map(|t| t.len).sum();
+        let shard = std::fs::metadata(dst.join("model.safetensors"))
+            .unwrap()
+            .len();
+        assert_eq!(what_if["tensor_sum"], written, "{scheme}");
+        assert_eq!(what_if["shard_sum"], shard, "{scheme}");
+        assert!(
+            written < report["today"]["tensor_sum"].as_u64().unwrap(),
+            "{scheme}"
+        );
+    }
+}

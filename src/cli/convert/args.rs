@@ -143,7 +143,7 @@ fn parse_dtype(s: &str) -> Result<Dtype, String> {
 }
 
 /// `--block ROWSxCOLS` (or one number for square blocks).
-fn parse_block(s: &str) -> Result<[u64; 2], String> {
+pub fn parse_block(s: &str) -> Result<[u64; 2], String> {
     let bad = || format!("{s:?}: --block takes ROWSxCOLS, for example 128x128");
     let mut parts = s.split(['x', 'X']);
     let rows: u64 = parts
