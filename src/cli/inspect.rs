@@ -172,7 +172,7 @@ fn render_summary(s: &Summary) -> String {
     if let Some(q) = &s.quantization {
         let _ = writeln!(
             o,
-            "  quantized     {}: {} weights ({} with scales), {} scales, {} activation/kv scales",
+            "  quantized     {}: {} weights ({} with scales), {} scales, {} companions (activation scales, comfy_quant, markers)",
             q.format, q.weights, q.scaled, q.scales, q.extras
         );
     }
