@@ -366,3 +366,69 @@ fn fit_quantize_predicts_the_bytes_convert_writes() {
         );
     }
 }
+
+/// A folder whose weights span many lead reads and rayon tasks: one weight
+/// wider than a lead read (`[8, 40000]`), one of many short rows
+/// (`[300, 1000]`), in f32.
+fn wide_model(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let names: [(&str, [u64; 2]); 3] = [
+        ("model.layers.0.mlp.up_proj.weight", [8, 40000]),
+        ("model.layers.0.mlp.down_proj.weight", [300, 1000]),
+        ("model.layers.0.input_layernorm.weight", [1, 64]),
+    ];
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    let mut seed = 11u32;
+    for (name, shape) in &names {
+        let start = data.len();
+        for i in 0..shape[0] * shape[1] {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            // Outliers every 9973 values, so blocks and rows differ.
+            let big = if i % 9973 == 0 { 40.0 } else { 1.0 };
+            let v = ((seed >> 8) as f32 / (1 << 24) as f32 - 0.5) * big;
+            data.extend(&v.to_le_bytes());
+        }
+        header.insert(
+            name.to_string(),
+            json!({"dtype": "F32", "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    write_safetensors(
+        &dir.join("model.safetensors"),
+        &serde_json::Value::Object(header),
+        &data,
+    );
+    std::fs::write(dir.join("config.json"), "{\"model_type\": \"llama\"}\n").unwrap();
+}
+
+#[test]
+fn weights_wider_than_a_lead_read_match_the_references_at_any_window() {
+    let Some(python) = oracle_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("wide");
+    wide_model(&src);
+    for scheme in SCHEMES {
+        for window in ["64KiB", "16MiB"] {
+            let dst = dir.path().join(format!("{scheme}-{window}"));
+            let mut args = vec!["--quantize", scheme, "--window", window, "--dtype", "bf16"];
+            let os = std::ffi::OsStr::new;
+            let mut oracle_args = vec![
+                os(scheme),
+                src.as_os_str(),
+                dst.as_os_str(),
+                os("--dtype"),
+                os("bf16"),
+            ];
+            if scheme == "fp8-block" {
+                args.extend(["--block", "4x8"]);
+                oracle_args.extend([os("--block"), os("4"), os("8")]);
+            }
+            convert(&src, &dst, &args).success();
+            let summary = oracle(&python, &oracle_args);
+            assert_eq!(summary["quantized"], 2, "{scheme} {window}: {summary}");
+        }
+    }
+}

@@ -136,6 +136,41 @@ pub fn source_value(from: Dtype, bytes: &[u8], i: usize) -> (f32, f64) {
     }
 }
 
+/// The largest magnitude of the little-endian `from` values in `bytes`,
+/// NaN left out, as f32 (an F64 source's values rounded to f32 first).
+/// Rounding to the working dtype is monotonic, so the working-dtype absmax
+/// is `round_to(work, abs_max(..))`.
+pub fn abs_max(from: Dtype, bytes: &[u8]) -> f32 {
+    // For values that are not NaN, magnitudes order as their sign-cleared
+    // bit patterns do, and NaN patterns are the largest: an integer max
+    // over the patterns up to infinity's (which vectorizes) is the absmax.
+    match from {
+        Dtype::F32 => {
+            let bits = bytes
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7fff_ffff)
+                .map(|b| if b > 0x7f80_0000 { 0 } else { b })
+                .fold(0, u32::max);
+            f32::from_bits(bits)
+        }
+        Dtype::BF16 | Dtype::F16 => {
+            let inf: u16 = if from == Dtype::BF16 { 0x7f80 } else { 0x7c00 };
+            let bits = bytes
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7fff)
+                .map(|b| if b > inf { 0 } else { b })
+                .fold(0, u16::max);
+            match from {
+                Dtype::BF16 => f32::from_bits(u32::from(bits) << 16),
+                _ => f32::from_bits(f16_to_f32(bits).0),
+            }
+        }
+        _ => (0..bytes.len() / 8)
+            .map(|i| source_value(from, bytes, i).0.abs())
+            .fold(0.0, f32::max),
+    }
+}
+
 /// One block's scale, as the codes are made with it and as it is stored.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Scale {
@@ -224,6 +259,12 @@ pub fn code(recipe: Recipe, work: Dtype, x: f32, scale: &Scale) -> u8 {
 #[inline(always)]
 pub fn dequantized(code: u8, scale: &Scale) -> f64 {
     f64::from(f32::from_bits(e4m3_to_f32(code))) * f64::from(scale.stored)
+}
+
+/// Every F8_E4M3 code's value (NaN for the two NaN codes).
+pub fn e4m3_values() -> &'static [f32; 256] {
+    static VALUES: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+    VALUES.get_or_init(|| std::array::from_fn(|c| f32::from_bits(e4m3_to_f32(c as u8))))
 }
 
 /// How far a quantized tensor is from its source: sums that add up over

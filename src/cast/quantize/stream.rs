@@ -10,7 +10,9 @@
 //! codes. Memory beyond the caller's buffer is a fixed scratch for the lead
 //! and one block row of scales, whatever the tensor.
 
-use super::recipe::{code, dequantized, round_to, source_value, QuantQuality, Recipe, Scale};
+use super::recipe::{
+    abs_max, code, e4m3_values, round_to, source_value, QuantQuality, Recipe, Scale,
+};
 use crate::cast::dequant::{Chunk, ChunkStream, DequantError};
 use crate::cast::policy::CastStats;
 use crate::format::read::{SourceReader, TensorBytes};
@@ -48,9 +50,12 @@ pub struct QuantizeStream<'a> {
     follow: TensorBytes,
     /// Codes: elements written. Scales: block rows written.
     done: u64,
-    /// The block row whose scales are in `scales`.
-    stripe: Option<u64>,
+    /// The block rows whose scales are in `scales`: the first, and how
+    /// many (as many whole block rows as the lead reads at once).
+    group: Option<(u64, u64)>,
+    /// `row_scales` scales per block row of the group, in order.
     scales: Vec<Scale>,
+    row_scales: u64,
     amax: Vec<f32>,
     scratch: Vec<u8>,
     /// Scales: serialized bytes not yet handed out.
@@ -107,8 +112,9 @@ impl<'a> QuantizeStream<'a> {
             lead: reader.tensor_bytes_gathered(tensor, 0),
             follow: reader.tensor_bytes_gathered(tensor, 0),
             done: 0,
-            stripe: None,
+            group: None,
             scales: Vec::new(),
+            row_scales,
             amax: Vec::new(),
             scratch: vec![0; LEAD_VALUES * in_elem],
             pending: Vec::new(),
@@ -130,36 +136,49 @@ impl<'a> QuantizeStream<'a> {
         self.block_rows.min(self.rows - first) * self.cols
     }
 
-    /// Reads block row `s` through the lead and sets its scales.
-    fn lead_stripe(&mut self, s: u64) -> Result<(), DequantError> {
-        let n_scales = self.cols.div_ceil(self.block_cols) as usize;
+    /// Reads the block rows from `s` on through the lead (as many whole
+    /// ones as [`LEAD_VALUES`] holds, at least one) and sets their scales.
+    fn lead_group(&mut self, s: u64) -> Result<(), DequantError> {
+        let stripe_len = self.stripe_len(s).max(1);
+        let count = (LEAD_VALUES as u64 / stripe_len)
+            .max(1)
+            .min(self.stripes() - s);
+        let row_scales = self.row_scales as usize;
         self.amax.clear();
-        self.amax.resize(n_scales, 0.0);
+        self.amax.resize(row_scales * count as usize, 0.0);
         let in_elem = self.in_elem() as usize;
-        let mut left = self.stripe_len(s);
-        let mut at = 0u64; // element index inside the stripe
+        let (cols, block_cols) = (self.cols as usize, self.block_cols as usize);
+        let block_rows = self.block_rows as usize;
+        let mut left: u64 = (s..s + count).map(|x| self.stripe_len(x)).sum();
+        // Walk rows and columns without a division per value.
+        let (mut row, mut col) = (0usize, 0usize);
         while left > 0 {
             let n = left.min(LEAD_VALUES as u64) as usize;
             let bytes = &mut self.scratch[..n * in_elem];
             self.reader.read_chunk(self.tensor, &mut self.lead, bytes)?;
-            for i in 0..n {
-                let (v, _) = source_value(self.tensor.dtype, bytes, i);
-                let a = round_to(self.work, v).abs();
-                let col = (at + i as u64) % self.cols;
-                let slot = &mut self.amax[(col / self.block_cols) as usize];
-                // NaN is left out (the comparison is false).
-                if a > *slot {
-                    *slot = a;
+            let mut i = 0;
+            while i < n {
+                let run = (block_cols - col % block_cols).min(cols - col).min(n - i);
+                let slot = &mut self.amax[(row / block_rows) * row_scales + col / block_cols];
+                let a = abs_max(self.tensor.dtype, &bytes[i * in_elem..(i + run) * in_elem]);
+                *slot = slot.max(a);
+                i += run;
+                col += run;
+                if col == cols {
+                    col = 0;
+                    row += 1;
                 }
             }
-            at += n as u64;
             left -= n as u64;
         }
         let (recipe, work) = (self.recipe, self.work);
         self.scales.clear();
-        self.scales
-            .extend(self.amax.iter().map(|&a| Scale::of(recipe, work, a)));
-        self.stripe = Some(s);
+        self.scales.extend(
+            self.amax
+                .iter()
+                .map(|&a| Scale::of(recipe, work, round_to(work, a))),
+        );
+        self.group = Some((s, count));
         Ok(())
     }
 
@@ -203,25 +222,46 @@ impl<'a> QuantizeStream<'a> {
 
     fn fill_codes(&mut self, buf: &mut [u8]) -> Result<Chunk, DequantError> {
         let cols = self.cols.max(1);
-        let stripe = self.done / cols / self.block_rows;
-        if self.stripe != Some(stripe) {
-            self.lead_stripe(stripe)?;
-        }
-        let stripe_end = (stripe * self.block_rows * cols).saturating_add(self.stripe_len(stripe));
         let in_elem = self.in_elem() as usize;
-        let n = (stripe_end - self.done).min((buf.len() / (in_elem + 1)) as u64) as usize;
+        let total = self.rows.saturating_mul(cols);
+        let n = (total - self.done).min((buf.len() / (in_elem + 1)) as u64) as usize;
         let (input, rest) = buf.split_at_mut(n * in_elem);
+        // One read for the whole chunk, however many block rows it spans:
+        // the lead reads each group (for its scales) before its codes.
         self.reader
             .read_chunk(self.tensor, &mut self.follow, input)?;
         let out = &mut rest[..n];
-        let (from, recipe, work) = (self.tensor.dtype, self.recipe, self.work);
-        for (i, o) in out.iter_mut().enumerate() {
-            let col = (self.done + i as u64) % cols;
-            let scale = &self.scales[(col / self.block_cols) as usize];
-            let (v, reference) = source_value(from, input, i);
-            let c = code(recipe, work, round_to(work, v), scale);
-            *o = c;
-            self.quality.add(reference, dequantized(c, scale));
+        let mut i = 0usize;
+        while i < n {
+            let at = self.done + i as u64;
+            let stripe = at / cols / self.block_rows;
+            let in_group = self
+                .group
+                .is_some_and(|(first, count)| (first..first + count).contains(&stripe));
+            if !in_group {
+                self.lead_group(stripe)?;
+            }
+            let (first, count) = self.group.unwrap_or((stripe, 1));
+            let group_end = ((first + count) * self.block_rows).min(self.rows) * cols;
+            let len = ((group_end - at) as usize).min(n - i);
+            let runs = Runs {
+                from: self.tensor.dtype,
+                recipe: self.recipe,
+                work: self.work,
+                cols,
+                block_cols: self.block_cols,
+                block_rows: self.block_rows,
+                row_scales: self.row_scales,
+                first_row: first * self.block_rows,
+                scales: &self.scales,
+            };
+            let q = runs.quantize(
+                at,
+                &input[i * in_elem..(i + len) * in_elem],
+                &mut out[i..i + len],
+            );
+            self.quality += q;
+            i += len;
         }
         self.done += n as u64;
         Ok(Chunk {
@@ -235,13 +275,14 @@ impl<'a> QuantizeStream<'a> {
         let mut read = 0u64;
         while self.pending.is_empty() && self.done < self.stripes() {
             let s = self.done;
-            self.lead_stripe(s)?;
-            read += self.stripe_len(s) * self.in_elem();
+            self.lead_group(s)?;
+            let (_, count) = self.group.unwrap_or((s, 1));
+            read += (s..s + count).map(|x| self.stripe_len(x)).sum::<u64>() * self.in_elem();
             let dtype = self.recipe.scale_dtype(self.work);
             for sc in &self.scales {
                 sc.stored_bytes(dtype, &mut self.pending);
             }
-            self.done += 1;
+            self.done += count;
         }
         let n = self.pending.len().min(buf.len());
         buf[..n].copy_from_slice(&self.pending[..n]);
@@ -270,5 +311,98 @@ impl ChunkStream for QuantizeStream<'_> {
     }
     fn quality(&self) -> Option<QuantQuality> {
         (self.part == Part::Codes).then_some(self.quality)
+    }
+}
+
+/// Values per rayon task when quantizing a chunk's codes: tasks start at
+/// multiples of it (from the tensor's start), so the error sums are added
+/// in the same order whatever the thread count.
+const TASK_VALUES: u64 = 64 * 1024;
+
+/// What quantizing a stretch of one group's codes needs.
+struct Runs<'s> {
+    from: Dtype,
+    recipe: Recipe,
+    work: Dtype,
+    cols: u64,
+    block_cols: u64,
+    block_rows: u64,
+    row_scales: u64,
+    /// The first row of the group `scales` belongs to.
+    first_row: u64,
+    scales: &'s [Scale],
+}
+
+impl Runs<'_> {
+    /// Writes the codes of elements `at..at + out.len()` (all in this
+    /// group) from `input`, in parallel tasks; their error figures.
+    fn quantize(&self, at: u64, input: &[u8], out: &mut [u8]) -> QuantQuality {
+        use rayon::prelude::*;
+        let in_elem = (self.from.bits() / 8) as usize;
+        // Task boundaries at multiples of TASK_VALUES.
+        let mut bounds = vec![0usize];
+        let mut next = (at / TASK_VALUES + 1) * TASK_VALUES;
+        while next < at + out.len() as u64 {
+            bounds.push((next - at) as usize);
+            next += TASK_VALUES;
+        }
+        bounds.push(out.len());
+        let mut tasks: Vec<(u64, &[u8], &mut [u8])> = Vec::with_capacity(bounds.len());
+        let mut rest = out;
+        for w in bounds.windows(2) {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(w[1] - w[0]);
+            tasks.push((
+                at + w[0] as u64,
+                &input[w[0] * in_elem..w[1] * in_elem],
+                head,
+            ));
+            rest = tail;
+        }
+        let parts: Vec<QuantQuality> = tasks
+            .into_par_iter()
+            .map(|(start, input, out)| self.quantize_serial(start, input, out))
+            .collect();
+        let mut total = QuantQuality::default();
+        for p in parts {
+            total += p;
+        }
+        total
+    }
+
+    fn quantize_serial(&self, at: u64, input: &[u8], out: &mut [u8]) -> QuantQuality {
+        // Four partial sums (element j in lane j % 4) break the chain of
+        // dependent f64 additions; lanes are added in a fixed order.
+        let mut lanes = [QuantQuality::default(); 4];
+        let (recipe, work, from) = (self.recipe, self.work, self.from);
+        let values = e4m3_values();
+        let mut row = at / self.cols - self.first_row;
+        let mut col = at % self.cols;
+        let mut i = 0usize;
+        while i < out.len() {
+            let run = (self.block_cols - col % self.block_cols)
+                .min(self.cols - col)
+                .min((out.len() - i) as u64) as usize;
+            let index = (row / self.block_rows) * self.row_scales + col / self.block_cols;
+            let scale = self.scales[index as usize];
+            for j in i..i + run {
+                let (v, reference) = source_value(from, input, j);
+                let x = if from == work { v } else { round_to(work, v) };
+                let c = code(recipe, work, x, &scale);
+                out[j] = c;
+                let back = f64::from(values[c as usize]) * f64::from(scale.stored);
+                lanes[j % 4].add(reference, back);
+            }
+            i += run;
+            col += run as u64;
+            if col == self.cols {
+                col = 0;
+                row += 1;
+            }
+        }
+        let mut quality = lanes[0];
+        for l in &lanes[1..] {
+            quality += *l;
+        }
+        quality
     }
 }
