@@ -432,3 +432,22 @@ fn weights_wider_than_a_lead_read_match_the_references_at_any_window() {
         }
     }
 }
+
+#[test]
+fn bad_scaled_flags_are_refused_with_exit_2_and_nothing_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let dst = dir.path().join("out");
+    let llama = fixture("tiny-llama");
+    let cases: [(&[&str], &str); 4] = [
+        (&["--quantize", "fp8-block", "--block", "0x128"], "0"),
+        (&["--quantize", "fp8-scaled", "--block", "64x64"], "--block"),
+        (&["--dtype", "fp8"], "--quantize"),
+        (&["--quantize", "fp8-blocks"], "fp8-block"),
+    ];
+    for (args, says) in cases {
+        let out = convert(&llama, &dst, args).code(2);
+        let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!dst.exists(), "{args:?}");
+    }
+}
