@@ -13,7 +13,8 @@
 //! folder that is not a weight set (`onnx/`, `1_Pooling/`), every file is
 //! copied as it is, weight files included, each of those named in a note.
 //! Hidden files and folders (`.gitattributes`, `.git/`) are skipped with a
-//! note.
+//! note; reshard's own bookkeeping in a folder that is itself an output
+//! (its lock file, partial manifest, temporary files) is skipped silently.
 //!
 //! A file is copied only when its real path (every symlink followed) lies
 //! inside the model's root ([`OutputScope::inside_root`]): a Hugging Face
@@ -40,6 +41,7 @@ use crate::cast;
 use crate::format::{Checkpoint, Dtype, FormatError};
 use crate::names::{is_weight_like, reserved_part, windows_reserved};
 use crate::write::manifest::{CopiedFile, Manifest, MANIFEST};
+use crate::write::owned::is_bookkeeping;
 use crate::write::scope::OutputScope;
 use crate::write::{copy_atomic, write_atomic, WriteError};
 
@@ -139,6 +141,11 @@ pub fn select(
                 continue;
             }
             if converted_here && name.ends_with(".index.json") && is_indexed_by(ck, &path) {
+                continue;
+            }
+            if is_bookkeeping(name) {
+                // An output converted again: its lock, partial manifest and
+                // temporary files are reshard's, never the model's.
                 continue;
             }
             if name.starts_with('.') {
@@ -412,7 +419,9 @@ fn with_quantization_config(config: &str, q: &serde_json::Value) -> Result<Strin
     let comma = if keys.is_empty() { "" } else { "," };
     let value = serde_json::to_string_pretty(q).map_err(|e| e.to_string())?;
     let value = value.replace('\n', "\n  ");
-    Ok(format!("{inner}{comma}\n  \"quantization_config\": {value}\n}}\n"))
+    Ok(format!(
+        "{inner}{comma}\n  \"quantization_config\": {value}\n}}\n"
+    ))
 }
 
 /// Copies `files` into `dst` at their relative paths, config.json as

@@ -87,7 +87,9 @@ impl DstInventory {
 }
 
 /// reshard's own bookkeeping names: manifests, the lock, temporary files.
-fn is_bookkeeping(name: &str) -> bool {
+/// A model folder that is itself an output holds them; they are never
+/// copied, and not named in "not copied" notes either.
+pub(crate) fn is_bookkeeping(name: &str) -> bool {
     name == MANIFEST
         || name == PARTIAL
         || name == LOCK
