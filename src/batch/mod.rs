@@ -428,6 +428,9 @@ pub fn convert_model(
             .skipped_files
             .iter()
             .map(|f| format!("not copied: {:?}: {}", f.name, f.reason))
+            .chain(summary.set_aside.iter().map(|(name, to)| {
+                format!("moved aside: {name:?} to {to:?}: a manifest found in the output claimed it, but its bytes are not what it recorded")
+            }))
             .collect(),
     })
 }

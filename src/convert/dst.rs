@@ -9,11 +9,18 @@
 //!    mix them with its output.
 //! 3. A partial manifest of this plan: resume, keeping its verified shards.
 //! 4. `reshard.json` of another plan: refused without `--overwrite`; with it,
-//!    every name either manifest records is removed.
+//!    the names either manifest claims are cleaned up.
 //! 5. A partial manifest of another plan (reshard's own run that never
-//!    committed): the names it records are removed and the run starts over.
-//! 6. Other foreign files without any manifest: refused without
-//!    `--overwrite`; with it, written beside and never removed.
+//!    committed): the names it claims are cleaned up and the run starts over.
+//! 6. Other foreign files (beside a partial manifest or none): refused
+//!    without `--overwrite`; with it, written beside and never removed.
+//!
+//! Cleaning up ([`crate::write::owned::DstInventory::cleanup`]) removes a
+//! claimed file only when its size and digest are what the manifest
+//! recorded, and moves an unproven shard or index aside. And before
+//! anything is written, [`check_replacements`] refuses a run that would
+//! write over a file DST holds that reshard cannot prove it wrote (a
+//! hand-edited `config.json`), `--overwrite` or not.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -22,18 +29,19 @@ use super::other::OtherFiles;
 use super::ConvertError;
 use crate::format::Checkpoint;
 use crate::plan::Plan;
+use crate::write::digest::ShardDigest;
 use crate::write::lock::DstLock;
 use crate::write::manifest::{Manifest, ShardRecord, MANIFEST, PARTIAL};
-use crate::write::owned::{reclaimable, remove_names, DstInventory};
+use crate::write::owned::{
+    as_recorded, may_replace, move_aside, reclaimable, remove_names, Cleanup, DstInventory,
+};
 use crate::write::{sync_dir, write_atomic, WriteError};
 
 pub enum DstState {
     UpToDate(Manifest),
     Resume(Manifest),
-    /// Start from nothing after removing these recorded names.
-    Fresh {
-        remove: BTreeSet<String>,
-    },
+    /// Start from nothing after cleaning up what the manifests claim.
+    Fresh,
 }
 
 /// Applies the rules of the module doc.
@@ -47,10 +55,24 @@ pub fn decide(
         // A shard gone, or of another size than recorded (truncated, a
         // link put there): resume, which rewrites every shard that fails
         // its digest, rather than call a damaged output up to date.
-        let intact = m.shards.iter().all(|r| {
-            std::fs::symlink_metadata(dst.join(&r.file))
-                .is_ok_and(|f| f.file_type().is_file() && f.len() == r.size)
-        });
+        // The files beside the shards are small: each is checked by its
+        // digest (a digit changed in the index's total_size or in
+        // config.json keeps the size). A manifest from before they were
+        // recorded proves nothing of them: resumed once. A copy that is
+        // gone is put back by the refresh of an up-to-date output.
+        let beside_recorded =
+            !m.files.is_empty() || (m.index_file.is_none() && m.copied_files.is_empty());
+        let intact = beside_recorded
+            && m.shards.iter().all(|r| {
+                std::fs::symlink_metadata(dst.join(&r.file))
+                    .is_ok_and(|f| f.file_type().is_file() && f.len() == r.size)
+            })
+            && m.files.iter().all(|r| {
+                // A mirrored copy that is gone is put back by the refresh.
+                let gone = std::fs::symlink_metadata(dst.join(&r.name)).is_err()
+                    && m.index_file.as_deref() != Some(r.name.as_str());
+                gone || as_recorded(dst, &r.name, r.size, &r.digest)
+            });
         return Ok(if intact {
             DstState::UpToDate(m.clone())
         } else {
@@ -59,18 +81,9 @@ pub fn decide(
     }
     let foreign = inv.foreign_weights();
     if !foreign.is_empty() {
-        let mut names = foreign
-            .iter()
-            .take(3)
-            .map(|n| format!("{n:?}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        if foreign.len() > 3 {
-            names.push_str(&format!(" and {} more", foreign.len() - 3));
-        }
         return Err(ConvertError::ForeignWeights {
             dst: dst.to_path_buf(),
-            names,
+            names: list_names(&foreign),
         });
     }
     match (&inv.manifest, &inv.partial) {
@@ -80,28 +93,83 @@ pub fn decide(
                 dst: dst.to_path_buf(),
             })
         }
-        (None, None) if !inv.foreign.is_empty() && !overwrite => {
+        (None, _) if !inv.foreign.is_empty() && !overwrite => {
             return Err(ConvertError::DstNotEmpty {
                 dst: dst.to_path_buf(),
             })
         }
         _ => {}
     }
-    Ok(DstState::Fresh {
-        remove: inv.own_names(),
+    Ok(DstState::Fresh)
+}
+
+/// Refuses, before anything is written, a run that would write over a
+/// file DST holds that reshard cannot prove it wrote
+/// ([`crate::write::owned::may_replace`]: as `reshard.json` recorded it, or
+/// already the bytes about to be written). `writes` are the names beside
+/// the shards the run writes, each with the size and digest of its new
+/// bytes (`new_bytes`); names that `cleanup` removes are not in the way.
+pub fn check_replacements(
+    dst: &Path,
+    inv: &DstInventory,
+    writes: &[String],
+    cleanup: Option<&Cleanup>,
+    new_bytes: &dyn Fn(&str) -> Option<(u64, ShardDigest)>,
+) -> Result<(), ConvertError> {
+    let records = inv
+        .manifest
+        .as_ref()
+        .map(crate::write::owned::records_by_name)
+        .unwrap_or_default();
+    let blocked: Vec<&str> = writes
+        .iter()
+        .filter(|name| !cleanup.is_some_and(|c| c.remove.contains(*name)))
+        .filter(|name| {
+            // The new bytes are read only where DST holds something.
+            std::fs::symlink_metadata(dst.join(name)).is_ok() && {
+                let new = new_bytes(name);
+                let record = records.get(name.as_str()).copied();
+                !may_replace(dst, name, record, new.as_ref().map(|(n, d)| (*n, d)))
+            }
+        })
+        .map(String::as_str)
+        .collect();
+    if blocked.is_empty() {
+        return Ok(());
+    }
+    Err(ConvertError::WouldReplace {
+        dst: dst.to_path_buf(),
+        names: list_names(&blocked),
     })
 }
 
-/// Removes the names of an earlier conversion. With a committed manifest,
-/// it is first demoted to a partial manifest that records every doomed name
-/// (so a run killed half way through leaves a record the next run finishes
+/// The first three names quoted, and how many more.
+fn list_names(names: &[&str]) -> String {
+    let mut list = names
+        .iter()
+        .take(3)
+        .map(|n| format!("{:?}", crate::names::escape(n)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > 3 {
+        list.push_str(&format!(" and {} more", names.len() - 3));
+    }
+    list
+}
+
+/// Cleans up after an earlier conversion: moves its unproven names aside,
+/// then removes its proven ones. With a committed manifest, it is first
+/// demoted to a partial manifest that records every doomed name (so a run
+/// killed half way through leaves a record the next run finishes
 /// cleaning), then the commit point goes, then the index, then the rest.
 pub fn clear(
     dst: &Path,
     inv: &DstInventory,
-    doomed: &BTreeSet<String>,
+    cleanup: &Cleanup,
     lock: &DstLock,
 ) -> Result<(), WriteError> {
+    move_aside(dst, &cleanup.aside, lock)?;
+    let doomed = &cleanup.remove;
     if let Some(m) = &inv.manifest {
         let mut record = m.clone();
         record.planned = doomed.iter().cloned().collect();

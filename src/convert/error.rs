@@ -34,6 +34,8 @@ pub enum ConvertError {
     DstNotEmpty { dst: PathBuf },
     #[error("{}: holds weight files reshard did not write ({names}); remove them or choose another output folder (--overwrite never deletes them)", .dst.display())]
     ForeignWeights { dst: PathBuf, names: String },
+    #[error("{}: holds files reshard cannot prove it wrote ({names}): edited since reshard wrote them, or never recorded by it; reshard would replace them, so it stops (--overwrite never replaces them); move them away or choose another output folder", .dst.display())]
+    WouldReplace { dst: PathBuf, names: String },
     #[error("{}: not enough free space: the conversion needs {} ({needed} bytes) and the file system has {} ({available} bytes) available", .dst.display(), crate::units::human(*.needed), crate::units::human(*.available))]
     NoSpace {
         dst: PathBuf,

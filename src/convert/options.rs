@@ -111,6 +111,11 @@ pub struct ConvertSummary {
     /// Weight files outside any converted folder (`onnx/model.onnx`),
     /// copied as they are.
     pub copied_as_is: Vec<String>,
+    /// Files a manifest found in DST claimed under a name reshard writes,
+    /// but whose bytes were not what it recorded: each moved aside (the
+    /// claimed name, the name it was moved to), never deleted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub set_aside: Vec<(String, String)>,
     /// The other weight sets of the model (sentence-transformers modules,
     /// diffusers components), each converted in its own folder.
     #[serde(skip_serializing_if = "Vec::is_empty")]

@@ -13,7 +13,8 @@
 //! folder that is not a weight set (`onnx/`, `1_Pooling/`), every file is
 //! copied as it is, weight files included, each of those named in a note.
 //! Hidden files and folders (`.gitattributes`, `.git/`) are skipped with a
-//! note.
+//! note; reshard's own bookkeeping in a folder that is itself an output
+//! (its lock file, partial manifest, temporary files) is skipped silently.
 //!
 //! A file is copied only when its real path (every symlink followed) lies
 //! inside the model's root ([`OutputScope::inside_root`]): a Hugging Face
@@ -27,9 +28,12 @@
 //! `CON/x`, `notes.`: [`windows_reserved`]) is refused before anything is
 //! written, on every platform, so the output stays portable.
 //!
-//! The manifest records each copy's source size and mtime ([`records`]); a
-//! rerun into an up-to-date output recopies only the files whose source
-//! changed, or whose record or copy is missing ([`refresh`]).
+//! The manifest records each copy's source size and mtime ([`records`]), and
+//! the size and digest of the copy as written ([`file_records`]); a rerun
+//! into an up-to-date output recopies only the files whose source changed,
+//! or whose record or copy is missing ([`refresh`]). No run writes over a
+//! file DST holds unless it is reshard's copy as recorded or already holds
+//! the bytes about to be written ([`crate::write::owned::may_replace`]).
 
 use std::path::{Path, PathBuf};
 
@@ -39,7 +43,9 @@ use super::ConvertError;
 use crate::cast;
 use crate::format::{Checkpoint, Dtype, FormatError};
 use crate::names::{is_weight_like, reserved_part, windows_reserved};
-use crate::write::manifest::{CopiedFile, Manifest, MANIFEST};
+use crate::write::digest::{digest_file, DigestAlgo, ShardDigest};
+use crate::write::manifest::{CopiedFile, FileRecord, Manifest, MANIFEST};
+use crate::write::owned::{is_bookkeeping, may_replace};
 use crate::write::scope::OutputScope;
 use crate::write::{copy_atomic, write_atomic, WriteError};
 
@@ -139,6 +145,11 @@ pub fn select(
                 continue;
             }
             if converted_here && name.ends_with(".index.json") && is_indexed_by(ck, &path) {
+                continue;
+            }
+            if is_bookkeeping(name) {
+                // An output converted again: its lock, partial manifest and
+                // temporary files are reshard's, never the model's.
                 continue;
             }
             if name.starts_with('.') {
@@ -301,6 +312,7 @@ pub fn refresh(
         .iter()
         .map(|r| (r.name.as_str(), (r.size, r.mtime_ns)))
         .collect();
+    let written = crate::write::owned::records_by_name(manifest);
     let mut stale = Vec::new();
     let mut current = Vec::with_capacity(others.files.len());
     for f in &others.files {
@@ -309,13 +321,26 @@ pub fn refresh(
         let recorded = recorded_as.get(f.name.as_str()) == Some(&(f.size, f.mtime_ns));
         if own && recorded && copy_there.as_ref().is_some_and(std::fs::Metadata::is_file) {
             current.push(f.clone());
-        } else if own || copy_there.is_none() {
+            continue;
+        }
+        // The one rule for writing over a name (as in any other run):
+        // reshard's own copy as recorded, or already these bytes.
+        let replaceable = copy_there.is_none() || {
+            let algo = manifest
+                .shards
+                .first()
+                .map_or(DigestAlgo::Blake3, |s| s.digest.algo());
+            let new = new_bytes(f, config, algo);
+            let record = written.get(f.name.as_str()).copied();
+            may_replace(dst, &f.name, record, new.as_ref().map(|(n, d)| (*n, d)))
+        };
+        if replaceable {
             stale.push(f.clone());
             current.push(f.clone());
         } else {
             others.skipped.push(SkippedFile {
                 name: f.name.clone(),
-                reason: "new in the source, but the output holds a file of that name that reshard did not write; not replaced".into(),
+                reason: "the output holds a file of that name that reshard cannot prove it wrote (never recorded, or changed since); not replaced".into(),
             });
         }
     }
@@ -329,6 +354,13 @@ pub fn refresh(
         .cloned()
         .collect();
     manifest.copied_files.extend(new);
+    let algo = manifest
+        .shards
+        .first()
+        .map_or(DigestAlgo::Blake3, |s| s.digest.algo());
+    let fresh = file_records(dst, refreshed.iter(), algo)?;
+    manifest.files.retain(|r| !refreshed.contains(&r.name));
+    manifest.files.extend(fresh);
     // Records of files still mirrored; a file gone from the source keeps
     // its name in copied_files (DST still holds reshard's copy) but no
     // record.
@@ -337,6 +369,39 @@ pub fn refresh(
     write_atomic(dst, MANIFEST, &manifest.to_json())?;
     crate::write::sync_dir(dst)?;
     Ok(refreshed)
+}
+
+/// The size and digest of what copying `f` writes (config.json as
+/// `config` when given); `None` if the source cannot be read.
+fn new_bytes(f: &OtherFile, config: Option<&str>, algo: DigestAlgo) -> Option<(u64, ShardDigest)> {
+    if let (Some(text), "config.json") = (config, f.name.as_str()) {
+        let mut h = crate::write::digest::ShardHasher::new(algo);
+        h.update(text.as_bytes());
+        return Some((text.len() as u64, h.finish()));
+    }
+    let digest = digest_file(&f.path, algo).ok()?;
+    Some((f.size, digest))
+}
+
+/// The record of each of `names` as written in `dst` (size and digest).
+pub fn file_records<'a>(
+    dst: &Path,
+    names: impl IntoIterator<Item = &'a String>,
+    algo: DigestAlgo,
+) -> Result<Vec<FileRecord>, ConvertError> {
+    let mut out = Vec::new();
+    for name in names {
+        let path = dst.join(name);
+        let io = |e| ConvertError::from(WriteError::io(&path, e));
+        let size = std::fs::symlink_metadata(&path).map_err(io)?.len();
+        let digest = digest_file(&path, algo).map_err(io)?;
+        out.push(FileRecord {
+            name: name.clone(),
+            size,
+            digest,
+        });
+    }
+    Ok(out)
 }
 
 fn join(rel_dir: &str, name: &str) -> String {

@@ -10,7 +10,7 @@ use crate::exec::{self, ExecOptions, Reporter, WindowPool};
 use crate::format::{Checkpoint, Format};
 use crate::plan::Plan;
 use crate::plan::PlanOptions;
-use crate::write::digest::{file_matches, DigestAlgo};
+use crate::write::digest::{file_matches, DigestAlgo, ShardDigest, ShardHasher};
 use crate::write::lock::DstLock;
 use crate::write::manifest::{
     plan_id, Manifest, QuantizedOutput, ShardRecord, SourceIdentity, MANIFEST, PARTIAL,
@@ -117,7 +117,21 @@ pub fn convert_gated(
     } = job;
 
     // What DST holds decides what is left to do.
-    let (done, doomed) = match dst::decide(dst, &inventory, &id, options.overwrite)? {
+    let state = dst::decide(dst, &inventory, &id, options.overwrite)?;
+    let cleanup = matches!(state, dst::DstState::Fresh).then(|| inventory.cleanup(dst, &lock));
+    if !matches!(state, dst::DstState::UpToDate(_)) {
+        let beside = Beside {
+            plan: &plan,
+            others: &others,
+            config: config.as_deref(),
+            generated: &generated,
+            digest: options.digest,
+        };
+        dst::check_replacements(dst, &inventory, &beside.names(), cleanup.as_ref(), &|n| {
+            beside.new_bytes(n)
+        })?;
+    }
+    let done = match state {
         dst::DstState::UpToDate(mut manifest) => {
             let refreshed = other::refresh(&mut others, dst, config.as_deref(), &mut manifest)?;
             let mut s = summary(dst, true, 0, &plan, 0, started, pool, options, manifest);
@@ -126,20 +140,27 @@ pub fn convert_gated(
             s.copied_as_is = others.copied_as_is;
             return Ok(s);
         }
-        dst::DstState::Resume(partial) => (
-            verified_shards(dst, &plan, partial.shards, options.digest),
-            None,
-        ),
-        dst::DstState::Fresh { remove } => (Vec::new(), Some(remove)),
+        dst::DstState::Resume(partial) => {
+            verified_shards(dst, &plan, partial.shards, options.digest)
+        }
+        dst::DstState::Fresh => Vec::new(),
     };
-    dst::check_space(dst, ck, &plan, &done, &others, doomed.as_ref())?;
-    if let Some(doomed) = &doomed {
-        if !doomed.is_empty() || inventory.manifest.is_some() {
+    dst::check_space(
+        dst,
+        ck,
+        &plan,
+        &done,
+        &others,
+        cleanup.as_ref().map(|c| &c.remove),
+    )?;
+    if let Some(cleanup) = &cleanup {
+        if !cleanup.remove.is_empty() || !cleanup.aside.is_empty() || inventory.manifest.is_some() {
             // An earlier run's output stays until the check has passed.
             before_commit().map_err(|e| not_committed(dst, e))?;
         }
-        dst::clear(dst, &inventory, doomed, &lock)?;
+        dst::clear(dst, &inventory, cleanup, &lock)?;
     }
+    let set_aside = cleanup.map(|c| c.aside).unwrap_or_default();
     let resumed = done.len();
 
     let mut manifest = Manifest {
@@ -151,6 +172,7 @@ pub fn convert_gated(
         shards: done,
         copied_files: Vec::new(),
         copied_sources: Vec::new(),
+        files: Vec::new(),
         oversized: plan.oversized.clone(),
         dropped: plan.dropped.clone(),
         planned: Vec::new(),
@@ -180,18 +202,19 @@ pub fn convert_gated(
         quality: manifest.quality(),
     });
 
-    commit(
-        dst,
-        &plan,
-        &others,
-        config.as_deref(),
-        &generated,
-        &mut manifest,
-    )?;
+    let beside = Beside {
+        plan: &plan,
+        others: &others,
+        config: config.as_deref(),
+        generated: &generated,
+        digest: options.digest,
+    };
+    commit(dst, &beside, &mut manifest)?;
     drop(lock);
     let mut s = summary(
         dst, false, resumed, &plan, todo_bytes, started, pool, options, manifest,
     );
+    s.set_aside = set_aside;
     s.skipped_files = others.skipped;
     s.copied_as_is = others.copied_as_is;
     Ok(s)
@@ -348,16 +371,62 @@ impl Shards<'_> {
     }
 }
 
+/// What a run writes beside the shards: the other files (config.json as
+/// rewritten), the generated files and the index.
+struct Beside<'a> {
+    plan: &'a Plan,
+    others: &'a other::OtherFiles,
+    config: Option<&'a str>,
+    generated: &'a [(String, String)],
+    digest: DigestAlgo,
+}
+
+impl Beside<'_> {
+    /// Every name written beside the shards.
+    fn names(&self) -> Vec<String> {
+        self.others
+            .files
+            .iter()
+            .map(|f| f.name.clone())
+            .chain(self.generated.iter().map(|(n, _)| n.clone()))
+            .chain(self.plan.index_file.clone())
+            .collect()
+    }
+
+    /// The size and digest of the bytes about to be written as `name`
+    /// (read from the source for a copied file); `None` if unreadable.
+    fn new_bytes(&self, name: &str) -> Option<(u64, ShardDigest)> {
+        let of = |bytes: &[u8]| {
+            let mut h = ShardHasher::new(self.digest);
+            h.update(bytes);
+            Some((bytes.len() as u64, h.finish()))
+        };
+        if let Some((_, text)) = self.generated.iter().find(|(n, _)| n == name) {
+            return of(text.as_bytes());
+        }
+        if self.plan.index_file.as_deref() == Some(name) {
+            return of(&crate::write::format::of_plan(self.plan).index_bytes(self.plan));
+        }
+        if let (Some(text), "config.json") = (self.config, name) {
+            return of(text.as_bytes());
+        }
+        let f = self.others.files.iter().find(|f| f.name == name)?;
+        let digest = crate::write::digest::digest_file(&f.path, self.digest).ok()?;
+        Some((f.size, digest))
+    }
+}
+
 /// The commit phase: the other files, then the index and the manifest,
-/// which make the output whole.
-fn commit(
-    dst: &Path,
-    plan: &Plan,
-    others: &other::OtherFiles,
-    config: Option<&str>,
-    generated: &[(String, String)],
-    manifest: &mut Manifest,
-) -> Result<(), ConvertError> {
+/// which make the output whole. Every file written beside the shards is
+/// recorded with its size and digest as written.
+fn commit(dst: &Path, beside: &Beside<'_>, manifest: &mut Manifest) -> Result<(), ConvertError> {
+    let Beside {
+        plan,
+        others,
+        config,
+        generated,
+        digest,
+    } = *beside;
     manifest.copied_files = other::copy(&others.files, dst, config)?;
     for (name, text) in generated {
         write_atomic(dst, name, text.as_bytes())?;
@@ -372,6 +441,8 @@ fn commit(
             &crate::write::format::of_plan(plan).index_bytes(plan),
         )?;
     }
+    let written = manifest.copied_files.iter().chain(&plan.index_file);
+    manifest.files = other::file_records(dst, written, digest)?;
     write_atomic(dst, MANIFEST, &manifest.to_json())?;
     let _ = std::fs::remove_file(dst.join(PARTIAL));
     sync_dir(dst)?;
@@ -408,6 +479,7 @@ fn summary(
         window: options.window,
         skipped_files: Vec::new(),
         copied_as_is: Vec::new(),
+        set_aside: Vec::new(),
         components: Vec::new(),
         manifest,
     }

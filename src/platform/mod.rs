@@ -20,7 +20,9 @@
 //!   a commit limit a process puts on itself ([`CommitLimit`]: `RLIMIT_DATA`
 //!   on Unix, a Job Object on Windows),
 //! * an exclusive lock on a file that leaves its content readable
-//!   ([`try_lock_exclusive`]),
+//!   ([`try_lock_exclusive`]), opening a file without following a symlink
+//!   at its name ([`open_no_follow`]) and counting its hard links
+//!   ([`link_count`]),
 //! * another process's memory, and a child's whole process tree, limited
 //!   and killed together ([`process_memory`], [`ProcessTree`]), to run a
 //!   foreign loader under a budget and a timeout and measure it from
@@ -324,6 +326,22 @@ pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
 /// Releases a lock [`try_lock_exclusive`] took on `file`.
 pub fn unlock(file: &File) -> io::Result<()> {
     imp::unlock(file)
+}
+
+/// Opens `path` with `options` without following a symlink at its last
+/// component: on Unix `O_NOFOLLOW` (a symlink there fails to open); on
+/// Windows `FILE_FLAG_OPEN_REPARSE_POINT` (the link itself is opened, and
+/// the handle's metadata says so). Either way the caller checks what the
+/// handle is before writing through it.
+pub fn open_no_follow(options: &mut std::fs::OpenOptions, path: &Path) -> io::Result<File> {
+    imp::open_no_follow(options, path)
+}
+
+/// How many names (hard links) the file open as `file` has: 1 for a file
+/// that only this name reaches. From the handle, so it is the opened
+/// file's count, whatever its name points to now.
+pub fn link_count(file: &File) -> io::Result<u64> {
+    imp::link_count(file)
 }
 
 /// Quotes a path for this platform's shell when it needs it, for commands

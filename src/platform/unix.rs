@@ -327,6 +327,16 @@ pub fn unlock(file: &File) -> io::Result<()> {
     file.unlock()
 }
 
+pub fn open_no_follow(options: &mut std::fs::OpenOptions, path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    options.custom_flags(libc::O_NOFOLLOW).open(path)
+}
+
+pub fn link_count(file: &File) -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    Ok(file.metadata()?.nlink())
+}
+
 pub fn shell_quote(s: &str) -> String {
     let plain = !s.is_empty()
         && s.bytes()

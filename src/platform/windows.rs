@@ -13,7 +13,8 @@ use std::process::ExitStatus;
 use std::os::windows::io::AsRawHandle;
 use windows_sys::Win32::Foundation::{CloseHandle, ERROR_IO_PENDING, ERROR_LOCK_VIOLATION, HANDLE};
 use windows_sys::Win32::Storage::FileSystem::{
-    LockFileEx, UnlockFileEx, FILE_FLAG_BACKUP_SEMANTICS, LOCKFILE_EXCLUSIVE_LOCK,
+    GetFileInformationByHandle, LockFileEx, UnlockFileEx, BY_HANDLE_FILE_INFORMATION,
+    FILE_FLAG_BACKUP_SEMANTICS, FILE_FLAG_OPEN_REPARSE_POINT, LOCKFILE_EXCLUSIVE_LOCK,
     LOCKFILE_FAIL_IMMEDIATELY,
 };
 use windows_sys::Win32::System::JobObjects::{
@@ -394,6 +395,25 @@ pub fn unlock(file: &File) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+pub fn open_no_follow(options: &mut OpenOptions, path: &Path) -> io::Result<File> {
+    options
+        .custom_flags(FILE_FLAG_OPEN_REPARSE_POINT)
+        .open(path)
+}
+
+pub fn link_count(file: &File) -> io::Result<u64> {
+    // SAFETY: an all-zero BY_HANDLE_FILE_INFORMATION is a valid value of
+    // that plain C struct.
+    let mut info: BY_HANDLE_FILE_INFORMATION = unsafe { std::mem::zeroed() };
+    // SAFETY: the handle is `file`'s, open for the whole call, and `info`
+    // is a valid, writable struct of the type the call fills.
+    let ok = unsafe { GetFileInformationByHandle(file.as_raw_handle(), &mut info) };
+    if ok == 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u64::from(info.nNumberOfLinks))
 }
 
 pub fn shell_quote(s: &str) -> String {

@@ -5,10 +5,14 @@
 //! index (through [`crate::format::open`]'s findings) and the manifest, and
 //! records what each file and tensor should hash to. [`ShardCheck`] hashes a
 //! shard's bytes as the load step streams them, so each file is read once.
+//! [`check_files`] checks the files written beside the shards (index,
+//! configs, tokenizer and mirrored files) against their recorded digests.
+
+use std::path::Path;
 
 use super::report::Failure;
 use crate::format::{Checkpoint, Finding, FormatError};
-use crate::write::digest::{DigestAlgo, ShardHasher};
+use crate::write::digest::{digest_file, DigestAlgo, ShardHasher};
 use crate::write::manifest::{Manifest, ShardRecord, TensorRecord};
 
 /// Turns the errors of [`crate::format::open`] that mean "a tensor is
@@ -44,6 +48,44 @@ pub fn failure_of_open_error(e: &FormatError) -> Option<Failure> {
             ),
         }),
         _ => None,
+    }
+}
+
+/// Checks every file reshard.json records writing beside the shards (the
+/// index, config.json, tokenizer and other mirrored files): each must be a
+/// regular file in `dir` of the recorded size and digest.
+pub fn check_files(dir: &Path, manifest: Option<&Manifest>, failures: &mut Vec<Failure>) {
+    for r in manifest.iter().flat_map(|m| &m.files) {
+        let changed = |reason: String| Failure::FileChanged {
+            file: r.name.clone(),
+            reason,
+        };
+        if !crate::names::is_plain_relative(&r.name) {
+            failures.push(changed(
+                "reshard.json records a name that is not a plain path in the output".into(),
+            ));
+            continue;
+        }
+        let path = dir.join(&r.name);
+        match std::fs::symlink_metadata(&path) {
+            Err(_) => failures.push(changed("listed in reshard.json but not found".into())),
+            Ok(m) if !m.file_type().is_file() => failures.push(changed(
+                "not a regular file (a symlink or a folder), though reshard wrote one".into(),
+            )),
+            Ok(m) if m.len() != r.size => failures.push(changed(format!(
+                "{} bytes, reshard.json says {}",
+                m.len(),
+                r.size
+            ))),
+            Ok(_) => match digest_file(&path, r.digest.algo()) {
+                Ok(d) if d == r.digest => {}
+                Ok(d) => failures.push(changed(format!(
+                    "changed since reshard wrote it: its digest is {d}, reshard.json says {}",
+                    r.digest
+                ))),
+                Err(e) => failures.push(changed(format!("cannot read it: {e}"))),
+            },
+        }
     }
 }
 

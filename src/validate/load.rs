@@ -50,6 +50,7 @@ pub(crate) fn run(
     report.tensors = ck.tensors.len();
     report.files = ck.files.len();
     let expect = integrity::Expected::new(&ck, manifest.as_ref(), &mut report.failures);
+    integrity::check_files(&ck.dir, manifest.as_ref(), &mut report.failures);
     let order = own::shard_order(&ck);
 
     match options.emulate {

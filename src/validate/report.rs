@@ -124,6 +124,9 @@ pub enum Failure {
     },
     /// The manifest lists a shard that is not there.
     MissingShard { file: String },
+    /// A file reshard wrote beside the shards (the index, config.json, a
+    /// mirrored file) is gone or not what reshard.json recorded.
+    FileChanged { file: String, reason: String },
     ShardChecksum {
         file: String,
         expected: String,
@@ -196,6 +199,7 @@ impl fmt::Display for Failure {
             Failure::MissingTensor { tensor, file, reason } => write!(f, "{file}: tensor {tensor:?} is missing: {reason}"),
             Failure::UnlistedTensor { tensor, file, reason } => write!(f, "{file}: tensor {tensor:?} {reason}"),
             Failure::MissingShard { file } => write!(f, "{file}: listed in reshard.json but not found"),
+            Failure::FileChanged { file, reason } => write!(f, "{file}: {reason}"),
             Failure::ShardChecksum { file, expected, actual } => {
                 write!(f, "{file}: its digest is {actual}, reshard.json says {expected}")
             }

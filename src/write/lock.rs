@@ -8,9 +8,13 @@
 //!
 //! The file itself stays in DST (removing it would let two runs lock two
 //! different files under one name). It is reshard's own: hidden, never listed
-//! in the index or the manifest, never copied. A name that is taken by
-//! anything but a small regular file (a symlink, a folder, a weight file
-//! linked there) is refused rather than opened for writing.
+//! in the index or the manifest, never copied, and not named in the "not
+//! copied" notes when an output is converted again. It is opened without
+//! following a symlink at its name ([`crate::platform::open_no_follow`]) and
+//! checked through the open handle before a byte is written: a name that is
+//! taken by anything but a small regular file with exactly one link (a
+//! symlink, a folder, a hard link to a file elsewhere, the shared lock of an
+//! output copied with `cp -al`) is refused, its target untouched.
 
 use std::fs::File;
 use std::io::{self, Read, Seek, Write};
@@ -28,6 +32,8 @@ pub enum LockError {
     Busy { dst: PathBuf, pid: Option<u32> },
     #[error("{}: is not reshard's lock file (a symlink, a folder or a file with other content); remove it or choose another output folder", .path.display())]
     NotOurs { path: PathBuf },
+    #[error("{}: the lock file has {links} links (a hard link to a file elsewhere, or an output copied with `cp -al`); reshard would write into the other file; remove it or choose another output folder", .path.display())]
+    Linked { path: PathBuf, links: u64 },
     #[error("cannot lock {}", .path.display())]
     Io {
         path: PathBuf,
@@ -86,38 +92,49 @@ impl Drop for DstLock {
 }
 
 /// Opens (creating it if missing) the lock file for reading and writing,
-/// without truncating it and without following a symlink at its name.
+/// without truncating it, without following a symlink at its name, and
+/// only if what was opened is a small regular file with one link.
 fn open_lock_file(path: &Path) -> Result<File, LockError> {
     let io_err = |source| LockError::Io {
         path: path.to_path_buf(),
         source,
     };
-    match File::options()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(path)
-    {
-        Ok(f) => return Ok(f),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io_err(e)),
-    }
     let not_ours = || LockError::NotOurs {
         path: path.to_path_buf(),
     };
-    let meta = std::fs::symlink_metadata(path).map_err(io_err)?;
-    if !meta.file_type().is_file() || meta.len() > MAX_LOCK_LEN {
+    let mut create = File::options();
+    create.read(true).write(true).create_new(true);
+    let mut file = match crate::platform::open_no_follow(&mut create, path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            // Looked at first by name, so a FIFO or a device is never opened.
+            let meta = std::fs::symlink_metadata(path).map_err(io_err)?;
+            if !meta.file_type().is_file() || meta.len() > MAX_LOCK_LEN {
+                return Err(not_ours());
+            }
+            let mut existing = File::options();
+            existing.read(true).write(true);
+            match crate::platform::open_no_follow(&mut existing, path) {
+                Ok(f) => f,
+                // A symlink swapped in after the first look.
+                Err(e) if crate::platform::is_symlink_loop(&e) => return Err(not_ours()),
+                Err(e) => return Err(io_err(e)),
+            }
+        }
+        Err(e) if crate::platform::is_symlink_loop(&e) => return Err(not_ours()),
+        Err(e) => return Err(io_err(e)),
+    };
+    // The name may have changed between the looks: check what was opened.
+    let opened = file.metadata().map_err(io_err)?;
+    if !opened.file_type().is_file() || opened.len() > MAX_LOCK_LEN {
         return Err(not_ours());
     }
-    let mut file = File::options()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(io_err)?;
-    // The name may have changed between the two looks: check what was opened.
-    let opened = file.metadata().map_err(io_err)?;
-    if !opened.is_file() || opened.len() > MAX_LOCK_LEN {
-        return Err(not_ours());
+    let links = crate::platform::link_count(&file).map_err(io_err)?;
+    if links != 1 {
+        return Err(LockError::Linked {
+            path: path.to_path_buf(),
+            links,
+        });
     }
     let mut text = String::new();
     let readable = (&mut file)
@@ -196,6 +213,23 @@ mod tests {
             Err(LockError::NotOurs { .. })
         ));
         assert_eq!(std::fs::read(&target).unwrap(), b"");
+    }
+
+    /// A hard link at the lock name (or an output copied with `cp -al`,
+    /// which shares its lock with the original): refused, the other file
+    /// neither truncated nor given a pid.
+    #[test]
+    fn a_hard_linked_lock_file_is_refused_and_the_other_file_untouched() {
+        let tmp = tempfile::tempdir().unwrap();
+        let elsewhere = tmp.path().join("notes.txt");
+        std::fs::write(&elsewhere, b"12\n").unwrap();
+        let dst = tmp.path().join("dst");
+        std::fs::create_dir(&dst).unwrap();
+        std::fs::hard_link(&elsewhere, dst.join(LOCK)).unwrap();
+        let err = DstLock::acquire(&dst).unwrap_err();
+        assert!(matches!(err, LockError::Linked { links: 2, .. }), "{err:?}");
+        assert!(err.to_string().contains(LOCK), "{err}");
+        assert_eq!(std::fs::read(&elsewhere).unwrap(), b"12\n");
     }
 
     #[test]

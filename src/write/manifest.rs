@@ -98,6 +98,19 @@ pub struct CopiedFile {
     pub mtime_ns: u64,
 }
 
+/// A file reshard wrote or copied beside the shards (the index, config.json,
+/// tokenizer files, every mirrored file), as it was written: `validate`
+/// and the up-to-date test of a rerun check it, and a later run replaces or
+/// removes the file only while it still has these bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRecord {
+    /// Its path under DST, `/` separators.
+    pub name: String,
+    pub size: u64,
+    #[serde(flatten)]
+    pub digest: ShardDigest,
+}
+
 /// The whole manifest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -117,6 +130,11 @@ pub struct Manifest {
     /// them all once).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub copied_sources: Vec<CopiedFile>,
+    /// The size and digest of every file written beside the shards (the
+    /// index, copied and generated files); absent in manifests before
+    /// reshard recorded them (nothing beside the shards is proven then).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<FileRecord>,
     #[serde(default)]
     pub oversized: Vec<Oversized>,
     #[serde(default)]
@@ -198,6 +216,11 @@ impl Manifest {
             .chain(self.copied_files.iter().map(String::as_str))
             .chain(self.planned.iter().map(String::as_str))
             .filter(|n| crate::names::is_plain_relative(n))
+    }
+
+    /// The record of the file `name` (beside the shards), if any.
+    pub fn file_record(&self, name: &str) -> Option<&FileRecord> {
+        self.files.iter().find(|r| r.name == name)
     }
 
     /// Every tensor record, shard by shard.

@@ -1,10 +1,25 @@
 //! What in an output folder is reshard's own, and removing only that.
 //!
 //! reshard's own names in DST are: `reshard.json` and `.reshard-partial.json`,
-//! every name either of them records ([`Manifest::own_names`]: shards, the
-//! index, copied files, and the names a partial run planned to write), its
-//! temporary files (`.NAME.PID-TOKEN.reshard-tmp`) and its lock file.
-//! Everything else is foreign and is never removed. Removal takes the name
+//! the names they claim, its temporary files (`.NAME.PID-TOKEN.reshard-tmp`)
+//! and its lock file. `reshard.json` claims every name it records
+//! ([`Manifest::own_names`]: shards, the index, copied files);
+//! `.reshard-partial.json` claims only names reshard generates (shards and
+//! indexes, [`is_generated_name`]): a partial manifest never records a
+//! mirrored file, so one that lists `notes.txt` was not written by reshard.
+//! Everything else is foreign and is never removed.
+//!
+//! A manifest found in DST is a claim, not proof ([`DstInventory::cleanup`]):
+//! a claimed file is removed only when it is a regular file with the size
+//! and digest the manifest recorded (a shard's record, or a
+//! [`super::manifest::FileRecord`] for the index and the copied files of
+//! `reshard.json`) and a name of a kind the manifest records it under. A
+//! claimed shard or index name whose bytes are not proven (a shard renamed
+//! just before a crash, recorded only after its rename; an index whose
+//! manifest never came) is moved aside to `.NAME.PID-K.reshard-aside`, never
+//! deleted. A claimed mirrored file that is not as recorded is left where it
+//! is. [`may_replace`] is the one rule for writing over a name DST already
+//! holds. Removal takes the name
 //! itself: a symlink is unlinked, its target never touched; a folder is never
 //! removed. A recorded name may be a relative path (`1_Pooling/config.json`,
 //! a file copied into a subfolder): the top folder then counts as reshard's,
@@ -15,10 +30,24 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use super::digest::{file_matches, ShardDigest};
 use super::lock::{DstLock, LOCK};
-use super::manifest::{Manifest, ManifestError, MANIFEST, PARTIAL};
+use super::manifest::{FileRecord, Manifest, ManifestError, MANIFEST, PARTIAL};
 use super::{WriteError, TEMP_SUFFIX};
 use crate::names::is_weight_name;
+
+/// Suffix of a claimed file moved aside because its bytes are not proven.
+pub const ASIDE_SUFFIX: &str = ".reshard-aside";
+
+/// What [`DstInventory::cleanup`] decided for the claimed names.
+#[derive(Debug, Clone, Default)]
+pub struct Cleanup {
+    /// Proven reshard's (as recorded): removed.
+    pub remove: BTreeSet<String>,
+    /// Claimed under a name reshard generates, but not proven: each moved
+    /// aside, to the name given.
+    pub aside: Vec<(String, String)>,
+}
 
 /// What an output folder holds, sorted into reshard's own and the rest.
 #[derive(Debug, Clone, Default)]
@@ -65,14 +94,79 @@ impl DstInventory {
         Ok(inv)
     }
 
-    /// Every name the manifest or the partial manifest records.
+    /// Every name the manifest or the partial manifest claims (see the
+    /// module doc: a partial manifest claims generated names only).
     pub fn own_names(&self) -> BTreeSet<String> {
+        let partial = self
+            .partial
+            .iter()
+            .flat_map(Manifest::own_names)
+            .filter(|n| is_generated_name(n));
         self.manifest
             .iter()
-            .chain(&self.partial)
             .flat_map(Manifest::own_names)
+            .chain(partial)
             .map(str::to_string)
             .collect()
+    }
+
+    /// Sorts the claimed names still in DST into those proven reshard's
+    /// (removed) and those moved aside, reading each claimed shard and
+    /// file whose size matches its record to check its digest.
+    pub fn cleanup(&self, dst: &Path, _held: &DstLock) -> Cleanup {
+        let mut remove = BTreeSet::new();
+        let mut unproven = BTreeSet::new();
+        for (m, committed) in self
+            .manifest
+            .iter()
+            .map(|m| (m, true))
+            .chain(self.partial.iter().map(|m| (m, false)))
+        {
+            for r in &m.shards {
+                if is_generated_name(&r.file) && as_recorded(dst, &r.file, r.size, &r.digest) {
+                    remove.insert(r.file.clone());
+                } else if is_generated_name(&r.file) {
+                    unproven.insert(r.file.clone());
+                }
+            }
+            let records = records_by_name(m);
+            for name in m.index_file.iter().chain(&m.planned) {
+                let proven = records
+                    .get(name.as_str())
+                    .is_some_and(|r| as_recorded(dst, name, r.size, &r.digest));
+                if is_generated_name(name) && proven {
+                    remove.insert(name.clone());
+                } else if is_generated_name(name) {
+                    unproven.insert(name.clone());
+                }
+            }
+            if !committed {
+                // A partial manifest never records a mirrored file.
+                continue;
+            }
+            for name in &m.copied_files {
+                let proven = records
+                    .get(name.as_str())
+                    .is_some_and(|r| as_recorded(dst, name, r.size, &r.digest));
+                if proven && !is_weight_name(name) {
+                    remove.insert(name.clone());
+                }
+            }
+        }
+        let pid = std::process::id();
+        let aside = unproven
+            .into_iter()
+            .filter(|n| !remove.contains(n))
+            .filter(|n| std::fs::symlink_metadata(dst.join(n)).is_ok())
+            .map(|n| {
+                let free = (0u32..)
+                    .map(|k| format!(".{n}.{pid}-{k}{ASIDE_SUFFIX}"))
+                    .find(|to| std::fs::symlink_metadata(dst.join(to)).is_err())
+                    .unwrap_or_default();
+                (n, free)
+            })
+            .collect();
+        Cleanup { remove, aside }
     }
 
     /// Foreign names that look like weights or indexes: a folder holding
@@ -87,11 +181,77 @@ impl DstInventory {
 }
 
 /// reshard's own bookkeeping names: manifests, the lock, temporary files.
-fn is_bookkeeping(name: &str) -> bool {
+/// A model folder that is itself an output holds them; they are never
+/// copied, and not named in "not copied" notes either.
+pub(crate) fn is_bookkeeping(name: &str) -> bool {
     name == MANIFEST
         || name == PARTIAL
         || name == LOCK
         || (name.starts_with('.') && name.ends_with(TEMP_SUFFIX))
+}
+
+/// Names reshard generates in DST, the only ones a partial manifest may
+/// claim: one plain name of a weight or index file (`model-00001-of-00002.safetensors`,
+/// `model.safetensors.index.json`, `model.gguf`).
+pub fn is_generated_name(name: &str) -> bool {
+    crate::names::is_plain_name(name) && is_weight_name(name)
+}
+
+/// A manifest's records of the files beside its shards, by name.
+pub fn records_by_name(m: &Manifest) -> std::collections::HashMap<&str, &FileRecord> {
+    m.files.iter().map(|r| (r.name.as_str(), r)).collect()
+}
+
+/// True if `dst/name` is a regular file (not a link, reached through real
+/// folders) of `size` bytes with `digest`: what a manifest recorded.
+pub fn as_recorded(dst: &Path, name: &str, size: u64, digest: &ShardDigest) -> bool {
+    if !crate::names::is_plain_relative(name) || !real_folders_on_the_way(dst, name) {
+        return false;
+    }
+    let path = dst.join(name);
+    std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_file() && m.len() == size)
+        && file_matches(&path, digest)
+}
+
+/// The one rule for writing over a name DST already holds: allowed when
+/// nothing is there, when the file there is as `record` says reshard wrote
+/// it, or when it already holds exactly the bytes about to be written
+/// (`new`, with their size) so nothing is lost. Anything else (a file the
+/// user edited, a file reshard never recorded, a symlink) is not replaced.
+pub fn may_replace(
+    dst: &Path,
+    name: &str,
+    record: Option<&FileRecord>,
+    new: Option<(u64, &ShardDigest)>,
+) -> bool {
+    match std::fs::symlink_metadata(dst.join(name)) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return true,
+        Err(_) => return false,
+        Ok(_) => {}
+    }
+    record.is_some_and(|r| as_recorded(dst, name, r.size, &r.digest))
+        || new.is_some_and(|(size, digest)| as_recorded(dst, name, size, digest))
+}
+
+/// Moves each of `aside` (a claimed name, its new name) out of the way with
+/// a rename inside `dst`; a name gone meanwhile is fine.
+pub fn move_aside(
+    dst: &Path,
+    aside: &[(String, String)],
+    _held: &DstLock,
+) -> Result<(), WriteError> {
+    for (from, to) in aside {
+        if !crate::names::is_plain_name(from) || !crate::names::is_plain_name(to) {
+            continue;
+        }
+        match std::fs::rename(dst.join(from), dst.join(to)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(WriteError::io(&dst.join(from), e))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Bytes that removing `names` from `dst` gives back: regular files only
@@ -178,6 +338,7 @@ mod tests {
                 .collect(),
             copied_files: vec!["config.json".into()],
             copied_sources: Vec::new(),
+            files: Vec::new(),
             oversized: Vec::new(),
             dropped: Vec::new(),
             planned: planned.iter().map(|s| s.to_string()).collect(),
@@ -185,20 +346,29 @@ mod tests {
     }
 
     #[test]
-    fn only_recorded_plain_names_are_ours_and_only_they_are_removed() {
+    fn a_partial_manifest_claims_generated_names_and_only_proven_ones_are_removed() {
         let tmp = tempfile::tempdir().unwrap();
         let dst = tmp.path().join("dst");
         std::fs::create_dir(&dst).unwrap();
         let lock = DstLock::acquire(&dst).unwrap();
         std::fs::write(tmp.path().join("outside.safetensors"), b"keep").unwrap();
-        let m = manifest(
-            &["a.safetensors", "../outside.safetensors"],
-            &["b.safetensors"],
+        let mut m = manifest(
+            &["a.safetensors", "../outside.safetensors", "c.safetensors"],
+            &["b.safetensors", "notes.txt"],
         );
+        // a as recorded; c recorded with other bytes; b planned only.
+        m.shards[0].digest = crate::write::digest::digest_file(
+            &{
+                std::fs::write(dst.join("a.safetensors"), b"x").unwrap();
+                dst.join("a.safetensors")
+            },
+            crate::write::digest::DigestAlgo::Blake3,
+        )
+        .unwrap();
         std::fs::write(dst.join(PARTIAL), m.to_json()).unwrap();
         for name in [
-            "a.safetensors",
             "b.safetensors",
+            "c.safetensors",
             "config.json",
             "mine.safetensors",
             "notes.txt",
@@ -208,16 +378,27 @@ mod tests {
         std::fs::write(dst.join(".x.1-2.reshard-tmp"), b"t").unwrap();
         let inv = DstInventory::read(&dst, &lock).unwrap();
         assert!(inv.manifest.is_none() && inv.partial.is_some());
-        assert_eq!(inv.foreign, ["mine.safetensors", "notes.txt"]);
-        assert_eq!(inv.foreign_weights(), ["mine.safetensors"]);
+        // A partial manifest never records a mirrored file: config.json
+        // and notes.txt are not reshard's.
         assert_eq!(
-            reclaimable(&dst, inv.own_names().iter().map(String::as_str)),
-            3
+            inv.foreign,
+            ["config.json", "mine.safetensors", "notes.txt"]
         );
-        remove_names(&dst, &inv.own_names(), &lock).unwrap();
+        assert_eq!(inv.foreign_weights(), ["mine.safetensors"]);
+        let cleanup = inv.cleanup(&dst, &lock);
+        assert_eq!(cleanup.remove.iter().collect::<Vec<_>>(), ["a.safetensors"]);
+        let aside: Vec<&str> = cleanup.aside.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(aside, ["b.safetensors", "c.safetensors"]);
+        assert_eq!(
+            reclaimable(&dst, cleanup.remove.iter().map(String::as_str)),
+            1
+        );
+        move_aside(&dst, &cleanup.aside, &lock).unwrap();
+        remove_names(&dst, &cleanup.remove, &lock).unwrap();
         let mut left: Vec<String> = std::fs::read_dir(&dst)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.ends_with(ASIDE_SUFFIX))
             .collect();
         left.sort();
         assert_eq!(
@@ -226,10 +407,14 @@ mod tests {
                 ".reshard-partial.json",
                 ".reshard.lock",
                 ".x.1-2.reshard-tmp",
+                "config.json",
                 "mine.safetensors",
                 "notes.txt"
             ]
         );
+        for (_, to) in &cleanup.aside {
+            assert_eq!(std::fs::read(dst.join(to)).unwrap(), b"x");
+        }
         assert_eq!(
             std::fs::read(tmp.path().join("outside.safetensors")).unwrap(),
             b"keep"

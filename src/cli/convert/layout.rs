@@ -108,6 +108,13 @@ pub(super) fn print_notes(s: &ConvertSummary, folder: &str) {
             skipped.reason
         );
     }
+    for (name, to) in &s.set_aside {
+        eprintln!(
+            "note: moved aside: {:?} to {:?}: a manifest found in the output claimed it, but its bytes are not what that manifest recorded reshard writing",
+            format!("{folder}{}", reshard::names::escape(name)),
+            reshard::names::escape(to)
+        );
+    }
     for name in &s.copied_as_is {
         eprintln!("note: copied as is (a weight file outside any converted folder, not converted): {folder}{name}");
     }
