@@ -8,6 +8,10 @@
 //! reshard's own manifests record is ever removed), one run at a time by
 //! [`DstLock`], and the free space by [`dst::check_space`].
 //!
+//! [`ConvertSource`] is what both `convert` and `batch` run: a folder
+//! converted by its layout (every weight set, the rest of its tree), a file
+//! as one checkpoint.
+//!
 //! [`convert_gated`] lets a caller hold the commit: `batch --verify-source`
 //! hashes the source on its own threads while the shards are written, and
 //! the output is committed only once that check has passed.
@@ -19,6 +23,7 @@ mod layout;
 mod options;
 mod other;
 mod run;
+mod source;
 pub mod split;
 
 pub use self::error::{ConvertError, GateError};
@@ -28,3 +33,4 @@ pub use self::options::{
 };
 pub use self::other::{SkippedFile, Walk};
 pub use self::run::{convert, convert_gated, convert_with_pool, plan_for};
+pub use self::source::ConvertSource;

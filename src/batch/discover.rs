@@ -13,7 +13,12 @@
 //!   `OUT/ORG--NAME`; its snapshots are not listed separately. `datasets--`
 //!   and `spaces--` repos are skipped.
 //! - A folder with weights ([`looks_like_checkpoint`]) is a model, written to
-//!   `OUT/<its path under ROOT>`; the walk does not go below it.
+//!   `OUT/<its path under ROOT>`; the walk does not go below it. So is a
+//!   folder whose modules.json or model_index.json names weight sets
+//!   ([`is_layout_root`]: a sentence-transformers model, a diffusers
+//!   pipeline): it is converted as `convert` converts it, every component
+//!   and the rest of its tree (scheduler, tokenizer, model_index.json) in
+//!   one output, which its library loads.
 //! - Each GGUF file in a folder is a model of its own, and each gguf-split
 //!   set (`NAME-00001-of-0000N.gguf` ...) is one model, however many of its
 //!   members are there: named `<folder under ROOT>/<file stem>` or
@@ -29,11 +34,8 @@
 //!   joined. (`convert` checks again that each output resolves inside OUT.)
 //! - OUT may not lie inside a model's folder: outputs would be written into
 //!   a source.
-//! - Any other folder is walked into. So a diffusers pipeline (a folder with
-//!   `model_index.json` and no weights of its own) yields one model per
-//!   component folder with weights (`unet`, `vae`, `text_encoder`, ...), and
-//!   folders without weights (`scheduler`, `tokenizer`, a README-only folder)
-//!   yield nothing.
+//! - Any other folder is walked into; folders without weights (a
+//!   README-only folder) yield nothing.
 //!
 //! This module only lists; it opens no headers (a broken model shows up when
 //! its job runs).
@@ -44,6 +46,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::format::discover::{looks_like_checkpoint, resolve_hf_cache};
+use crate::format::layout::is_layout_root;
 use crate::names::is_plain_name;
 use crate::write::scope::{model_root, resolve};
 
@@ -164,7 +167,7 @@ pub fn discover(root: &Path, out: &Path) -> Result<Discovery, DiscoverError> {
             hf_repo(&dir, &name, out, &mut found);
             continue;
         }
-        let is_model = looks_like_checkpoint(&dir.path);
+        let is_model = looks_like_checkpoint(&dir.path) || is_layout_root(&dir.path);
         if is_model || has_gguf(&dir.path) {
             if let Some(bad) = dir.rel.iter().find(|c| !is_plain_name(c)) {
                 let reason = format!("folder name {bad:?} cannot be an output folder name");
@@ -281,12 +284,13 @@ fn hf_repo(dir: &Pending, name: &str, out: &Path, found: &mut Discovery) {
     // A repo whose refs/main is broken is still listed: its job fails with
     // the reader's precise error instead of the model silently vanishing.
     if let Ok(snapshot) = resolve_hf_cache(&dir.path) {
-        if !looks_like_checkpoint(&snapshot) && has_gguf(&snapshot) {
+        let is_model = looks_like_checkpoint(&snapshot) || is_layout_root(&snapshot);
+        if !is_model && has_gguf(&snapshot) {
             let rel = [repo.to_string()];
             gguf_models(&snapshot, &rel, &out.join(repo), found);
             return;
         }
-        if !looks_like_checkpoint(&snapshot) {
+        if !is_model {
             found.skipped.push(skip(
                 name,
                 &dir.path,
@@ -563,16 +567,40 @@ mod tests {
     }
 
     #[test]
-    fn diffusers_components_are_models_and_out_inside_root_is_skipped() {
+    fn a_pipeline_is_one_model_and_out_inside_root_is_skipped() {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path();
         std::fs::create_dir_all(root.join("sd/scheduler")).unwrap();
-        std::fs::write(root.join("sd/model_index.json"), "{}").unwrap();
+        std::fs::write(
+            root.join("sd/model_index.json"),
+            r#"{"unet": ["diffusers", "U"], "vae": ["diffusers", "V"], "scheduler": ["diffusers", "S"]}"#,
+        )
+        .unwrap();
         weights(&root.join("sd/unet"), "diffusion_pytorch_model.safetensors");
         weights(&root.join("sd/vae"), "diffusion_pytorch_model.safetensors");
+        // A model_index.json that names no weight set is no pipeline: its
+        // folders are walked into.
+        std::fs::create_dir_all(root.join("odd")).unwrap();
+        std::fs::write(root.join("odd/model_index.json"), "{}").unwrap();
+        weights(
+            &root.join("odd/unet"),
+            "diffusion_pytorch_model.safetensors",
+        );
+        // A sentence-transformers model whose Transformer module sits in a
+        // subfolder: one model too.
+        std::fs::create_dir_all(root.join("st")).unwrap();
+        std::fs::write(
+            root.join("st/modules.json"),
+            r#"[{"path": "0_Transformer", "type": "sentence_transformers.models.Transformer"},
+                {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]"#,
+        )
+        .unwrap();
+        weights(&root.join("st/0_Transformer"), "model.safetensors");
         weights(&root.join("out/old"), "model.safetensors");
         let d = discover(root, &root.join("out")).unwrap();
-        assert_eq!(names(&d), ["sd/unet", "sd/vae"]);
+        assert_eq!(names(&d), ["odd/unet", "sd", "st"]);
+        assert_eq!(d.models[1].source, root.join("sd"));
+        assert_eq!(d.models[1].output, root.join("out/sd"));
     }
 
     #[test]

@@ -31,13 +31,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::convert::{convert_gated, ConvertError, ConvertOptions, GateError};
+use crate::convert::{ConvertError, ConvertOptions, ConvertSource, GateError};
 use crate::exec::{Reporter, WindowPool};
 use crate::fit::machine::Machine;
 use crate::fit::{FitError, FitOptions};
 use crate::format::discover::resolve_hf_cache;
 use crate::format::FormatError;
-use crate::validate::{validate_with_budget, ValidateError, ValidateOptions};
+use crate::validate::{validate_sets, validate_with_budget, ValidateError, ValidateOptions};
 use crate::write::manifest::{Manifest, MANIFEST};
 
 pub use self::discover::{discover, DiscoverError, Discovery, Model, Skipped};
@@ -386,20 +386,21 @@ pub fn mode_not_wired(mode: Mode) -> Result<Outcome, ModelError> {
     Err(ModelError::ModeNotWired { mode })
 }
 
-/// Converts one model into its output folder through the shared pool,
-/// committing only once `gate` (if any) has opened as passed.
+/// Converts one model into its output folder through the shared pool, as
+/// `convert` converts it ([`ConvertSource`]: a sentence-transformers model
+/// or a diffusers pipeline weight set by weight set, with the rest of its
+/// tree), committing each folder only once `gate` (if any) has opened as
+/// passed.
 pub fn convert_model(
     model: &Model,
     ctx: &JobContext,
     reporter: &dyn Reporter,
     gate: Option<&Gate>,
 ) -> Result<Outcome, ModelError> {
-    let ck = crate::format::open(&model.source)?;
+    let source = ConvertSource::open(&model.source)?;
     let mut options = ctx.convert.clone();
     options.overwrite |= converted_from(&model.output, &model.source);
-    // A GGUF is one file (or set) among others in its folder: the folder's
-    // other files belong to it no more than to its siblings.
-    options.copy_other_files = ck.format != crate::format::Format::Gguf;
+    // DST lies under OUT, never beside a file source.
     options.single_file = false;
     let before_commit = || -> Result<(), GateError> {
         match gate {
@@ -407,8 +408,7 @@ pub fn convert_model(
             _ => Ok(()),
         }
     };
-    let summary = convert_gated(
-        &ck,
+    let summary = source.convert(
         &model.output,
         &options,
         ctx.pool,
@@ -416,29 +416,48 @@ pub fn convert_model(
         ctx.cancel,
         &before_commit,
     )?;
+    let all = std::iter::once(("", &summary)).chain(
+        summary
+            .components
+            .iter()
+            .map(|c| (c.path.as_str(), &c.summary)),
+    );
+    let mut notes = Vec::new();
+    for (folder, s) in all.clone() {
+        let prefix = if folder.is_empty() {
+            String::new()
+        } else {
+            format!("{folder}/")
+        };
+        notes.extend(s.skipped_files.iter().map(|f| {
+            format!(
+                "not copied: {:?}: {}",
+                format!("{prefix}{}", f.name),
+                f.reason
+            )
+        }));
+        notes.extend(s.set_aside.iter().map(|(name, to)| {
+            format!("moved aside: {:?} to {:?}: a manifest found in the output claimed it, but its bytes are not what it recorded", format!("{prefix}{name}"), format!("{prefix}{to}"))
+        }));
+    }
     Ok(Outcome {
-        status: if summary.up_to_date {
+        status: if all.clone().all(|(_, s)| s.up_to_date) {
             Status::UpToDate
         } else {
             Status::Converted
         },
-        bytes: summary.bytes_written,
-        resumed_shards: summary.resumed_shards,
-        notes: summary
-            .skipped_files
-            .iter()
-            .map(|f| format!("not copied: {:?}: {}", f.name, f.reason))
-            .chain(summary.set_aside.iter().map(|(name, to)| {
-                format!("moved aside: {name:?} to {to:?}: a manifest found in the output claimed it, but its bytes are not what it recorded")
-            }))
-            .collect(),
+        bytes: all.clone().map(|(_, s)| s.bytes_written).sum(),
+        resumed_shards: all.map(|(_, s)| s.resumed_shards).sum(),
+        notes,
     })
 }
 
 /// `--mode fit` for one model: judged as the batch's options would convert
 /// it; a loader that does not fit fails the model, naming the shortfall.
 pub fn fit_model(model: &Model, job: &FitJob, ctx: &JobContext) -> Result<Outcome, ModelError> {
-    let ck = crate::format::open(&model.source)?;
+    // A pipeline or sentence-transformers model as `fit` judges it: all
+    // its weight sets together.
+    let (ck, _) = crate::format::layout::open_as_loaded(&model.source)?;
     let mut options = job.options.clone();
     options.what_if = Some(ctx.convert.plan.clone());
     options.path = model.source.display().to_string();
@@ -466,26 +485,37 @@ pub fn fit_model(model: &Model, job: &FitJob, ctx: &JobContext) -> Result<Outcom
 }
 
 /// `--mode validate` for one model: loads its output and compares every
-/// tensor with its source; any failed check fails the model.
+/// tensor with its source (a pipeline or sentence-transformers output
+/// weight set by weight set, each against its own source folder, as
+/// `validate` does); any failed check fails the model.
 pub fn validate_model(model: &Model, options: &ValidateOptions) -> Result<Outcome, ModelError> {
     let mut options = options.clone();
     options.against = Some(model.source.clone());
-    let report = validate_with_budget(&model.output, &options)?;
-    if report.passed {
+    let reports = match validate_sets(&model.output, &options)? {
+        Some((_, sets)) => sets
+            .into_iter()
+            .map(|s| (format!("{}: ", s.component), s.report))
+            .collect(),
+        None => vec![(
+            String::new(),
+            validate_with_budget(&model.output, &options)?,
+        )],
+    };
+    let failures: Vec<String> = reports
+        .iter()
+        .flat_map(|(set, r)| r.failures.iter().map(move |f| format!("{set}{f}")))
+        .collect();
+    if reports.iter().all(|(_, r)| r.passed) {
         return Ok(Outcome {
             status: Status::Passed,
-            bytes: report.bytes_loaded,
+            bytes: reports.iter().map(|(_, r)| r.bytes_loaded).sum(),
             resumed_shards: 0,
             notes: Vec::new(),
         });
     }
-    let failures = report
-        .failures
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ");
-    Err(ModelError::Invalid { failures })
+    Err(ModelError::Invalid {
+        failures: failures.join("; "),
+    })
 }
 
 /// True if `dst/reshard.json` records a conversion of this same source (its

@@ -23,6 +23,8 @@ use sha2::{Digest, Sha256};
 
 /// Bytes read at a time while hashing: memory stays fixed whatever the file.
 const HASH_BUFFER: usize = 1 << 20;
+/// Deepest folder below the snapshot that is looked into.
+const MAX_DEPTH: usize = 8;
 
 /// What a verification covered.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -100,30 +102,40 @@ pub fn verify_snapshot(
 /// The files of `snapshot` that link to a sha256-named blob, in name order,
 /// with that name.
 fn blob_links(snapshot: &Path) -> Result<Vec<(PathBuf, String)>, VerifyError> {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(snapshot)
-        .map_err(io(snapshot))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .collect();
-    entries.sort();
     let mut files = Vec::new();
-    for path in entries {
-        let Ok(target) = std::fs::read_link(&path) else {
-            continue;
-        };
-        let Some(expected) = target
-            .file_name()
-            .and_then(|n| n.to_str())
-            .filter(|n| is_sha256(n))
-            .map(str::to_string)
-        else {
-            continue;
-        };
-        if !std::fs::metadata(&path).map_err(io(&path))?.is_file() {
-            continue;
+    // A pipeline's components (`unet/`, `vae/`) link into the same blobs.
+    let mut todo = vec![(snapshot.to_path_buf(), 0usize)];
+    while let Some((dir, depth)) = todo.pop() {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map_err(io(&dir))?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            let Ok(target) = std::fs::read_link(&path) else {
+                // A real folder (never a symlinked one) is walked into.
+                let real_dir = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir());
+                if real_dir && depth < MAX_DEPTH {
+                    todo.push((path, depth + 1));
+                }
+                continue;
+            };
+            let Some(expected) = target
+                .file_name()
+                .and_then(|n| n.to_str())
+                .filter(|n| is_sha256(n))
+                .map(str::to_string)
+            else {
+                continue;
+            };
+            if !std::fs::metadata(&path).map_err(io(&path))?.is_file() {
+                continue;
+            }
+            files.push((path, expected));
         }
-        files.push((path, expected));
     }
+    files.sort();
     Ok(files)
 }
 
@@ -288,6 +300,26 @@ mod tests {
         std::fs::create_dir_all(repo.join("blobs")).unwrap();
         std::fs::write(&path, content).unwrap();
         path
+    }
+
+    #[test]
+    fn a_pipelines_component_blobs_are_checked_too() {
+        let tmp = tempfile::tempdir().unwrap();
+        let snap = tmp.path().join("snapshots/rev");
+        std::fs::create_dir_all(snap.join("unet")).unwrap();
+        let weights = blob(tmp.path(), &[3u8; 1000]);
+        if let Err(e) = symlink(
+            &weights,
+            snap.join("unet/diffusion_pytorch_model.safetensors"),
+        ) {
+            eprintln!("skipped: cannot make a symlink here: {e}");
+            return;
+        }
+        let ok = verify_snapshot(&snap, 1, &AtomicBool::new(false)).unwrap();
+        assert_eq!(ok.files, 1);
+        std::fs::write(&weights, [4u8; 1000]).unwrap();
+        let err = verify_snapshot(&snap, 1, &AtomicBool::new(false)).unwrap_err();
+        assert!(err.to_string().contains("unet"), "{err}");
     }
 
     #[test]

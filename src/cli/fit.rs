@@ -201,25 +201,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     })
 }
 
-/// The checkpoint fit judges: a plain model as it is; a pipeline or a
-/// sentence-transformers folder as all its weight sets together, which is
-/// what its library holds once it has loaded them one after another.
-/// The second value describes a composite folder for the report's heading.
+/// The checkpoint fit judges ([`format::layout::open_as_loaded`]); the
+/// second value describes a composite folder for the report's heading.
 fn open(
     path: &std::path::Path,
 ) -> Result<(format::Checkpoint, Option<String>), format::FormatError> {
-    if path.is_dir() {
-        let layout = format::layout::detect(path)?;
-        if layout.is_composite() {
-            let what = format!(
-                "{}: its {} weight sets together, as its library holds them once loaded",
-                layout.kind.describe(),
-                layout.sets.len()
-            );
-            return Ok((layout.open_combined()?, Some(what)));
-        }
-    }
-    Ok((format::open(path)?, None))
+    let (ck, layout) = format::layout::open_as_loaded(path)?;
+    let what = layout.map(|l| {
+        format!(
+            "{}: its {} weight sets together, as its library holds them once loaded",
+            l.kind.describe(),
+            l.sets.len()
+        )
+    });
+    Ok((ck, what))
 }
 
 fn figure(f: Option<Figure>) -> String {

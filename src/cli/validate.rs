@@ -6,11 +6,11 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use reshard::format::layout::{self, LayoutKind};
+use reshard::format::layout::LayoutKind;
 use reshard::names::escape;
 use reshard::units::{human, ByteSize, TimeSpan};
 use reshard::validate::python::{self, PythonLoader, PythonOptions, PythonReport};
-use reshard::validate::{self, DeviceSpec, Loader, ValidateOptions, ValidateReport};
+use reshard::validate::{self, DeviceSpec, Loader, SetReport, ValidateOptions, ValidateReport};
 
 use super::printer;
 use super::ExitStatus;
@@ -121,46 +121,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     })
 }
 
-/// One weight set's report in a composite folder's `--json`.
-#[derive(serde::Serialize)]
-struct ComponentReport {
-    /// Its folder under the model root (`.` for the root).
-    component: String,
-    report: ValidateReport,
-}
-
 #[derive(serde::Serialize)]
 struct LayoutReport {
     path: String,
     kind: LayoutKind,
     passed: bool,
-    components: Vec<ComponentReport>,
+    components: Vec<SetReport>,
 }
 
 /// A pipeline or sentence-transformers folder (as `convert` writes it):
 /// each weight set validated on its own, as its library loads it, against
 /// the same set of `--against` when given. `None` for a plain model.
 fn run_layout(args: &Args) -> anyhow::Result<Option<ExitStatus>> {
-    if !args.path.is_dir() {
+    let Some((layout, components)) = validate::validate_sets(&args.path, &args.to_options())
+        .with_context(|| format!("cannot validate {}", args.path.display()))?
+    else {
         return Ok(None);
-    }
-    let layout = layout::detect(&args.path)
-        .with_context(|| format!("cannot validate {}", args.path.display()))?;
-    if !layout.is_composite() {
-        return Ok(None);
-    }
-    let mut components = Vec::with_capacity(layout.sets.len());
-    for set in &layout.sets {
-        let dir = layout.dir_of(set);
-        let mut options = args.to_options();
-        options.against = args.against.as_ref().map(|a| layout::join_rel(a, &set.rel));
-        let report = validate::validate_with_budget(&dir, &options)
-            .with_context(|| format!("cannot validate {}", dir.display()))?;
-        components.push(ComponentReport {
-            component: set.label().to_string(),
-            report,
-        });
-    }
+    };
     let passed = components.iter().all(|c| c.report.passed);
     if args.print.json {
         printer::json(&LayoutReport {

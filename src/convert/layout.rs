@@ -6,7 +6,7 @@
 //! pipeline's root has none: the job then only copies), and every other
 //! file of the tree that no other weight set's folder holds, at its
 //! relative path. Then each weight set is converted in its own folder of
-//! DST, as a model of its own ([`convert_with_pool`]: own plan, lock,
+//! DST, as a model of its own ([`convert_gated`]: own plan, lock,
 //! manifest, resume), under the names its library loads: the source's
 //! prefix is kept (`diffusion_pytorch_model` for diffusers models, `model`
 //! for transformers), a set the library reads as one file
@@ -21,16 +21,17 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use super::error::ConvertError;
-use super::options::{ComponentSummary, ConvertOptions, ConvertSummary};
+use super::options::{BeforeCommit, ComponentSummary, ConvertOptions, ConvertSummary};
 use super::other::{self, Walk};
-use super::run::{convert_with_pool, plan_for};
+use super::run::{convert_gated, convert_with_pool, plan_for};
 use super::split::{self, ComponentPrefix};
 use crate::exec::{Reporter, WindowPool};
 use crate::format::layout::{Library, ModelLayout, WeightSet};
 use crate::format::{self, Checkpoint, Format, Layout};
 use crate::plan::Plan;
 
-/// Converts every weight set of `layout` into `dst` (see the module doc).
+/// Converts every weight set of `layout` into `dst` (see the module doc),
+/// asking `before_commit` before each folder commits ([`convert_gated`]).
 pub fn convert_layout(
     layout: &ModelLayout,
     dst: &Path,
@@ -38,6 +39,7 @@ pub fn convert_layout(
     pool: &WindowPool,
     reporter: &dyn Reporter,
     cancel: &AtomicBool,
+    before_commit: BeforeCommit,
 ) -> Result<ConvertSummary, ConvertError> {
     // A reserved name deep in a component folder would otherwise be found
     // only after the root job has written.
@@ -51,7 +53,15 @@ pub fn convert_layout(
     root_options.walk = Walk::Tree {
         except: components.clone(),
     };
-    let mut summary = convert_with_pool(&root_ck, dst, &root_options, pool, reporter, cancel)?;
+    let mut summary = convert_gated(
+        &root_ck,
+        dst,
+        &root_options,
+        pool,
+        reporter,
+        cancel,
+        before_commit,
+    )?;
     for set in layout.sets.iter().filter(|s| !s.rel.is_empty()) {
         let dir = layout.dir_of(set);
         let ck = format::open(&dir)?;
@@ -67,7 +77,7 @@ pub fn convert_layout(
         if o.within.is_none() {
             o.within = Some(dst.to_path_buf());
         }
-        let s = convert_with_pool(&ck, &out, &o, pool, reporter, cancel)?;
+        let s = convert_gated(&ck, &out, &o, pool, reporter, cancel, before_commit)?;
         summary.components.push(ComponentSummary {
             path: set.rel.clone(),
             library: set.library,

@@ -181,6 +181,18 @@ pub fn detect(path: &Path) -> Result<ModelLayout, FormatError> {
     Ok(layout)
 }
 
+/// True when `dir` (a folder, not an HF cache repo) is one model made of
+/// weight sets in subfolders that a walk over a folder of models must not
+/// take apart: it has a modules.json or model_index.json naming at least
+/// one weight set, or one that cannot be read (converting it then says
+/// why).
+pub fn is_layout_root(dir: &Path) -> bool {
+    if !exists(&dir.join("modules.json")) && !exists(&dir.join("model_index.json")) {
+        return false;
+    }
+    detect(dir).map_or(true, |l| !l.sets.is_empty())
+}
+
 impl ModelLayout {
     /// Adds the weight set at `rel` if its folder is a real folder inside
     /// the root that holds weights; notes why not otherwise.
@@ -257,6 +269,22 @@ impl ModelLayout {
             path: self.root.clone(),
         })
     }
+}
+
+/// The checkpoint a loader holds once it has loaded `path`: a plain model
+/// (or a file) as it is; a pipeline or a sentence-transformers folder as
+/// all its weight sets together ([`ModelLayout::open_combined`]), with its
+/// layout. What `fit` and `batch --mode fit` judge.
+pub fn open_as_loaded(
+    path: &Path,
+) -> Result<(super::Checkpoint, Option<ModelLayout>), FormatError> {
+    if path.is_dir() {
+        let layout = detect(path)?;
+        if layout.is_composite() {
+            return Ok((layout.open_combined()?, Some(layout)));
+        }
+    }
+    Ok((super::open(path)?, None))
 }
 
 fn prefix_names(ck: &mut super::Checkpoint, rel: &str) {

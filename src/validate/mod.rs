@@ -24,7 +24,8 @@
 //! [`options`] and [`report`] (plain data) at the bottom; [`device`] and
 //! [`integrity`] in the middle; the ways of loading ([`own`], [`emulate`],
 //! [`against`], and a real loader in the user's Python, [`python`]) and the
-//! budget child ([`budget`]) on top, and this file,
+//! budget child ([`budget`]) on top, [`sets`] (a folder of several weight
+//! sets, each validated on its own) over them, and this file,
 //! which runs them in order. `scripts/check-architecture.py` keeps it so.
 //!
 //! A check that ran and failed is a [`Failure`] in the report (exit 1 at the
@@ -49,6 +50,7 @@ pub(crate) mod emulate;
 mod load;
 pub(crate) mod own;
 pub mod python;
+mod sets;
 
 pub use self::budget::validate_with_budget;
 pub use self::error::ValidateError;
@@ -57,3 +59,4 @@ pub use self::load::validate;
 pub use self::options::{DeviceSpec, Loader, ValidateOptions, DEFAULT_STAGING};
 pub use self::own::shard_order;
 pub use self::report::{Failure, Placement, ShardTiming, ValidateReport};
+pub use self::sets::{validate_sets, SetReport};

@@ -4,10 +4,11 @@
 
 use anyhow::Context;
 
-use reshard::convert::{convert_split, ComponentSummary, ConvertOptions, ConvertSummary};
+use reshard::convert::{
+    convert_split, ComponentSummary, ConvertOptions, ConvertSource, ConvertSummary,
+};
 use reshard::exec::WindowPool;
 use reshard::format;
-use reshard::format::layout::ModelLayout;
 
 use super::args::Args;
 use super::render::{render_plan, render_summary};
@@ -65,19 +66,13 @@ pub(super) fn render_components(components: &[ComponentSummary], verbose: bool) 
 /// `convert --dry-run`: the plan of every weight set, written nowhere.
 pub(super) fn dry_run(
     args: &Args,
-    ck: Option<&format::Checkpoint>,
-    layout: Option<&ModelLayout>,
+    source: &ConvertSource,
     options: &ConvertOptions,
 ) -> anyhow::Result<ExitStatus> {
     // The plans convert executes, from the library's per-set options.
-    let plans = match (layout, ck) {
-        (Some(layout), _) => reshard::convert::plan_layout(layout, options),
-        (None, Some(ck)) => {
-            reshard::convert::plan_for(ck, options).map(|p| vec![(String::new(), p)])
-        }
-        (None, None) => Ok(Vec::new()),
-    }
-    .with_context(|| format!("cannot plan {}", args.src.display()))?;
+    let plans = source
+        .plans(options)
+        .with_context(|| format!("cannot plan {}", args.src.display()))?;
     if args.print.json {
         match plans.as_slice() {
             [(rel, plan)] if rel.is_empty() => printer::json(plan)?,

@@ -10,6 +10,7 @@ use std::ffi::OsStr;
 
 use crate::common::{convert, copy_dir, copy_fixture, python_with, reshard, run_python, Program};
 
+mod batch;
 mod judge;
 mod portable;
 mod single_file;
