@@ -327,14 +327,47 @@ pub fn check_report(report: &Path, sources: &SourceSet) -> Result<(), ScopeError
 /// Reports are small; a file larger than this is not one of ours.
 const MAX_REPORT_LEN: u64 = 256 << 20;
 
+/// True if `path` holds a reshard report: a JSON object with a string
+/// `reshard_version` and an array `models`. Checked without building the
+/// document: the models are skipped element by element (serde's
+/// `IgnoredAny`), so a large report costs its bytes, not a tree of values.
 fn is_reshard_report(path: &Path) -> bool {
     let Ok(bytes) = crate::format::read::read_regular(path, MAX_REPORT_LEN) else {
         return false;
     };
-    serde_json::from_slice::<serde_json::Value>(&bytes).is_ok_and(|v| {
-        v.get("reshard_version").is_some_and(|v| v.is_string())
-            && v.get("models").is_some_and(|m| m.is_array())
-    })
+    serde_json::from_slice::<ReportProbe>(&bytes).is_ok()
+}
+
+/// What [`is_reshard_report`] looks for; other keys are skipped unread.
+#[derive(serde::Deserialize)]
+struct ReportProbe {
+    #[allow(dead_code)]
+    reshard_version: String,
+    #[allow(dead_code)]
+    models: SkippedArray,
+}
+
+/// Any JSON array, its elements skipped without being kept.
+struct SkippedArray;
+
+impl<'de> serde::Deserialize<'de> for SkippedArray {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<SkippedArray, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = SkippedArray;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<SkippedArray, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(SkippedArray)
+            }
+        }
+        d.deserialize_seq(Visit)
+    }
 }
 
 #[cfg(test)]
@@ -401,7 +434,18 @@ mod tests {
             check_report(&report, &sources),
             Err(ScopeError::ReportNotOurs { .. })
         ));
-        std::fs::write(&report, br#"{"reshard_version": "0.1.0", "models": []}"#).unwrap();
+        std::fs::write(&report, br#"{"reshard_version": "0.1.0", "models": {}}"#).unwrap();
+        assert!(matches!(
+            check_report(&report, &sources),
+            Err(ScopeError::ReportNotOurs { .. })
+        ));
+        std::fs::write(&report, br#"{"reshard_version": 1, "models": []}"#).unwrap();
+        assert!(check_report(&report, &sources).is_err());
+        std::fs::write(
+            &report,
+            br#"{"reshard_version": "0.1.0", "models": [{"a": [1]}, 2]}"#,
+        )
+        .unwrap();
         check_report(&report, &sources).unwrap();
     }
 }
