@@ -253,9 +253,28 @@ impl MergedReport {
         to_json(self)
     }
 
-    /// Writes the merged report atomically, like [`BatchReport::write`].
-    pub fn write(&self, path: &Path) -> Result<(), WriteError> {
-        write_json(path, &self.to_json())
+    /// Writes the merged report atomically, like [`BatchReport::write`],
+    /// after the output-path guard of `batch --report`
+    /// ([`crate::write::scope::check_report`]): never onto one of the
+    /// reports merged, nor onto or into a model folder they name.
+    pub fn write(&self, path: &Path) -> Result<(), MergeError> {
+        let mut sources = crate::write::scope::SourceSet::default();
+        for part in &self.parts {
+            sources.add_input(Path::new(&part.report));
+        }
+        for m in self.models.iter().filter(|m| !m.source.is_empty()) {
+            sources.add_model(Path::new(&m.source));
+        }
+        crate::write::scope::check_report(path, &sources).map_err(|source| {
+            MergeError::OutputPath {
+                path: path.to_path_buf(),
+                source,
+            }
+        })?;
+        write_json(path, &self.to_json()).map_err(|source| MergeError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 }
 
@@ -280,6 +299,18 @@ pub enum MergeError {
     },
     #[error("no reports to merge")]
     NoReports,
+    #[error("refusing to write the merged report {}", .path.display())]
+    OutputPath {
+        path: PathBuf,
+        #[source]
+        source: crate::write::scope::ScopeError,
+    },
+    #[error("cannot write the merged report {}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: WriteError,
+    },
     #[error("{}: {field} is {found} but {} has {expected}: not parts of one run", .path.display(), .first.display())]
     Differ {
         path: PathBuf,

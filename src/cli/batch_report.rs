@@ -5,8 +5,6 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use anyhow::Context;
-
 use reshard::batch::{merge, BatchReport, MergedReport, Status};
 use reshard::units::human;
 
@@ -56,9 +54,7 @@ fn run_merge(args: MergeArgs) -> anyhow::Result<ExitStatus> {
     }
     let merged = merge(reports)?;
     if let Some(path) = &args.output {
-        merged
-            .write(path)
-            .with_context(|| format!("cannot write the merged report {}", path.display()))?;
+        merged.write(path)?;
     }
     args.print
         .printer()

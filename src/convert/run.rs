@@ -28,11 +28,36 @@ use super::{dst, other};
 /// view past what `--allow-expanded` allows.
 pub fn plan_for(ck: &Checkpoint, options: &ConvertOptions) -> Result<Plan, ConvertError> {
     let plan = crate::write::format::plan(ck, &plan_options(ck, options)?)?;
+    check_portable(ck, &plan)?;
     crate::plan::check_expanded(ck, &plan, options.allow_expanded)?;
     // A GGUF LLM's config is made from its header: one that cannot be
     // fails the dry run too, not only the run.
     super::gguf::generated_files(ck, &plan)?;
     Ok(plan)
+}
+
+/// Refuses a source weight file, or a name the output would get (shards,
+/// index), that Windows reserves (`CON.safetensors`, `aux.safetensors`,
+/// [`crate::names::windows_reserved`]), on every platform, before anything
+/// is written: the same rule mirrored files and layout folders pass.
+fn check_portable(ck: &Checkpoint, plan: &Plan) -> Result<(), ConvertError> {
+    let sources = ck.files.iter().map(|f| (f.name(), f.path.clone()));
+    let outputs = plan
+        .shards
+        .iter()
+        .map(|s| s.file.clone())
+        .chain(plan.index_file.clone())
+        .map(|n| (n.clone(), Path::new(&n).to_path_buf()));
+    for (name, path) in sources.chain(outputs) {
+        if let Some((part, reason)) = crate::names::reserved_part(&name) {
+            return Err(ConvertError::ReservedName {
+                path,
+                name: part.to_string(),
+                reason,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The plan options a conversion of `ck` runs under: `options.plan`, except

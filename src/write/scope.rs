@@ -18,7 +18,8 @@
 //! [`super::owned`]): temps are created with `create_new`, finals appear by
 //! rename and removal never follows a link, so with the checks above no
 //! write or delete reaches a source file. [`check_report`] applies the same
-//! rules to `batch --report FILE`.
+//! rules to `batch --report FILE` and `batch-report merge -o FILE` (which
+//! may not land on one of its input reports either).
 //!
 //! Paths are compared in their canonical form only (on Windows that is the
 //! `\\?\C:\...` form for both sides); messages show the path the user gave.
@@ -58,6 +59,8 @@ pub enum ScopeError {
     ReportOnSource { report: PathBuf, file: PathBuf },
     #[error("{}: is inside the source model folder {}; refusing to write the report there", .report.display(), .root.display())]
     ReportInsideSource { report: PathBuf, root: PathBuf },
+    #[error("{}: is (or resolves to) the report {} being read; refusing to write over it", .report.display(), .input.display())]
+    ReportOnInput { report: PathBuf, input: PathBuf },
     #[error("{}: exists and is not a report reshard wrote (or is a symlink); refusing to replace it", .report.display())]
     ReportNotOurs { report: PathBuf },
 }
@@ -244,6 +247,8 @@ pub struct SourceSet {
     /// Real targets of the entries directly in each model folder (a folder
     /// of links keeps its weights elsewhere).
     files: Vec<PathBuf>,
+    /// Reports being read (`batch-report merge`'s inputs): (real, given).
+    inputs: Vec<(PathBuf, PathBuf)>,
 }
 
 impl SourceSet {
@@ -270,13 +275,30 @@ impl SourceSet {
     }
 }
 
-/// The rule for a report file reshard writes (`batch --report FILE`):
+impl SourceSet {
+    /// Adds a report that is read to make the one written (`batch-report
+    /// merge`'s inputs): the output may not land on it.
+    pub fn add_input(&mut self, report: &Path) {
+        if let Ok(real) = crate::platform::canonicalize(report) {
+            self.inputs.push((real, report.to_path_buf()));
+        }
+    }
+}
+
+/// The rule for a report file reshard writes (`batch --report FILE`,
+/// `batch-report merge -o FILE`):
 /// it may not resolve onto any source file or into any model folder, and an
 /// existing file there is replaced only if it is a regular file (not a
 /// symlink) that holds a reshard report (a JSON object with
 /// `reshard_version` and `models`). Anything else is refused.
 pub fn check_report(report: &Path, sources: &SourceSet) -> Result<(), ScopeError> {
     let real = resolve(report)?;
+    if let Some((_, input)) = sources.inputs.iter().find(|(r, _)| *r == real) {
+        return Err(ScopeError::ReportOnInput {
+            report: report.to_path_buf(),
+            input: input.clone(),
+        });
+    }
     if let Some(file) = sources.files.iter().find(|f| **f == real) {
         return Err(ScopeError::ReportOnSource {
             report: report.to_path_buf(),
@@ -305,14 +327,47 @@ pub fn check_report(report: &Path, sources: &SourceSet) -> Result<(), ScopeError
 /// Reports are small; a file larger than this is not one of ours.
 const MAX_REPORT_LEN: u64 = 256 << 20;
 
+/// True if `path` holds a reshard report: a JSON object with a string
+/// `reshard_version` and an array `models`. Checked without building the
+/// document: the models are skipped element by element (serde's
+/// `IgnoredAny`), so a large report costs its bytes, not a tree of values.
 fn is_reshard_report(path: &Path) -> bool {
     let Ok(bytes) = crate::format::read::read_regular(path, MAX_REPORT_LEN) else {
         return false;
     };
-    serde_json::from_slice::<serde_json::Value>(&bytes).is_ok_and(|v| {
-        v.get("reshard_version").is_some_and(|v| v.is_string())
-            && v.get("models").is_some_and(|m| m.is_array())
-    })
+    serde_json::from_slice::<ReportProbe>(&bytes).is_ok()
+}
+
+/// What [`is_reshard_report`] looks for; other keys are skipped unread.
+#[derive(serde::Deserialize)]
+struct ReportProbe {
+    #[allow(dead_code)]
+    reshard_version: String,
+    #[allow(dead_code)]
+    models: SkippedArray,
+}
+
+/// Any JSON array, its elements skipped without being kept.
+struct SkippedArray;
+
+impl<'de> serde::Deserialize<'de> for SkippedArray {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<SkippedArray, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = SkippedArray;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<SkippedArray, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(SkippedArray)
+            }
+        }
+        d.deserialize_seq(Visit)
+    }
 }
 
 #[cfg(test)]
@@ -379,7 +434,18 @@ mod tests {
             check_report(&report, &sources),
             Err(ScopeError::ReportNotOurs { .. })
         ));
-        std::fs::write(&report, br#"{"reshard_version": "0.1.0", "models": []}"#).unwrap();
+        std::fs::write(&report, br#"{"reshard_version": "0.1.0", "models": {}}"#).unwrap();
+        assert!(matches!(
+            check_report(&report, &sources),
+            Err(ScopeError::ReportNotOurs { .. })
+        ));
+        std::fs::write(&report, br#"{"reshard_version": 1, "models": []}"#).unwrap();
+        assert!(check_report(&report, &sources).is_err());
+        std::fs::write(
+            &report,
+            br#"{"reshard_version": "0.1.0", "models": [{"a": [1]}, 2]}"#,
+        )
+        .unwrap();
         check_report(&report, &sources).unwrap();
     }
 }

@@ -242,3 +242,43 @@ fn batch_reports_other_files_it_did_not_copy() {
     );
     assert!(!out.join("tiny-gpt2/notes.txt").exists());
 }
+
+/// `batch-report merge -o` onto one of its inputs, or onto a model's source
+/// weights a report names, replaced it (430 KB of weights became 900 bytes
+/// of JSON): the output path guard of `batch --report` applies.
+#[test]
+fn merge_output_onto_an_input_report_or_a_source_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let model = copy_fixture("tiny-llama", &root);
+    let weights = model.join("model.safetensors");
+    let want = sha(&weights);
+    let report = tmp.path().join("part-0.json");
+    let (out, _) = batch_json(
+        &root,
+        &tmp.path().join("out"),
+        &["--report", report.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let before = sha(&report);
+    let merge = |target: &Path| {
+        reshard()
+            .args(["batch-report", "merge"])
+            .arg(&report)
+            .arg("-o")
+            .arg(target)
+            .output()
+            .unwrap()
+    };
+    assert_refused(&merge(&report), "being read");
+    assert_eq!(sha(&report), before);
+    assert_refused(&merge(&weights), "source file");
+    assert_refused(&merge(&model.join("merged.json")), "inside the source");
+    assert_eq!(sha(&weights), want);
+    assert!(!model.join("merged.json").exists());
+    // Elsewhere, it is written.
+    let merged = tmp.path().join("merged.json");
+    assert!(merge(&merged).status.success());
+    assert!(merged.is_file());
+}

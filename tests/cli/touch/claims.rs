@@ -238,3 +238,23 @@ fn a_changed_index_or_config_is_not_up_to_date_and_fails_validate() {
         assert_eq!(std::fs::read(dst.join(&name)).unwrap(), bytes, "{file}");
     }
 }
+
+// ---- names Windows reserves ------------------------------------------------------
+
+#[test]
+fn source_weights_named_like_windows_devices_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (folder, file) in [("con-model", "CON.safetensors"), ("aux", "aux.safetensors")] {
+        let src = tmp.path().join(folder);
+        std::fs::create_dir(&src).unwrap();
+        std::fs::copy(fixture("tiny-llama/model.safetensors"), src.join(file)).unwrap();
+        std::fs::copy(fixture("tiny-llama/config.json"), src.join("config.json")).unwrap();
+        let dst = tmp.path().join(format!("{folder}-out"));
+        for from in [src.clone(), src.join(file)] {
+            let out = convert_out(&from, &dst, &[]);
+            assert_refused(&out, "Windows reserves it for a device");
+            assert!(stderr_of(&out).contains(file), "{}", stderr_of(&out));
+            assert!(!dst.join(file).exists(), "{file} written");
+        }
+    }
+}
