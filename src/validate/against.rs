@@ -9,7 +9,8 @@
 //!
 //! Both sides stream through three fixed buffers (source chunk, its cast,
 //! output chunk), whatever the tensor sizes. Names on one side only are
-//! failures, except tied names the manifest says were dropped on purpose.
+//! failures, except tied names the manifest says were dropped on purpose
+//! and the source proves tied (same storage as the name kept).
 
 use std::collections::HashMap;
 
@@ -55,12 +56,14 @@ pub fn compare(
     ck: &Checkpoint,
     src: &std::path::Path,
     options: Option<&PlanOptions>,
-    dropped: &[String],
+    dropped: &[(String, String)],
     staging: u64,
     ledger: &mut CommitLedger,
     report: &mut ValidateReport,
 ) -> Result<(), ValidateError> {
     let source = format::open(src)?;
+    let dropped = proven_ties(&source, dropped);
+    let dropped = dropped.as_slice();
     let src_reader = SourceReader::open(&source)?;
     let out_reader = SourceReader::open(ck)?;
     let policy = options.map_or(OverflowPolicy::Inf, |o| o.on_overflow);
@@ -291,6 +294,37 @@ fn requantized_difference(
     Ok(Ok(Requantized::is_codes(expected)
         .then(|| stream.quality())
         .flatten()))
+}
+
+/// The names a manifest says were dropped as tied that the source proves
+/// tied: each shares its storage (file, data, dtype and shape) with the
+/// tensor it was dropped for, as `convert --dedupe-tied` requires. The
+/// manifest's word alone excuses no missing tensor.
+fn proven_ties(source: &Checkpoint, dropped: &[(String, String)]) -> Vec<String> {
+    let by_name: HashMap<&str, &Tensor> = source
+        .tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t))
+        .collect();
+    let storage = |t: &Tensor| {
+        (
+            t.file,
+            serde_json::to_string(&t.data).unwrap_or_default(),
+            t.dtype,
+            t.shape.clone(),
+        )
+    };
+    dropped
+        .iter()
+        .filter(|(name, same_as)| {
+            name != same_as
+                && match (by_name.get(name.as_str()), by_name.get(same_as.as_str())) {
+                    (Some(a), Some(b)) => storage(a) == storage(b),
+                    _ => false,
+                }
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
 }
 
 /// A quantized source tensor: its codes, its scale and how they combine.

@@ -88,9 +88,13 @@ pub(crate) fn run(
     }
     if let Some(src) = &options.against {
         let plan_options = manifest.as_ref().map(|m| &m.options);
-        let dropped: Vec<String> = manifest
+        let dropped: Vec<(String, String)> = manifest
             .iter()
-            .flat_map(|m| m.dropped.iter().map(|d| d.tensor.clone()))
+            .flat_map(|m| {
+                m.dropped
+                    .iter()
+                    .map(|d| (d.tensor.clone(), d.same_as.clone()))
+            })
             .collect();
         let result = against::compare(
             &ck,

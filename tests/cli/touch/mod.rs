@@ -3,6 +3,7 @@
 //! each: the source's bytes are unchanged, nothing outside DST/OUT changed,
 //! and a refusal exits 2 naming the path. batch and `--report`: [`batch`].
 
+mod against;
 mod batch;
 mod claims;
 
