@@ -52,7 +52,7 @@ use crate::write::{copy_atomic, write_atomic, WriteError};
 /// Deepest folder the walk enters below the model folder.
 pub const MAX_DEPTH: usize = 8;
 /// Most entries the walk looks at; past it the rest is skipped with a note.
-pub const MAX_ENTRIES: usize = 100_000;
+pub const MAX_ENTRIES: usize = crate::write::capped::MAX_FILES;
 
 /// An other file left out, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

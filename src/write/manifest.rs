@@ -83,6 +83,7 @@ pub struct ShardRecord {
     pub size: u64,
     #[serde(flatten)]
     pub digest: ShardDigest,
+    #[serde(deserialize_with = "super::capped::tensors")]
     pub tensors: Vec<TensorRecord>,
 }
 
@@ -122,26 +123,39 @@ pub struct Manifest {
     pub options: PlanOptions,
     #[serde(default)]
     pub index_file: Option<String>,
+    #[serde(deserialize_with = "super::capped::tensors")]
     pub shards: Vec<ShardRecord>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::capped::files")]
     pub copied_files: Vec<String>,
     /// The source identity of each of `copied_files` when copied; absent
     /// in manifests before reshard recorded it (a rerun then recopies
     /// them all once).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "super::capped::files"
+    )]
     pub copied_sources: Vec<CopiedFile>,
     /// The size and digest of every file written beside the shards (the
     /// index, copied and generated files); absent in manifests before
     /// reshard recorded them (nothing beside the shards is proven then).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "super::capped::files"
+    )]
     pub files: Vec<FileRecord>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::capped::tensors")]
     pub oversized: Vec<Oversized>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::capped::tensors")]
     pub dropped: Vec<Dropped>,
     /// Partial manifest only: every name this run may write (shards and
     /// index), recorded before the first of them is created.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "super::capped::tensors"
+    )]
     pub planned: Vec<String>,
     /// A quantized source: its quantization config as it was, and what was
     /// dequantized from what.

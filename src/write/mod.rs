@@ -7,6 +7,7 @@
 //! removes.
 
 mod atomic;
+pub mod capped;
 pub mod digest;
 mod error;
 pub(crate) mod failpoint;

@@ -6,6 +6,7 @@
 mod against;
 mod batch;
 mod claims;
+mod manifests;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
