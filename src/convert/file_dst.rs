@@ -160,17 +160,22 @@ fn check_target(
     let Ok(meta) = std::fs::symlink_metadata(file) else {
         return Ok(());
     };
+    if let Ok(real) = crate::platform::canonicalize(file) {
+        for f in &ck.files {
+            if crate::platform::canonicalize(&f.path).is_ok_and(|p| p == real) {
+                return Err(crate::write::scope::ScopeError::DstOnSourceFile {
+                    dst: file.to_path_buf(),
+                    file: f.path.clone(),
+                }
+                .into());
+            }
+        }
+    }
     if !meta.file_type().is_file() {
         return Err(file_dst(
             file,
             "exists and is not a regular file (a folder, a symlink); a DST ending in .safetensors names one file: remove it or name another".into(),
         ));
-    }
-    let real = crate::write::scope::canonical(file)?;
-    for f in &ck.files {
-        if crate::platform::canonicalize(&f.path).is_ok_and(|p| p == real) {
-            return Err(file_dst(file, "is a file of the source".into()));
-        }
     }
     if !overwrite {
         return Err(file_dst(

@@ -64,7 +64,7 @@ fn a_safetensors_dst_refuses_what_it_cannot_be() {
     let own = src.join("model.safetensors");
     let before = std::fs::read(&own).unwrap();
     let e = stderr(&convert(&own, &own, &["--overwrite"]).code(2));
-    assert!(e.contains("is a file of the source"), "{e}");
+    assert!(e.contains("is the source file"), "{e}");
     assert_eq!(std::fs::read(&own).unwrap(), before);
     // A pipeline has several weight sets.
     let pipe = tmp.path().join("pipe");
