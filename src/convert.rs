@@ -18,6 +18,7 @@
 
 mod dst;
 mod error;
+mod file_dst;
 mod gguf;
 mod layout;
 mod options;
@@ -27,6 +28,7 @@ mod source;
 pub mod split;
 
 pub use self::error::{ConvertError, GateError};
+pub use self::file_dst::{convert_to_file, file_options, staging_dir, DstKind};
 pub use self::layout::{convert_layout, convert_split, plan_layout, plan_split};
 pub use self::options::{
     BeforeCommit, ComponentSummary, ConvertOptions, ConvertSummary, KeepPreset,

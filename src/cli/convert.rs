@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 
-use reshard::convert::ConvertSource;
+use reshard::convert::{convert_to_file, file_options, ConvertSource, DstKind};
 use reshard::exec::WindowPool;
 use reshard::format::layout as layouts;
 
@@ -22,6 +22,10 @@ use self::render::render_summary;
 pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     let mut options = args.options.to_options();
     options.single_file = !args.src.is_dir();
+    let to_file = dst_names_a_file(&args)?;
+    if to_file {
+        options = file_options(&options);
+    }
     if args.options.layout.split_components {
         return run_split(&args, &options);
     }
@@ -41,11 +45,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         for note in source.notes() {
             eprintln!("note: {note}");
         }
+        if to_file && args.src.is_dir() {
+            eprintln!("note: a DST ending in .safetensors gets the weights only: config.json, the tokenizer and the other files stay behind (name a folder to keep them)");
+        }
     }
     let cancel = super::cancel::on_ctrl_c();
     let bar = Bar::new(!(args.quiet || args.options.no_progress || args.print.json));
     let pool = WindowPool::new(options.window);
-    let result = source.convert(&args.dst, &options, &pool, &bar, cancel, &|| Ok(()));
+    let result = if to_file {
+        convert_to_file(&source, &args.dst, &options, &pool, &bar, cancel)
+    } else {
+        source.convert(&args.dst, &options, &pool, &bar, cancel, &|| Ok(()))
+    };
     let summary = result.with_context(|| {
         format!(
             "cannot convert {} into {}",
@@ -73,7 +84,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     }
     // Each weight set is validated against its source folder.
     let mut reports = Vec::new();
-    for rel in &source.weight_sets() {
+    let sets = if to_file {
+        vec![String::new()]
+    } else {
+        source.weight_sets()
+    };
+    for rel in &sets {
         let src = source.set_dir(rel);
         let dst = layouts::join_rel(&args.dst, rel);
         let options = args.load.options(Some(src));
@@ -97,4 +113,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     } else {
         ExitStatus::CheckFailed
     })
+}
+
+/// Whether DST names one file (`NAME.safetensors`) rather than a folder;
+/// a DST the binary cannot write as asked is refused here, before
+/// anything is read.
+fn dst_names_a_file(args: &Args) -> anyhow::Result<bool> {
+    let dst = args.dst.display();
+    match DstKind::of(&args.dst) {
+        DstKind::Folder => Ok(false),
+        DstKind::GgufFile => anyhow::bail!(
+            "{dst}: a DST ending in .gguf names a GGUF file, and reshard does not write GGUF yet; name a folder (safetensors shards) or a NAME.safetensors file"
+        ),
+        DstKind::SafetensorsFile if args.options.max_shard_size.is_some() => anyhow::bail!(
+            "{dst}: a DST ending in .safetensors names one file, and --max-shard-size writes several; name a folder to shard into (or drop --max-shard-size)"
+        ),
+        DstKind::SafetensorsFile if args.options.layout.split_components => anyhow::bail!(
+            "{dst}: a DST ending in .safetensors names one file, and --split-components writes a folder per component; name a folder"
+        ),
+        DstKind::SafetensorsFile => Ok(true),
+    }
 }

@@ -56,6 +56,9 @@ pub enum ConvertError {
         #[source]
         source: GateError,
     },
+    /// A DST that names one file (`NAME.safetensors`) cannot be written.
+    #[error("{}: {reason}", .path.display())]
+    FileDst { path: PathBuf, reason: String },
     #[error("{}: {name:?} cannot be a name in the output: {reason}; the output must be portable to Windows, so rename it in the source", .path.display())]
     ReservedName {
         path: PathBuf,

@@ -20,9 +20,17 @@ pub enum Finding {
     FileNotInIndex { file: String },
     /// `metadata.total_size` of an index disagrees with the tensors' bytes.
     TotalSizeMismatch { declared: u64, actual: u64 },
-    /// A safetensors file without `"format": "pt"` in `__metadata__`;
-    /// transformers and accelerate refuse it.
-    MissingFormatPt { file: String },
+    /// A safetensors file without `"format": "pt"` in `__metadata__`.
+    /// With a `__metadata__` of other keys (most UI checkpoints),
+    /// transformers 4 and accelerate's `load_state_dict` (1.15) refuse it;
+    /// with no `__metadata__` at all, transformers before 4.48.2 fails on
+    /// it. transformers 5 (checked on 5.24) loads both.
+    MissingFormatPt {
+        file: String,
+        /// The file has a `__metadata__` (without `"format": "pt"`).
+        #[serde(default)]
+        has_metadata: bool,
+    },
     /// Two shards disagree on a `__metadata__` key; the first value is kept.
     MetadataConflict {
         key: String,
@@ -100,9 +108,20 @@ impl fmt::Display for Finding {
                 f,
                 "index metadata.total_size is {declared} but the tensors hold {actual} bytes"
             ),
-            Finding::MissingFormatPt { file } => write!(
+            Finding::MissingFormatPt {
+                file,
+                has_metadata: true,
+            } => write!(
                 f,
-                "{} has no \"format\": \"pt\" in __metadata__; transformers refuses to load it",
+                "{} has no \"format\": \"pt\" in __metadata__; transformers 4 and accelerate's load_state_dict refuse it (transformers 5 loads it)",
+                names::escape(file)
+            ),
+            Finding::MissingFormatPt {
+                file,
+                has_metadata: false,
+            } => write!(
+                f,
+                "{} has no __metadata__ (no \"format\": \"pt\"); transformers before 4.48.2 fails on it (later versions and accelerate load it)",
                 names::escape(file)
             ),
             Finding::MetadataConflict { key, kept, dropped, file } => write!(

@@ -406,7 +406,10 @@ pub fn read_file(file: &SourceFile, file_index: usize) -> Result<FileContents, F
         .map(String::as_str)
         != Some("pt")
     {
-        findings.push(Finding::MissingFormatPt { file: name.clone() });
+        findings.push(Finding::MissingFormatPt {
+            file: name.clone(),
+            has_metadata: header.metadata.is_some(),
+        });
     }
     let data_start = header.data_start;
     let tensors = header

@@ -5,6 +5,8 @@
 //! verbatim; each must give every part index to `--part` with an N that
 //! matches its task count; and each, rendered for every index and run with
 //! the real binary, must convert every model of a folder exactly once.
+//! The pages' other command blocks are compared with what the binary
+//! prints in docs_output.rs.
 
 use std::path::Path;
 #[cfg(unix)]

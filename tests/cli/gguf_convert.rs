@@ -130,7 +130,8 @@ fn a_split_set_converts_as_one_model_from_any_member() {
         expected_of("split-00002-of-00002.gguf"),
     ];
     for member in ["split-00001-of-00002.gguf", "split-00002-of-00002.gguf"] {
-        let dst = dir.path().join(member);
+        // A DST ending in .gguf would name a GGUF file: a folder per member.
+        let dst = dir.path().join(member.replace(".gguf", ""));
         convert(
             &src.join(member),
             &dst,

@@ -14,6 +14,7 @@ mod crash;
 mod cuda;
 mod digest;
 mod docs_examples;
+mod docs_output;
 mod fit;
 mod fuzz_corpus;
 mod gguf;

@@ -21,6 +21,8 @@ pub struct Args {
     /// The checkpoint to read (file, folder or Hugging Face cache folder).
     pub src: PathBuf,
     /// The folder to write (created if missing; never the source folder).
+    /// NAME.safetensors names one file instead; NAME.gguf is refused (no
+    /// GGUF writer yet).
     pub dst: PathBuf,
     #[command(flatten)]
     pub options: ConvertArgs,

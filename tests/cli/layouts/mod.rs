@@ -11,6 +11,7 @@ use std::ffi::OsStr;
 use crate::common::{convert, copy_dir, copy_fixture, python_with, reshard, run_python, Program};
 
 mod batch;
+mod file_dst;
 mod judge;
 mod portable;
 mod single_file;

@@ -1,0 +1,228 @@
+//! What DST names ([`DstKind`]) and writing a DST that names one file.
+//!
+//! One rule for every format: a DST ending in `.safetensors` names that
+//! file (one file, the whole model: what ComfyUI, A1111 and Forge load); a
+//! DST ending in `.gguf` names a GGUF file, which reshard does not write
+//! yet, so it is refused; any other DST is a folder.
+//!
+//! A file DST is written through a hidden staging folder beside it,
+//! `.NAME.reshard/`: an ordinary conversion there (plan, lock, manifest,
+//! resume, the same checks), then the one shard is renamed onto the file
+//! (atomic on one file system) and the staging folder is removed. A run
+//! killed before the rename leaves the file as it was and a staging folder
+//! the next run resumes from. Nothing but the weights is written: no
+//! config, no index, no manifest beside the file.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use super::error::ConvertError;
+use super::options::{ConvertOptions, ConvertSummary};
+use super::run::convert_gated;
+use super::source::ConvertSource;
+use crate::exec::{Reporter, WindowPool};
+use crate::format::gguf::is_gguf_path;
+use crate::names::SAFETENSORS_SUFFIX;
+use crate::write::lock::{DstLock, LOCK};
+use crate::write::manifest::{MANIFEST, PARTIAL};
+use crate::write::{sync_dir, WriteError};
+
+/// What a DST path names, by its ending (ASCII case ignored; a trailing
+/// separator always names a folder).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DstKind {
+    /// A folder of shards, an index, the model's other files, the manifest.
+    Folder,
+    /// `NAME.safetensors`: that one file.
+    SafetensorsFile,
+    /// `NAME.gguf`: a GGUF file (not written yet).
+    GgufFile,
+}
+
+impl DstKind {
+    pub fn of(dst: &Path) -> DstKind {
+        // `merged.safetensors/` says folder.
+        let text = dst.as_os_str().to_string_lossy();
+        if text.chars().last().is_some_and(std::path::is_separator) {
+            return DstKind::Folder;
+        }
+        let name = dst
+            .file_name()
+            .map(|n| n.to_string_lossy().to_ascii_lowercase())
+            .unwrap_or_default();
+        if is_gguf_path(dst) {
+            DstKind::GgufFile
+        } else if name.len() > SAFETENSORS_SUFFIX.len() && name.ends_with(SAFETENSORS_SUFFIX) {
+            DstKind::SafetensorsFile
+        } else {
+            DstKind::Folder
+        }
+    }
+}
+
+/// The options a file DST is converted under: one shard, no other file.
+pub fn file_options(options: &ConvertOptions) -> ConvertOptions {
+    let mut o = options.clone();
+    o.plan.max_shard_size = u64::MAX;
+    o.copy_other_files = false;
+    o
+}
+
+/// The staging folder of the file DST `file`.
+pub fn staging_dir(file: &Path) -> Result<PathBuf, ConvertError> {
+    let name = file
+        .file_name()
+        .ok_or_else(|| file_dst(file, "names no file".into()))?;
+    let parent = match file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok(parent.join(format!(".{}.reshard", name.to_string_lossy())))
+}
+
+/// Converts `source` into the one file `file` (see the module doc).
+pub fn convert_to_file(
+    source: &ConvertSource,
+    file: &Path,
+    options: &ConvertOptions,
+    pool: &WindowPool,
+    reporter: &dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<ConvertSummary, ConvertError> {
+    let ck = one_weight_set(source, file)?;
+    check_target(file, ck, options.overwrite)?;
+    let staging = staging_dir(file)?;
+    if std::fs::symlink_metadata(&staging).is_ok_and(|m| !m.file_type().is_dir()) {
+        return Err(file_dst(
+            &staging,
+            "reshard's staging folder is taken by something that is not a folder (a symlink, a file); remove it".into(),
+        ));
+    }
+    let o = file_options(options);
+    let mut summary = convert_gated(ck, &staging, &o, pool, reporter, cancel, &|| Ok(()))?;
+    let [shard] = summary.manifest.shards.as_slice() else {
+        return Err(file_dst(file, "the model has no tensors to write".into()));
+    };
+    // Again under the staging folder's lock: no other run finishes it too.
+    let lock = DstLock::acquire(&staging)?;
+    let written = staging.join(&shard.file);
+    std::fs::rename(&written, file).map_err(|e| WriteError::io(file, e))?;
+    if let Some(parent) = file.parent().filter(|p| !p.as_os_str().is_empty()) {
+        sync_dir(parent)?;
+    }
+    let ours = summary.manifest.copied_files.iter().map(String::as_str);
+    for name in ours.chain([MANIFEST, PARTIAL]) {
+        match std::fs::remove_file(staging.join(name)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(WriteError::io(&staging.join(name), e).into())
+            }
+            _ => {}
+        }
+    }
+    drop(lock);
+    // Best effort: a staging folder someone put other files into stays.
+    let _ = std::fs::remove_file(staging.join(LOCK));
+    let _ = std::fs::remove_dir(&staging);
+    summary.dst = file.display().to_string();
+    Ok(summary)
+}
+
+/// The one weight set a file can hold: a file SRC, or a plain model folder
+/// (a pipeline or a sentence-transformers model has several).
+fn one_weight_set<'a>(
+    source: &'a ConvertSource,
+    file: &Path,
+) -> Result<&'a crate::format::Checkpoint, ConvertError> {
+    match (&source.layout, &source.root) {
+        (Some(l), _) if l.is_composite() => Err(file_dst(
+            file,
+            format!(
+                "{} has {} weight sets and one file holds one: name a folder, or convert one component folder",
+                l.kind.describe(),
+                l.sets.len()
+            ),
+        )),
+        (_, Some(ck)) => Ok(ck),
+        (_, None) => Err(crate::format::FormatError::NoCheckpoint {
+            path: source.path.clone(),
+        }
+        .into()),
+    }
+}
+
+/// The file DST may be replaced: absent, or a regular file that is none
+/// of the source's files, replaced only with `overwrite`.
+fn check_target(
+    file: &Path,
+    ck: &crate::format::Checkpoint,
+    overwrite: bool,
+) -> Result<(), ConvertError> {
+    let Ok(meta) = std::fs::symlink_metadata(file) else {
+        return Ok(());
+    };
+    if let Ok(real) = crate::platform::canonicalize(file) {
+        for f in &ck.files {
+            if crate::platform::canonicalize(&f.path).is_ok_and(|p| p == real) {
+                return Err(crate::write::scope::ScopeError::DstOnSourceFile {
+                    dst: file.to_path_buf(),
+                    file: f.path.clone(),
+                }
+                .into());
+            }
+        }
+    }
+    if !meta.file_type().is_file() {
+        return Err(file_dst(
+            file,
+            "exists and is not a regular file (a folder, a symlink); a DST ending in .safetensors names one file: remove it or name another".into(),
+        ));
+    }
+    if !overwrite {
+        return Err(file_dst(
+            file,
+            "exists; pass --overwrite to replace it".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn file_dst(path: &Path, reason: String) -> ConvertError {
+    ConvertError::FileDst {
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dst_kind_by_ending() {
+        for (dst, kind) in [
+            ("out", DstKind::Folder),
+            ("out/", DstKind::Folder),
+            ("merged.safetensors", DstKind::SafetensorsFile),
+            ("a/B.SafeTensors", DstKind::SafetensorsFile),
+            (".safetensors", DstKind::Folder),
+            ("model.gguf", DstKind::GgufFile),
+            ("x.GGUF", DstKind::GgufFile),
+            ("model.safetensors.d", DstKind::Folder),
+            ("merged.safetensors/", DstKind::Folder),
+        ] {
+            assert_eq!(DstKind::of(Path::new(dst)), kind, "{dst}");
+        }
+    }
+
+    #[test]
+    fn the_staging_folder_is_hidden_beside_the_file() {
+        assert_eq!(
+            staging_dir(Path::new("a/m.safetensors")).unwrap(),
+            Path::new("a/.m.safetensors.reshard")
+        );
+        assert_eq!(
+            staging_dir(Path::new("m.safetensors")).unwrap(),
+            Path::new("./.m.safetensors.reshard")
+        );
+    }
+}
