@@ -31,14 +31,6 @@ pub struct Args {
     /// (an HF cache repo to OUT/ORG--NAME).
     #[arg(long, short, value_name = "OUT")]
     out: PathBuf,
-    #[command(flatten)]
-    options: ConvertArgs,
-    /// The machine `--mode fit` judges against (default: this one).
-    #[command(flatten, next_help_heading = "Machine (--mode fit)")]
-    machine: MachineArgs,
-    /// How `--mode validate` loads each output.
-    #[command(flatten, next_help_heading = "Loading (--mode validate)")]
-    load: LoadArgs,
     /// Models converted at once; they share one --window budget and split
     /// --threads between them.
     #[arg(long, default_value = "1", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -82,6 +74,16 @@ pub struct Args {
     /// Print only errors and failed models.
     #[arg(short, long)]
     quiet: bool,
+    // The flattened groups come last: a group's heading holds for every
+    // argument after it.
+    #[command(flatten)]
+    options: ConvertArgs,
+    /// The machine `--mode fit` judges against (default: this one).
+    #[command(flatten, next_help_heading = "Machine (--mode fit)")]
+    machine: MachineArgs,
+    /// How `--mode validate` loads each output.
+    #[command(flatten, next_help_heading = "Loading (--mode validate)")]
+    load: LoadArgs,
 }
 
 /// The most parts `--plan-parts` lists.
@@ -374,6 +376,32 @@ mod tests {
         let mut argv = vec!["batch", "root", "--out", "out"];
         argv.extend_from_slice(extra);
         Wrap::try_parse_from(argv).map(|w| w.args)
+    }
+
+    #[test]
+    fn batch_flags_are_not_under_the_fit_or_validate_headings() {
+        use clap::CommandFactory;
+        let help = Wrap::command().render_help().to_string();
+        let machine = help.find("Machine (--mode fit):").unwrap();
+        let general = &help[..machine];
+        for flag in [
+            "--jobs",
+            "--part",
+            "--balance",
+            "--plan-parts",
+            "--verify-source",
+            "--mode",
+            "--report",
+            "--fail-fast",
+            "--dry-run",
+            "--json",
+            "--quiet",
+        ] {
+            assert!(
+                general.contains(flag),
+                "{flag} is not with the batch options:\n{help}"
+            );
+        }
     }
 
     #[test]

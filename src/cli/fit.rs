@@ -73,7 +73,7 @@ pub struct MachineArgs {
     #[arg(long = "pread-threads", value_name = "N")]
     pread_threads: Option<u64>,
     /// Commit of the loader's Python process before it reads a weight
-    /// (default: 960MiB, measured for torch + transformers on CPU); added to
+    /// (default: 976MiB, measured for torch + transformers on CPU); added to
     /// every Python loader's peak when judging, shown apart.
     #[arg(long, value_name = "SIZE")]
     baseline: Option<ByteSize>,
@@ -85,27 +85,44 @@ pub enum OsArg {
     Linux,
 }
 
-/// Loaders, named by what they do to memory (peaks on CPU, above the
-/// process baseline).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// Loaders, named by what they do to memory. Each one's `--help` line is
+/// the calibrated model's own row ([`Loader::real_loader`],
+/// [`Loader::formula`]), as docs/fit.md shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LoaderArg {
-    /// transformers 5 from_pretrained, mmap backend (Linux default in 5.24; Windows 5.0-5.16): every shard mapped and kept, sum(S)
     TransformersV5Mmap,
-    /// transformers >= 5.17 on Windows (pread backend): reads into the parameters, sum(T) + threads x 48MiB
     TransformersV5Pread,
-    /// empty model + per-shard safetensors load_file + load_state_dict (transformers 4, accelerate): sum(T) + max(S)
     PerShardMmap,
-    /// read each file + safetensors.torch.load(bytes) (disable_mmap): sum(T) + max(S)
     FullRead,
-    /// diffusers from_pretrained, component by component: sum(T) + sum(S) at worst (shard mappings freed by the garbage collector)
     Diffusers,
-    /// llama.cpp on a GGUF: every file mapped read-only (not charged to commit), all layers but the input layer copied to VRAM
-    #[value(name = "llama.cpp")]
     LlamaCpp,
-    /// ComfyUI-GGUF on a GGUF: read-only numpy memmap; VRAM sum(T) + the largest weight dequantized in f16; what does not fit is copied to host
     ComfyuiGguf,
-    /// reshard validate: one staging buffer, min(64MiB, max(T)), + max(S) on CPU
     Reshard,
+}
+
+impl clap::ValueEnum for LoaderArg {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[
+            LoaderArg::TransformersV5Mmap,
+            LoaderArg::TransformersV5Pread,
+            LoaderArg::PerShardMmap,
+            LoaderArg::FullRead,
+            LoaderArg::Diffusers,
+            LoaderArg::LlamaCpp,
+            LoaderArg::ComfyuiGguf,
+            LoaderArg::Reshard,
+        ]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let l = Loader::from(*self);
+        let help = format!(
+            "{}; peak commit above the baseline (CPU): {}",
+            l.real_loader().replace('`', ""),
+            l.formula()
+        );
+        Some(clap::builder::PossibleValue::new(l.name()).help(help))
+    }
 }
 
 impl From<LoaderArg> for Loader {
@@ -559,6 +576,22 @@ mod tests {
 
     fn parse(a: &[&str]) -> Result<Args, clap::Error> {
         Cli::try_parse_from(std::iter::once("fit").chain(a.iter().copied())).map(|c| c.args)
+    }
+
+    #[test]
+    fn help_shows_the_calibrated_model() {
+        use clap::CommandFactory;
+        let help = Cli::command().render_long_help().to_string();
+        let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        let baseline = format!("(default: {}MiB,", reshard::fit::DEFAULT_BASELINE >> 20);
+        assert!(flat.contains(&baseline), "{baseline} missing from\n{help}");
+        for l in Loader::ALL {
+            assert!(
+                flat.contains(&l.formula()),
+                "{} missing from\n{help}",
+                l.formula()
+            );
+        }
     }
 
     #[test]

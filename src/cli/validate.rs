@@ -32,7 +32,8 @@ pub struct Args {
     #[arg(long, value_name = "LOADER", conflicts_with = "loader", value_parser = parse_emulated)]
     emulate: Option<Loader>,
     /// Run a real loader in your own Python and measure it from outside:
-    /// python:transformers, python:transformers-pread, python:safetensors,
+    /// python:transformers, python:transformers-pread,
+    /// python:transformers-disable-mmap, python:safetensors,
     /// python:diffusers or python:sentence-transformers. --commit-budget
     /// is enforced above the process's commit once its libraries are
     /// imported; the report shows fit's prediction beside the measurement.
@@ -459,6 +460,20 @@ mod tests {
     struct Wrap {
         #[command(flatten)]
         args: Args,
+    }
+
+    #[test]
+    fn help_names_every_python_loader() {
+        use clap::CommandFactory;
+        let help = Wrap::command().render_long_help().to_string();
+        let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        for l in PythonLoader::ALL {
+            let name = format!("python:{}", l.name());
+            let listed = flat
+                .split([',', ' '])
+                .any(|w| w.trim_end_matches('.') == name);
+            assert!(listed, "{name} missing from validate --help");
+        }
     }
 
     fn parse(argv: &[&str]) -> Result<ValidateOptions, clap::Error> {

@@ -98,40 +98,6 @@ impl Loader {
         !matches!(self, Loader::LlamaCpp | Loader::ComfyuiGguf)
     }
 
-    /// The peak host commit without a GPU, above the loader's process
-    /// baseline, as a formula (Windows adds max(S) for the header view to
-    /// the loaders that open shards with safetensors' mmap).
-    pub fn formula(self) -> &'static str {
-        match self {
-            Loader::TransformersV5Mmap => "sum(S) + 26 MiB",
-            Loader::TransformersV5Pread => "sum(T) + 26 MiB + threads x 24 MiB",
-            Loader::PerShardMmap => "sum(T) + max(S) + 8 MiB",
-            Loader::FullRead => "sum(T) + max(S)",
-            Loader::Diffusers => "sum(T) + sum(S), at worst",
-            Loader::LlamaCpp => "0 (files mapped read-only); vram sum(T) - input layer",
-            Loader::ComfyuiGguf => {
-                "4 x max(n) (files mapped read-only); vram sum(T) + 2 x max(n), the rest copied to host"
-            }
-            Loader::Reshard => "min(staging, max(T)), + max(S) without a GPU",
-        }
-    }
-
-    /// The library versions the row was calibrated against (docs/fit.md).
-    pub fn calibrated_with(self) -> &'static str {
-        match self {
-            Loader::TransformersV5Mmap | Loader::TransformersV5Pread => {
-                "transformers 5.24.0, safetensors 0.8.0, torch 2.15.0"
-            }
-            Loader::PerShardMmap | Loader::FullRead => "safetensors 0.8.0, torch 2.15.0",
-            Loader::Diffusers => "diffusers 0.42.1, safetensors 0.8.0, torch 2.15.0",
-            Loader::LlamaCpp => {
-                "llama.cpp's source (llama-mmap.cpp, llama-model-loader.cpp), not measured"
-            }
-            Loader::ComfyuiGguf => "ComfyUI-GGUF 795e451 and gguf-py 0.19.0 source, not measured",
-            Loader::Reshard => "reshard",
-        }
-    }
-
     /// Whether the loader runs in a Python process that imports torch and
     /// its library first: fit's baseline term applies to it.
     pub fn in_python(self) -> bool {

@@ -9,6 +9,7 @@
 
 pub mod loader;
 pub mod machine;
+mod rows;
 
 use serde::{Deserialize, Serialize};
 

@@ -239,3 +239,54 @@ fn the_mask_hides_only_what_varies() {
     );
     assert_eq!(mask("short by 984.23 MiB"), "short by 984.23 MiB");
 }
+
+/// The long flags `reshard SUBCOMMAND --help` lists.
+fn help_flags(subcommand: &str) -> Vec<String> {
+    let out = crate::common::reshard()
+        .args([subcommand, "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut flags: Vec<String> = help
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            if !l.starts_with('-') {
+                return None;
+            }
+            let at = l.find("--")?;
+            let flag: String = l[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect();
+            Some(flag)
+        })
+        .filter(|f| f != "--help" && f.len() > 2)
+        .collect();
+    flags.dedup();
+    flags
+}
+
+#[test]
+fn convert_page_synopsis_lists_every_flag_of_the_binary() {
+    let page = std::fs::read_to_string(repo().join("docs/convert.md")).unwrap();
+    let synopsis: String = page
+        .lines()
+        .skip_while(|l| !l.starts_with("reshard convert SRC DST"))
+        .take_while(|l| !l.starts_with("```"))
+        .collect();
+    let flags = help_flags("convert");
+    assert!(flags.len() > 20, "{flags:?}");
+    let missing: Vec<&String> = flags
+        .iter()
+        .filter(|f| {
+            !synopsis
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .any(|w| w == f.as_str())
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/convert.md's synopsis lacks {missing:?}"
+    );
+}
