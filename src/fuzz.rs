@@ -228,3 +228,24 @@ fn synthetic_checkpoint(data: &[u8]) -> Checkpoint {
         findings: Vec::new(),
     }
 }
+
+/// The manifest and report readers: a manifest that parses has every list
+/// within its cap and reads back as itself from what reshard would write;
+/// the report probe never panics.
+pub fn manifests(data: &[u8]) {
+    let _ = crate::write::scope::is_report_bytes(data);
+    let Ok(manifest) = crate::write::manifest::Manifest::parse(data) else {
+        return;
+    };
+    use crate::write::capped::MAX_FILES;
+    assert!(manifest.copied_files.len() <= MAX_FILES);
+    assert!(manifest.files.len() <= MAX_FILES);
+    assert!(manifest.copied_sources.len() <= MAX_FILES);
+    assert!(manifest.shards.len() <= format::MAX_TENSORS);
+    for s in &manifest.shards {
+        assert!(s.tensors.len() <= format::MAX_TENSORS);
+    }
+    let again = crate::write::manifest::Manifest::parse(&manifest.to_json())
+        .expect("a manifest reshard writes reads back");
+    assert_eq!(again, manifest);
+}

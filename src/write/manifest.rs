@@ -203,6 +203,12 @@ impl Manifest {
         v
     }
 
+    /// A manifest from its JSON bytes, every list within its cap
+    /// ([`super::capped`]).
+    pub fn parse(bytes: &[u8]) -> Result<Manifest, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+
     /// Reads a manifest; `Ok(None)` if there is none.
     pub fn read(path: &Path) -> Result<Option<Manifest>, ManifestError> {
         let bytes = match read_regular(path, MAX_MANIFEST_LEN) {
@@ -210,7 +216,7 @@ impl Manifest {
             Err(FormatError::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(ManifestError::Read(e)),
         };
-        serde_json::from_slice(&bytes)
+        Manifest::parse(&bytes)
             .map(Some)
             .map_err(|e| ManifestError::Invalid {
                 path: path.to_path_buf(),

@@ -13,7 +13,7 @@ mod error;
 pub(crate) mod failpoint;
 pub mod format;
 pub(crate) mod lock;
-pub(crate) mod manifest;
+pub mod manifest;
 pub(crate) mod owned;
 pub mod scope;
 pub(crate) mod shard;

@@ -335,7 +335,12 @@ fn is_reshard_report(path: &Path) -> bool {
     let Ok(bytes) = crate::format::read::read_regular(path, MAX_REPORT_LEN) else {
         return false;
     };
-    serde_json::from_slice::<ReportProbe>(&bytes).is_ok()
+    is_report_bytes(&bytes)
+}
+
+/// True if `bytes` are a reshard report's JSON (see [`is_reshard_report`]).
+pub fn is_report_bytes(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<ReportProbe>(bytes).is_ok()
 }
 
 /// What [`is_reshard_report`] looks for; other keys are skipped unread.

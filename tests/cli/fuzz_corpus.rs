@@ -18,6 +18,7 @@ fn targets() -> Vec<(&'static str, Entry)> {
         ("pytorch", reshard::fuzz::pytorch),
         ("pickle", reshard::fuzz::pickle),
         ("gguf_header", reshard::fuzz::gguf_header),
+        ("manifests", reshard::fuzz::manifests),
     ]
 }
 
