@@ -139,6 +139,16 @@ fn validate_against_fails_on_one_flipped_code_scale_or_companion() {
     }
 }
 
+/// `src` quantized with `scheme` into `dir/SCHEME`, and that output
+/// dequantized by reshard into `dir/SCHEME-dense` (bf16).
+fn quantized_and_dense(dir: &Path, src: &Path, scheme: &str) -> (PathBuf, PathBuf) {
+    let dst = dir.join(scheme);
+    let dense = dir.join(format!("{scheme}-dense"));
+    convert(src, &dst, &["--quantize", scheme]).success();
+    convert(&dst, &dense, &["--dtype", "bf16"]).success();
+    (dst, dense)
+}
+
 #[test]
 fn fp8_channel_and_fp8_block_load_in_transformers_as_reshard_dequantizes_them() {
     let Some(python) = oracle_python() else {
@@ -147,10 +157,7 @@ fn fp8_channel_and_fp8_block_load_in_transformers_as_reshard_dequantizes_them() 
     let dir = tempfile::tempdir().unwrap();
     let llama = fixture("tiny-llama");
     for scheme in ["fp8-channel", "fp8-block"] {
-        let dst = dir.path().join(scheme);
-        let dense = dir.path().join(format!("{scheme}-dense"));
-        convert(&llama, &dst, &["--quantize", scheme]).success();
-        convert(&dst, &dense, &["--dtype", "bf16"]).success();
+        let (dst, dense) = quantized_and_dense(dir.path(), &llama, scheme);
         let summary = oracle(
             &python,
             &[
@@ -186,10 +193,7 @@ fn fp8_scaled_outputs_dequantize_in_comfy_kitchen_as_in_reshard() {
     let dir = tempfile::tempdir().unwrap();
     let llama = fixture("tiny-llama");
     for scheme in ["fp8-scaled", "fp8-scaled-legacy"] {
-        let dst = dir.path().join(scheme);
-        let dense = dir.path().join(format!("{scheme}-dense"));
-        convert(&llama, &dst, &["--quantize", scheme]).success();
-        convert(&dst, &dense, &["--dtype", "bf16"]).success();
+        let (dst, dense) = quantized_and_dense(dir.path(), &llama, scheme);
         let summary = oracle(
             &python,
             &["comfy".as_ref(), dst.as_os_str(), dense.as_os_str()],
