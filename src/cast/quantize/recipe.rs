@@ -252,6 +252,12 @@ pub fn code(recipe: Recipe, work: Dtype, x: f32, scale: &Scale) -> u8 {
         Recipe::PerChannel => round_to(work, x / scale.apply),
         Recipe::Block { .. } => x * scale.apply,
     };
+    e4m3_code(t)
+}
+
+/// The F8_E4M3 code of `t`: clamped to ±448, nearest even, NaN kept.
+#[inline(always)]
+pub fn e4m3_code(t: f32) -> u8 {
     f32_to_e4m3(t.to_bits()).0
 }
 

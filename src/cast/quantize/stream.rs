@@ -11,7 +11,7 @@
 //! and one block row of scales, whatever the tensor.
 
 use super::recipe::{
-    abs_max, code, e4m3_values, round_to, source_value, QuantQuality, Recipe, Scale,
+    abs_max, e4m3_code, e4m3_values, round_to, source_value, QuantQuality, Recipe, Scale,
 };
 use crate::cast::dequant::{Chunk, ChunkStream, DequantError};
 use crate::cast::policy::CastStats;
@@ -373,8 +373,7 @@ impl Runs<'_> {
         // Four partial sums (element j in lane j % 4) break the chain of
         // dependent f64 additions; lanes are added in a fixed order.
         let mut lanes = [QuantQuality::default(); 4];
-        let (recipe, work, from) = (self.recipe, self.work, self.from);
-        let values = e4m3_values();
+        let in_elem = (self.from.bits() / 8) as usize;
         let mut row = at / self.cols - self.first_row;
         let mut col = at % self.cols;
         let mut i = 0usize;
@@ -384,13 +383,21 @@ impl Runs<'_> {
                 .min((out.len() - i) as u64) as usize;
             let index = (row / self.block_rows) * self.row_scales + col / self.block_cols;
             let scale = self.scales[index as usize];
-            for j in i..i + run {
-                let (v, reference) = source_value(from, input, j);
-                let x = if from == work { v } else { round_to(work, v) };
-                let c = code(recipe, work, x, &scale);
-                out[j] = c;
-                let back = f64::from(values[c as usize]) * f64::from(scale.stored);
-                lanes[j % 4].add(reference, back);
+            // In batches, each stage one loop with its dtype and recipe
+            // decided outside it, so the loops vectorize.
+            let mut j = i;
+            while j < i + run {
+                let n = (i + run - j).min(BATCH);
+                let batch = Batch::new(self.from, &input[j * in_elem..(j + n) * in_elem]);
+                batch.quantize(
+                    self.recipe,
+                    self.work,
+                    &scale,
+                    &mut out[j..j + n],
+                    &mut lanes,
+                    j,
+                );
+                j += n;
             }
             i += run;
             col += run as u64;
@@ -404,5 +411,99 @@ impl Runs<'_> {
             quality += *l;
         }
         quality
+    }
+}
+
+/// Values one [`Batch`] holds.
+const BATCH: usize = 256;
+
+/// Up to [`BATCH`] source values, decoded to f32.
+struct Batch<'b> {
+    from: Dtype,
+    bytes: &'b [u8],
+    values: [f32; BATCH],
+    len: usize,
+}
+
+impl<'b> Batch<'b> {
+    fn new(from: Dtype, bytes: &'b [u8]) -> Batch<'b> {
+        let len = bytes.len() / (from.bits() / 8) as usize;
+        let mut values = [0f32; BATCH];
+        let v = &mut values[..len];
+        match from {
+            Dtype::BF16 => {
+                for (o, c) in v.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
+                }
+            }
+            Dtype::F32 => {
+                for (o, c) in v.iter_mut().zip(bytes.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            _ => {
+                for (k, o) in v.iter_mut().enumerate() {
+                    *o = source_value(from, bytes, k).0;
+                }
+            }
+        }
+        Batch {
+            from,
+            bytes,
+            values,
+            len,
+        }
+    }
+
+    /// Writes the codes of the batch under `scale` into `out` and adds
+    /// their error to `lanes` (element `first + k` in lane `(first + k) %
+    /// 4`, as a one-by-one loop would).
+    fn quantize(
+        &self,
+        recipe: Recipe,
+        work: Dtype,
+        scale: &Scale,
+        out: &mut [u8],
+        lanes: &mut [QuantQuality; 4],
+        first: usize,
+    ) {
+        let n = self.len;
+        let mut t = self.values;
+        if self.from != work {
+            for x in &mut t[..n] {
+                *x = round_to(work, *x);
+            }
+        }
+        // The value the code is the E4M3 rounding of.
+        match recipe {
+            Recipe::PerTensor => {
+                for x in &mut t[..n] {
+                    *x = round_to(work, *x * scale.apply);
+                }
+            }
+            Recipe::PerChannel => {
+                for x in &mut t[..n] {
+                    *x = round_to(work, *x / scale.apply);
+                }
+            }
+            Recipe::Block { .. } => {
+                for x in &mut t[..n] {
+                    *x *= scale.apply;
+                }
+            }
+        }
+        for (o, x) in out[..n].iter_mut().zip(&t[..n]) {
+            *o = e4m3_code(*x);
+        }
+        let values = e4m3_values();
+        let stored = f64::from(scale.stored);
+        for k in 0..n {
+            let reference = match self.from {
+                Dtype::F64 => source_value(self.from, self.bytes, k).1,
+                _ => f64::from(self.values[k]),
+            };
+            let back = f64::from(values[out[k] as usize]) * stored;
+            lanes[(first + k) % 4].add(reference, back);
+        }
     }
 }
