@@ -412,7 +412,9 @@ fn with_quantization_config(config: &str, q: &serde_json::Value) -> Result<Strin
     let comma = if keys.is_empty() { "" } else { "," };
     let value = serde_json::to_string_pretty(q).map_err(|e| e.to_string())?;
     let value = value.replace('\n', "\n  ");
-    Ok(format!("{inner}{comma}\n  \"quantization_config\": {value}\n}}\n"))
+    Ok(format!(
+        "{inner}{comma}\n  \"quantization_config\": {value}\n}}\n"
+    ))
 }
 
 /// Copies `files` into `dst` at their relative paths, config.json as

@@ -25,6 +25,7 @@
 //!   and killed together ([`process_memory`], [`ProcessTree`]), to run a
 //!   foreign loader under a budget and a timeout and measure it from
 //!   outside,
+//! * a fresh private working folder for a foreign process ([`PrivateDir`]),
 //! * quoting a path for the shell in suggested commands ([`shell_quote`]),
 //! * reading OS errors and exit statuses portably ([`is_out_of_memory`],
 //!   [`is_symlink_loop`], [`abnormal_exit`]).
@@ -307,6 +308,45 @@ impl std::ops::Deref for PrivateMemory {
 impl std::ops::DerefMut for PrivateMemory {
     fn deref_mut(&mut self) -> &mut [u8] {
         self.0.as_mut_slice()
+    }
+}
+
+/// A fresh, empty folder under the temp folder that only this user may
+/// enter (mode 0700 on Unix; on Windows the per-user temp folder's own
+/// access list), removed with what it holds when dropped. It is the working
+/// directory of a foreign Python (`validate --loader python:NAME`), so no
+/// file of the folder reshard was started in is on its import path.
+pub struct PrivateDir(std::path::PathBuf);
+
+impl PrivateDir {
+    /// Makes `<temp>/<prefix>-<pid>-<n>`, taking the next `n` while the name
+    /// is taken (a planted folder of that name is never entered).
+    pub fn new(prefix: &str) -> io::Result<PrivateDir> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let base = std::env::temp_dir();
+        let mut last = io::Error::from(io::ErrorKind::AlreadyExists);
+        for _ in 0..1000 {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let path = base.join(format!("{prefix}-{}-{n}", std::process::id()));
+            match imp::create_private_dir(&path) {
+                Ok(()) => return Ok(PrivateDir(path)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        // Best effort: std's remove_dir_all does not follow symlinks.
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

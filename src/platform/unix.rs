@@ -23,6 +23,11 @@ pub fn canonicalize(path: &Path) -> io::Result<std::path::PathBuf> {
     std::fs::canonicalize(path)
 }
 
+pub fn create_private_dir(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().mode(0o700).create(path)
+}
+
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }

@@ -90,6 +90,10 @@ fn verbatim(abs: &Path) -> PathBuf {
 /// some network shares, Wine), the renames are still ordered by the file
 /// system's own journal and there is nothing more a program can ask for, so
 /// "access denied" and "invalid function" count as done.
+pub fn create_private_dir(path: &Path) -> io::Result<()> {
+    std::fs::create_dir(path)
+}
+
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     let result = OpenOptions::new()
         .write(true)

@@ -204,6 +204,11 @@ pub enum PythonError {
     },
     #[error("{loader} on {}: interrupted: the loader and the processes it started were killed", .path.display())]
     Interrupted { loader: PythonLoader, path: PathBuf },
+    #[error("cannot make a private working folder for python")]
+    WorkDir {
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot limit the commit of the python process to {bytes} bytes")]
     Limit {
         bytes: u64,
@@ -302,14 +307,30 @@ pub fn run(
         DeviceSpec::Cpu => "cpu".to_string(),
         DeviceSpec::Cuda(n) => format!("cuda:{n}"),
     };
-    let mut command = Command::new(&options.python);
+    // The user's Python runs in a private empty folder, with every path
+    // made absolute, so nothing of the folder reshard was started in (a
+    // model folder holding a `safetensors.py`) is on its import path; the
+    // harness drops `sys.path[0]` too.
+    let workdir = crate::platform::PrivateDir::new("reshard-python")
+        .map_err(|e| PythonError::WorkDir { source: e })?;
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    // A bare name (`python`) is looked up on PATH; a path is taken from
+    // here, not from the working folder.
+    let python = if options.python.components().count() > 1 {
+        absolute(&options.python)
+    } else {
+        options.python.clone()
+    };
+    let mut command = Command::new(&python);
     command
+        .current_dir(workdir.path())
         .arg("-c")
         .arg(options.loader.script())
-        .arg(path)
+        .arg(absolute(path))
         .arg(&device)
         .arg(options.loader.name())
         .env("HF_HUB_OFFLINE", "1")
+        .envs(python_path())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -450,6 +471,18 @@ pub fn run(
             "the result line has outcome {other:?}, not one reshard knows"
         ))),
     }
+}
+
+/// The child's `PYTHONPATH`: the caller's entries, each relative one made
+/// absolute against this process's working folder (the child runs in
+/// another), and empty ones (an accidental `:x`, which Python reads as the
+/// working folder) dropped. Nothing when the caller sets none.
+fn python_path() -> Option<(&'static str, std::ffi::OsString)> {
+    let value = std::env::var_os("PYTHONPATH")?;
+    let entries = std::env::split_paths(&value)
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(|p| std::path::absolute(&p).unwrap_or(p));
+    Some(("PYTHONPATH", std::env::join_paths(entries).ok()?))
 }
 
 /// What [`supervise`] measured, and the reader threads to join.
