@@ -244,23 +244,24 @@ pub fn process_memory(child: &std::process::Child) -> ProcessMemory {
 
 /// A child process and every process it starts, to be limited and ended
 /// together, so a loader's worker processes (torch's) neither escape a
-/// commit budget nor outlive a timeout: the child heads a new process group
-/// on Unix, and is put in a Job Object that kills its processes when
-/// closed on Windows.
+/// commit budget nor outlive a timeout. On Unix the child heads a new
+/// process group; on Linux reshard is also a child subreaper
+/// (`PR_SET_CHILD_SUBREAPER`) and the tree's processes carry a mark in
+/// their environment, so a worker that left the group and the session
+/// (`setsid`) is still found and killed. On Windows the child is put in a
+/// Job Object, which every process it starts joins and which kills them
+/// all when closed.
 pub struct ProcessTree(imp::ProcessTree);
 
 impl ProcessTree {
-    /// Makes the child that `cmd` spawns head its own tree (a new process
-    /// group on Unix; nothing on Windows, where [`ProcessTree::adopt`]
-    /// makes the job).
-    pub fn prepare(cmd: &mut std::process::Command) {
-        imp::ProcessTree::prepare(cmd)
-    }
-
-    /// The tree of `child`, just spawned from a prepared command. On
-    /// Windows dropping it kills every process still in it.
-    pub fn adopt(child: &std::process::Child) -> io::Result<ProcessTree> {
-        imp::ProcessTree::adopt(child).map(ProcessTree)
+    /// Spawns `cmd` heading its own tree. The tree is an error when it
+    /// could not be made (a Windows that refuses the job): then only the
+    /// child can be killed, and no budget set.
+    pub fn spawn(
+        cmd: &mut std::process::Command,
+    ) -> io::Result<(std::process::Child, io::Result<ProcessTree>)> {
+        let (child, tree) = imp::ProcessTree::spawn(cmd)?;
+        Ok((child, tree.map(ProcessTree)))
     }
 
     /// Limits the commit of the child, from outside, once it has started
@@ -273,10 +274,12 @@ impl ProcessTree {
         self.0.limit_commit(bytes)
     }
 
-    /// Kills every process of the tree still running (best effort: one
-    /// that left it, with `setsid` for example, is not reached). The caller
-    /// still waits for the child to reap it.
-    pub fn kill(&self) {
+    /// Kills every process of the tree still running, and on Linux waits
+    /// until none is left (an error if one will not end, stuck in the
+    /// kernel). Not reached: on macOS a process that left the group; on
+    /// Linux one that left the group and cleared its environment after its
+    /// parent died. The caller still waits for the child to reap it.
+    pub fn kill(&self) -> io::Result<()> {
         self.0.kill()
     }
 }

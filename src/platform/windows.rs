@@ -267,9 +267,15 @@ pub struct ProcessTree {
 }
 
 impl ProcessTree {
-    pub fn prepare(_cmd: &mut std::process::Command) {}
+    pub fn spawn(
+        cmd: &mut std::process::Command,
+    ) -> io::Result<(std::process::Child, io::Result<ProcessTree>)> {
+        let child = cmd.spawn()?;
+        let tree = ProcessTree::adopt(&child);
+        Ok((child, tree))
+    }
 
-    pub fn adopt(child: &std::process::Child) -> io::Result<ProcessTree> {
+    fn adopt(child: &std::process::Child) -> io::Result<ProcessTree> {
         // SAFETY: both arguments may be null (default security, no name).
         let job = unsafe { CreateJobObjectW(std::ptr::null(), std::ptr::null()) };
         if job.is_null() {
@@ -295,9 +301,12 @@ impl ProcessTree {
         set_job_limits(self.job, JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE, bytes)
     }
 
-    pub fn kill(&self) {
+    pub fn kill(&self) -> io::Result<()> {
         // SAFETY: the handle is ours and open until Drop.
-        unsafe { TerminateJobObject(self.job, 1) };
+        if unsafe { TerminateJobObject(self.job, 1) } == 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 }
 

@@ -107,3 +107,59 @@ fn loader_python_never_imports_the_model_folder_or_the_working_folder() {
         }
     }
 }
+
+/// A fake python that starts a worker in a session of its own (`setsid`),
+/// which keeps stdout and stderr open for 300 s, writes the worker's pid
+/// and its own to `NAME.pids`, says it is ready, and then runs `then`.
+#[cfg(target_os = "linux")]
+fn loader_with_a_setsid_worker(dir: &Path, name: &str, then: &str) -> (PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let pids = dir.join(format!("{name}.pids"));
+    let fake = dir.join(format!("python-{name}"));
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\nsetsid sleep 300 &\necho $! > '{p}'\necho $$ >> '{p}'\n\
+             printf 'RESHARD-READY\\n' >&2\nread go\n{then}\n",
+            p = pids.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (fake, pids)
+}
+
+/// A worker in its own session is out of reach of a process-group kill
+/// and held the pipes open: reshard waited for it (300 s here, forever for
+/// a daemon) after the loader exited, and left it running after a timeout.
+/// Now reshard is a child subreaper and kills every descendant, reads the
+/// pipes only until the deadline, and reports what happened.
+#[cfg(target_os = "linux")]
+#[test]
+fn loader_timeout_holds_when_a_worker_in_its_own_session_keeps_the_pipes_open() {
+    let tmp = tempfile::tempdir().unwrap();
+    let result = r#"echo '{"outcome": "loaded", "tensors": 1, "bytes": 4, "seconds": 0.1}'"#;
+    for (case, then) in [("exits", result), ("hangs", "sleep 300")] {
+        let (fake, pids) = loader_with_a_setsid_worker(tmp.path(), case, then);
+        let started = std::time::Instant::now();
+        let out = reshard()
+            .args(["validate", "--loader", "python:transformers"])
+            .args(["--loader-timeout", "3s", "--python"])
+            .arg(&fake)
+            .arg(fixture("tiny-llama"))
+            .timeout(std::time::Duration::from_secs(100))
+            .output()
+            .unwrap();
+        let took = started.elapsed();
+        let err = String::from_utf8_lossy(&out.stderr);
+        // Generous for a loaded machine; without the fix it is 300 s.
+        assert!(took.as_secs() < 60, "{case}: {took:?}: {err}");
+        if case == "hangs" {
+            assert_eq!(out.status.code(), Some(2), "{case}: {err}");
+            assert!(err.contains("no result after 3s"), "{case}: {err}");
+        } else {
+            assert!(!err.contains("no result after"), "{case}: {err}");
+        }
+        crate::loaders::assert_all_ended(case, &pids);
+    }
+}
