@@ -117,7 +117,8 @@ pub fn convert_gated(
     // What DST holds decides what is left to do.
     let (done, doomed) = match dst::decide(dst, &inventory, &id, options.overwrite)? {
         dst::DstState::UpToDate(mut manifest) => {
-            let refreshed = other::refresh(&mut others, dst, config.as_deref(), &mut manifest)?;
+            let refreshed =
+                other::refresh(&mut others, dst, config.as_deref(), &mut manifest, cancel)?;
             let mut s = summary(dst, true, 0, &plan, 0, started, pool, options, manifest);
             s.refreshed_files = refreshed;
             s.skipped_files = others.skipped;
@@ -177,6 +178,7 @@ pub fn convert_gated(
         config.as_deref(),
         &generated,
         &mut manifest,
+        cancel,
     )?;
     drop(lock);
     let mut s = summary(
@@ -347,8 +349,9 @@ fn commit(
     config: Option<&str>,
     generated: &[(String, String)],
     manifest: &mut Manifest,
+    cancel: &AtomicBool,
 ) -> Result<(), ConvertError> {
-    manifest.copied_files = other::copy(&others.files, dst, config)?;
+    manifest.copied_files = other::copy(&others.files, dst, config, cancel)?;
     for (name, text) in generated {
         write_atomic(dst, name, text.as_bytes())?;
         manifest.copied_files.push(name.clone());

@@ -11,6 +11,7 @@
 //! output chunk), whatever the tensor sizes. Names on one side only are
 //! failures, except tied names the manifest says were dropped on purpose.
 
+use super::options::ValidateOptions;
 use std::collections::HashMap;
 
 use super::compare::{first_difference, stream_difference, too_big_buffers, Buffers, Sides};
@@ -54,10 +55,14 @@ pub fn compare(
     src: &std::path::Path,
     policy: Option<OverflowPolicy>,
     dropped: &[String],
-    staging: u64,
+    options: &ValidateOptions,
     ledger: &mut CommitLedger,
     report: &mut ValidateReport,
 ) -> Result<(), ValidateError> {
+    let staging = super::device::staging_len(options.staging, ck) as u64;
+    let interrupted = || ValidateError::Interrupted {
+        path: ck.dir.clone(),
+    };
     let source = format::open(src)?;
     let src_reader = SourceReader::open(&source)?;
     let out_reader = SourceReader::open(ck)?;
@@ -77,7 +82,15 @@ pub fn compare(
             out: ck,
             out_reader: &out_reader,
         };
-        super::against_gguf::compare(&sides, policy, dropped, &mut bufs, report, &mut summary)?;
+        super::against_gguf::compare(
+            &sides,
+            policy,
+            dropped,
+            options.cancel,
+            &mut bufs,
+            report,
+            &mut summary,
+        )?;
         report.against = Some(summary);
         return Ok(());
     }
@@ -120,6 +133,9 @@ pub fn compare(
     }
     let names: Vec<&str> = ck.tensors.iter().map(|t| t.name.as_str()).collect();
     for i in sort_indices(&names, Order::Forward) {
+        if options.cancel.is_set() {
+            return Err(interrupted());
+        }
         let out = &ck.tensors[i];
         let file = ck.files[out.file].name();
         if let Some(&(codes, scale, scheme)) = dense.get(out.name.as_str()) {

@@ -27,7 +27,7 @@ use memmap2::{MmapMut, MmapOptions};
 
 use super::integrity::{Expected, ShardCheck};
 use super::ledger::CommitLedger;
-use super::options::Loader;
+use super::options::{Cancel, Loader};
 use super::report::{EmulationReport, Failure, ShardTiming, ValidateReport};
 use super::ValidateError;
 use crate::fit::loader::{self as model, LoadParams, Os, Pattern, ShardHold, Sizes};
@@ -68,6 +68,7 @@ pub fn run(
     order: &[usize],
     loader: Loader,
     expect: &Expected<'_>,
+    cancel: Cancel,
     ledger: &mut CommitLedger,
     report: &mut ValidateReport,
 ) -> Result<(), ValidateError> {
@@ -137,6 +138,11 @@ pub fn run(
         let mut count = 0;
         let mut pos = 0u64;
         for &i in &tensors {
+            if cancel.is_set() {
+                return Err(ValidateError::Interrupted {
+                    path: ck.dir.clone(),
+                });
+            }
             let t = &ck.tensors[i];
             let DataRef::Contiguous { offset } = t.data else {
                 continue;

@@ -50,6 +50,8 @@ pub enum ValidateError {
     Dequant(#[from] crate::cast::dequant::DequantError),
     #[error("the budget child process failed: {reason}")]
     Child { reason: String },
+    #[error("validation of {} interrupted", .path.display())]
+    Interrupted { path: PathBuf },
     #[error("cannot {what}")]
     Io {
         what: String,

@@ -63,7 +63,15 @@ pub(crate) fn run(
                 });
             }
             before_load(ledger)?;
-            emulate::run(&ck, &order, loader, &expect, ledger, &mut report)?;
+            emulate::run(
+                &ck,
+                &order,
+                loader,
+                &expect,
+                options.cancel,
+                ledger,
+                &mut report,
+            )?;
         }
         None => {
             let mut device =
@@ -91,19 +99,20 @@ pub(crate) fn run(
             .iter()
             .flat_map(|m| m.dropped.iter().map(|d| d.tensor.clone()))
             .collect();
-        let result = against::compare(
-            &ck,
-            src,
-            policy,
-            &dropped,
-            device::staging_len(options.staging, &ck) as u64,
-            ledger,
-            &mut report,
-        );
-        result.map_err(|e| ValidateError::Against {
-            path: src.clone(),
-            source: Box::new(e),
+        let result = against::compare(&ck, src, policy, &dropped, options, ledger, &mut report);
+        result.map_err(|e| match e {
+            e @ ValidateError::Interrupted { .. } => e,
+            e => ValidateError::Against {
+                path: src.clone(),
+                source: Box::new(e),
+            },
         })?;
+    }
+    // Ctrl-C after the last loop's poll still keeps "passed" from being said.
+    if options.cancel.is_set() {
+        return Err(ValidateError::Interrupted {
+            path: path.to_path_buf(),
+        });
     }
     report.commit = Some(ledger.figures());
     report.finish(options);

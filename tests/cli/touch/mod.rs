@@ -4,6 +4,7 @@
 //! and a refusal exits 2 naming the path. batch and `--report`: [`batch`].
 
 mod batch;
+mod cancel;
 mod loader;
 
 use std::collections::BTreeMap;
