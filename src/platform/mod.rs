@@ -13,7 +13,8 @@
 //! * read-only shared mappings of a file range ([`MappedRange`]); on Unix a
 //!   fault in one, when another process truncates the file, ends the
 //!   process with an error naming the file and exit status 2, not a death
-//!   by SIGBUS,
+//!   by SIGBUS, and copy-on-write views of a whole file for the emulated
+//!   loaders ([`CopyOnWriteView`]), registered the same way,
 //! * the machine's memory and commit figures ([`memory_status`]),
 //! * private memory charged to this process ([`PrivateMemory`]),
 //! * this process's commit charge ([`commit_usage`], [`COMMIT_SOURCE`]) and
@@ -187,6 +188,51 @@ impl MappedRange {
 }
 
 impl std::ops::Deref for MappedRange {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+}
+
+/// A private writable (copy-on-write) view of a whole file, as PyTorch's
+/// `from_file` and the safetensors loader make: charged against the commit
+/// limit for its whole size (Windows) or to `VmData` (Linux) when mapped.
+/// `validate --emulate` holds shards this way to measure what those
+/// loaders commit; it is only read. Registered like [`MappedRange`], so a
+/// read of a page the file lost to a truncation ends the process with an
+/// error naming the file and exit status 2, not a death by SIGBUS.
+pub struct CopyOnWriteView {
+    // Dropped first, as in MappedRange.
+    _fault: Option<imp::MapGuard>,
+    map: Option<memmap2::MmapMut>,
+}
+
+impl CopyOnWriteView {
+    /// Maps the whole of `file` (open for reading) as it is now; `path` is
+    /// its name for the message. An empty file maps nothing.
+    #[allow(unsafe_code)]
+    pub fn map(file: &File, path: &Path) -> io::Result<CopyOnWriteView> {
+        if file.metadata()?.len() == 0 {
+            return Ok(CopyOnWriteView {
+                _fault: None,
+                map: None,
+            });
+        }
+        // SAFETY: a private mapping: writes through it would never reach
+        // the file, and callers only read it (`Deref` hands out `&[u8]`).
+        // Another process may truncate the file while it is mapped; a read
+        // of a lost page then faults, and the registration below turns the
+        // fault into a clear error and exit status 2 on Unix; Windows
+        // refuses the truncation.
+        let map = unsafe { memmap2::MmapOptions::new().map_copy(file) }?;
+        Ok(CopyOnWriteView {
+            _fault: Some(imp::MapGuard::register(&map, 0, path)),
+            map: Some(map),
+        })
+    }
+}
+
+impl std::ops::Deref for CopyOnWriteView {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         self.map.as_deref().unwrap_or(&[])

@@ -6,6 +6,7 @@
 mod batch;
 mod cancel;
 mod loader;
+mod shrink;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
