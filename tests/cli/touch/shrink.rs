@@ -6,7 +6,6 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::common::*;
-use crate::crash::spawn_paused_at;
 
 fn shards(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut v: Vec<_> = std::fs::read_dir(dir)
@@ -46,6 +45,7 @@ pub fn paused(
         before.push_str(&line);
         line.clear();
     }
+    let _ = child.wait();
     panic!("never paused at {at}: {before}");
 }
 
