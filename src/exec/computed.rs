@@ -3,9 +3,9 @@
 //! executor and by `validate --against`, so both compute the same bytes.
 
 use crate::cast::dequant::{Chunk, ChunkStream, DequantError, DequantStream};
-use crate::cast::gguf::{GgufStream, RowOrder};
-use crate::cast::quantize::QuantizeStream;
 use crate::cast::CastStats;
+use crate::cast::quantize::QuantizeStream;
+use crate::cast::gguf::{GgufStream, RowOrder};
 use crate::cast::OverflowPolicy;
 use crate::format::read::SourceReader;
 use crate::format::Checkpoint;

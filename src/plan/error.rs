@@ -63,9 +63,7 @@ pub enum PlanError {
     },
     #[error("--quantize {scheme}: the source is already quantized ({what}); convert it with --dtype first, then quantize that")]
     QuantizeQuantized { scheme: &'static str, what: String },
-    #[error(
-        "--block is the block size of --quantize fp8-block; --quantize {scheme} has no blocks"
-    )]
+    #[error("--block is the block size of --quantize fp8-block; --quantize {scheme} has no blocks")]
     BlockWithoutBlockScheme { scheme: &'static str },
     #[error("--block: a block size of 0 rows or columns holds no values")]
     ZeroBlock,

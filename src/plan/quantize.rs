@@ -15,10 +15,10 @@
 use serde::{Deserialize, Serialize};
 
 use super::globs::glob_set;
-use super::input::TensorInput;
 use super::order::block_of;
-use super::types::PlannedTensor;
 use super::PlanError;
+use super::input::TensorInput;
+use super::types::PlannedTensor;
 use crate::cast::quantize::{working_dtype, Part, Recipe};
 use crate::format::{Dtype, Tensor};
 
@@ -93,7 +93,9 @@ impl QuantizeScheme {
     pub fn recipe(self, block: [u64; 2]) -> Option<Recipe> {
         match self {
             QuantizeScheme::Fp8 | QuantizeScheme::Fp8E5m2 => None,
-            QuantizeScheme::Fp8Scaled | QuantizeScheme::Fp8ScaledLegacy => Some(Recipe::PerTensor),
+            QuantizeScheme::Fp8Scaled | QuantizeScheme::Fp8ScaledLegacy => {
+                Some(Recipe::PerTensor)
+            }
             QuantizeScheme::Fp8Channel => Some(Recipe::PerChannel),
             QuantizeScheme::Fp8Block => Some(Recipe::Block {
                 rows: block[0],
@@ -341,14 +343,7 @@ impl Quantizer {
             work,
             part,
         };
-        let codes = derived(
-            &t.name,
-            t.dtype,
-            input(Part::Codes),
-            Dtype::F8_E4M3,
-            t.shape.clone(),
-            None,
-        );
+        let codes = derived(&t.name, t.dtype, input(Part::Codes), Dtype::F8_E4M3, t.shape.clone(), None);
         let scale_dtype = recipe.scale_dtype(work);
         let scale = derived(
             &format!("{stem}.{}", r.scheme.scale_suffix()),
