@@ -72,9 +72,7 @@ impl<'a> QuantizeStream<'a> {
             tensor.dtype,
             Dtype::F32 | Dtype::F16 | Dtype::BF16 | Dtype::F64
         );
-        if !float
-            || tensor.shape.len() != 2
-            || !matches!(work, Dtype::F32 | Dtype::F16 | Dtype::BF16)
+        if !float || tensor.shape.len() != 2 || !matches!(work, Dtype::F32 | Dtype::F16 | Dtype::BF16)
         {
             return Err(DequantError::Unsupported {
                 tensor: tensor.name.clone(),
@@ -141,7 +139,8 @@ impl<'a> QuantizeStream<'a> {
         while left > 0 {
             let n = left.min(LEAD_VALUES as u64) as usize;
             let bytes = &mut self.scratch[..n * in_elem];
-            self.reader.read_chunk(self.tensor, &mut self.lead, bytes)?;
+            self.reader
+                .read_chunk(self.tensor, &mut self.lead, bytes)?;
             for i in 0..n {
                 let (v, _) = source_value(self.tensor.dtype, bytes, i);
                 let a = round_to(self.work, v).abs();

@@ -146,12 +146,7 @@ fn parse_dtype(s: &str) -> Result<Dtype, String> {
 fn parse_block(s: &str) -> Result<[u64; 2], String> {
     let bad = || format!("{s:?}: --block takes ROWSxCOLS, for example 128x128");
     let mut parts = s.split(['x', 'X']);
-    let rows: u64 = parts
-        .next()
-        .ok_or_else(bad)?
-        .trim()
-        .parse()
-        .map_err(|_| bad())?;
+    let rows: u64 = parts.next().ok_or_else(bad)?.trim().parse().map_err(|_| bad())?;
     let cols: u64 = match parts.next() {
         Some(c) => c.trim().parse().map_err(|_| bad())?,
         None => rows,
@@ -160,9 +155,7 @@ fn parse_block(s: &str) -> Result<[u64; 2], String> {
         return Err(bad());
     }
     if rows == 0 || cols == 0 {
-        return Err(format!(
-            "{s:?}: a block of 0 rows or columns holds no values"
-        ));
+        return Err(format!("{s:?}: a block of 0 rows or columns holds no values"));
     }
     Ok([rows, cols])
 }
