@@ -91,6 +91,7 @@ impl LoadArgs {
             commit_budget: self.commit_budget.map(ByteSize::bytes),
             against,
             emulate: None,
+            cancel: reshard::validate::Cancel::new(super::cancel::on_ctrl_c()),
         }
     }
 }

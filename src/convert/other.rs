@@ -36,6 +36,7 @@
 //! the bytes about to be written ([`crate::write::owned::may_replace`]).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::Serialize;
 
@@ -303,6 +304,7 @@ pub fn refresh(
     dst: &Path,
     config: Option<&str>,
     manifest: &mut Manifest,
+    cancel: &AtomicBool,
 ) -> Result<Vec<String>, ConvertError> {
     // Up to 100,000 files: looked up by name, not searched.
     let own: std::collections::HashSet<&str> =
@@ -347,7 +349,7 @@ pub fn refresh(
     if stale.is_empty() {
         return Ok(Vec::new());
     }
-    let refreshed = copy(&stale, dst, config)?;
+    let refreshed = copy(&stale, dst, config, cancel)?;
     let new: Vec<String> = refreshed
         .iter()
         .filter(|n| !own.contains(n.as_str()))
@@ -503,9 +505,15 @@ pub fn copy(
     files: &[OtherFile],
     dst: &Path,
     config: Option<&str>,
+    cancel: &AtomicBool,
 ) -> Result<Vec<String>, ConvertError> {
     let mut copied = Vec::with_capacity(files.len());
     for f in files {
+        // Thousands of small files take seconds (each is synced): Ctrl-C
+        // stops before the commit, and a rerun resumes.
+        if cancel.load(Ordering::Relaxed) {
+            return Err(crate::exec::ExecError::Interrupted.into());
+        }
         let (dir, name) = match f.name.rsplit_once('/') {
             Some((parent, name)) => (subfolder(dst, parent)?, name),
             None => (dst.to_path_buf(), f.name.as_str()),

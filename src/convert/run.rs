@@ -158,7 +158,8 @@ pub fn convert_gated(
     }
     let done = match state {
         dst::DstState::UpToDate(mut manifest) => {
-            let refreshed = other::refresh(&mut others, dst, config.as_deref(), &mut manifest)?;
+            let refreshed =
+                other::refresh(&mut others, dst, config.as_deref(), &mut manifest, cancel)?;
             let mut s = summary(dst, true, 0, &plan, 0, started, pool, options, manifest);
             s.refreshed_files = refreshed;
             s.skipped_files = others.skipped;
@@ -234,7 +235,7 @@ pub fn convert_gated(
         generated: &generated,
         digest: options.digest,
     };
-    commit(dst, &beside, &mut manifest)?;
+    commit(dst, &beside, &mut manifest, cancel)?;
     drop(lock);
     let mut s = summary(
         dst, false, resumed, &plan, todo_bytes, started, pool, options, manifest,
@@ -444,7 +445,12 @@ impl Beside<'_> {
 /// The commit phase: the other files, then the index and the manifest,
 /// which make the output whole. Every file written beside the shards is
 /// recorded with its size and digest as written.
-fn commit(dst: &Path, beside: &Beside<'_>, manifest: &mut Manifest) -> Result<(), ConvertError> {
+fn commit(
+    dst: &Path,
+    beside: &Beside<'_>,
+    manifest: &mut Manifest,
+    cancel: &AtomicBool,
+) -> Result<(), ConvertError> {
     let Beside {
         plan,
         others,
@@ -452,7 +458,7 @@ fn commit(dst: &Path, beside: &Beside<'_>, manifest: &mut Manifest) -> Result<()
         generated,
         digest,
     } = *beside;
-    manifest.copied_files = other::copy(&others.files, dst, config)?;
+    manifest.copied_files = other::copy(&others.files, dst, config, cancel)?;
     for (name, text) in generated {
         write_atomic(dst, name, text.as_bytes())?;
         manifest.copied_files.push(name.clone());

@@ -193,7 +193,10 @@ pub(crate) fn copy_shard(
                 tensors.write(&mut writer, buf, reporter)?;
             } else {
                 let map = map_at(reader, named, at, n as usize)?;
-                tensors.write(&mut writer, &map, reporter)?;
+                let written = tensors.write(&mut writer, &map, reporter);
+                written.map_err(|e| {
+                    blame_source(e, || check_length(reader, ck, shard, run, at + n))
+                })?;
             }
             done += n;
         }
@@ -207,6 +210,18 @@ pub(crate) fn copy_shard(
         digest: finished.digest,
         tensors: records,
     }))
+}
+
+/// A write from a mapping of a source that shrank under it fails in the
+/// kernel (`EFAULT`, "Bad address", for the output file) rather than by a
+/// fault: any error while writing from a mapping is first checked against
+/// the source, and when the source no longer holds the bytes, the error
+/// names the source and the tensor instead of the output.
+fn blame_source(e: ExecError, source_check: impl FnOnce() -> Result<(), FormatError>) -> ExecError {
+    match (&e, source_check()) {
+        (ExecError::Write(_), Err(short)) => short.into(),
+        _ => e,
+    }
 }
 
 /// Checks that the source file of `run` still holds its bytes up to `end`
@@ -502,6 +517,42 @@ mod tests {
         assert!(err.contains("ends early"), "{err}");
         // Nothing but the source is left.
         assert_eq!(std::fs::read_dir(&dst).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_write_error_from_a_shrunk_source_names_the_source() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = source(tmp.path(), IN_ORDER);
+        let plan = crate::write::format::plan(&ck, &PlanOptions::default()).unwrap();
+        let reader = SourceReader::open(&ck).unwrap();
+        let shard = &plan.shards[0];
+        let run = runs(&ck, shard)
+            .into_iter()
+            .max_by_key(|r| r.start + r.len)
+            .unwrap();
+        let end = run.start + run.len;
+        // What write(2) says when the mapping it copies from lost its pages.
+        let efault = || {
+            ExecError::Write(crate::write::WriteError::io(
+                &tmp.path().join("out/model.safetensors"),
+                std::io::Error::from_raw_os_error(14),
+            ))
+        };
+        let check = || check_length(&reader, &ck, shard, &run, end);
+        // The source intact: the output's error stands.
+        assert!(matches!(blame_source(efault(), check), ExecError::Write(_)));
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&ck.files[0].path)
+            .unwrap();
+        f.set_len(ck.files[0].size - 100_000).unwrap();
+        let err = blame_source(efault(), check).to_string();
+        assert!(
+            err.contains(&ck.files[0].path.display().to_string()),
+            "{err}"
+        );
+        assert!(err.contains("truncated"), "{err}");
+        assert!(!err.contains("out/model.safetensors"), "{err}");
     }
 
     #[test]

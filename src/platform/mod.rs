@@ -13,7 +13,8 @@
 //! * read-only shared mappings of a file range ([`MappedRange`]); on Unix a
 //!   fault in one, when another process truncates the file, ends the
 //!   process with an error naming the file and exit status 2, not a death
-//!   by SIGBUS,
+//!   by SIGBUS, and copy-on-write views of a whole file for the emulated
+//!   loaders ([`CopyOnWriteView`]), registered the same way,
 //! * the machine's memory and commit figures ([`memory_status`]),
 //! * private memory charged to this process ([`PrivateMemory`]),
 //! * this process's commit charge ([`commit_usage`], [`COMMIT_SOURCE`]) and
@@ -27,6 +28,7 @@
 //!   and killed together ([`process_memory`], [`ProcessTree`]), to run a
 //!   foreign loader under a budget and a timeout and measure it from
 //!   outside,
+//! * a fresh private working folder for a foreign process ([`PrivateDir`]),
 //! * quoting a path for the shell in suggested commands ([`shell_quote`]),
 //! * reading OS errors and exit statuses portably ([`is_out_of_memory`],
 //!   [`is_symlink_loop`], [`abnormal_exit`]).
@@ -194,6 +196,51 @@ impl std::ops::Deref for MappedRange {
     }
 }
 
+/// A private writable (copy-on-write) view of a whole file, as PyTorch's
+/// `from_file` and the safetensors loader make: charged against the commit
+/// limit for its whole size (Windows) or to `VmData` (Linux) when mapped.
+/// `validate --emulate` holds shards this way to measure what those
+/// loaders commit; it is only read. Registered like [`MappedRange`], so a
+/// read of a page the file lost to a truncation ends the process with an
+/// error naming the file and exit status 2, not a death by SIGBUS.
+pub struct CopyOnWriteView {
+    // Dropped first, as in MappedRange.
+    _fault: Option<imp::MapGuard>,
+    map: Option<memmap2::MmapMut>,
+}
+
+impl CopyOnWriteView {
+    /// Maps the whole of `file` (open for reading) as it is now; `path` is
+    /// its name for the message. An empty file maps nothing.
+    #[allow(unsafe_code)]
+    pub fn map(file: &File, path: &Path) -> io::Result<CopyOnWriteView> {
+        if file.metadata()?.len() == 0 {
+            return Ok(CopyOnWriteView {
+                _fault: None,
+                map: None,
+            });
+        }
+        // SAFETY: a private mapping: writes through it would never reach
+        // the file, and callers only read it (`Deref` hands out `&[u8]`).
+        // Another process may truncate the file while it is mapped; a read
+        // of a lost page then faults, and the registration below turns the
+        // fault into a clear error and exit status 2 on Unix; Windows
+        // refuses the truncation.
+        let map = unsafe { memmap2::MmapOptions::new().map_copy(file) }?;
+        Ok(CopyOnWriteView {
+            _fault: Some(imp::MapGuard::register(&map, 0, path)),
+            map: Some(map),
+        })
+    }
+}
+
+impl std::ops::Deref for CopyOnWriteView {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+}
+
 /// Reads the machine's memory figures. Never fails: unreadable figures are
 /// `None`.
 pub fn memory_status() -> MemoryStatus {
@@ -245,23 +292,24 @@ pub fn process_memory(child: &std::process::Child) -> ProcessMemory {
 
 /// A child process and every process it starts, to be limited and ended
 /// together, so a loader's worker processes (torch's) neither escape a
-/// commit budget nor outlive a timeout: the child heads a new process group
-/// on Unix, and is put in a Job Object that kills its processes when
-/// closed on Windows.
+/// commit budget nor outlive a timeout. On Unix the child heads a new
+/// process group; on Linux reshard is also a child subreaper
+/// (`PR_SET_CHILD_SUBREAPER`) and the tree's processes carry a mark in
+/// their environment, so a worker that left the group and the session
+/// (`setsid`) is still found and killed. On Windows the child is put in a
+/// Job Object, which every process it starts joins and which kills them
+/// all when closed.
 pub struct ProcessTree(imp::ProcessTree);
 
 impl ProcessTree {
-    /// Makes the child that `cmd` spawns head its own tree (a new process
-    /// group on Unix; nothing on Windows, where [`ProcessTree::adopt`]
-    /// makes the job).
-    pub fn prepare(cmd: &mut std::process::Command) {
-        imp::ProcessTree::prepare(cmd)
-    }
-
-    /// The tree of `child`, just spawned from a prepared command. On
-    /// Windows dropping it kills every process still in it.
-    pub fn adopt(child: &std::process::Child) -> io::Result<ProcessTree> {
-        imp::ProcessTree::adopt(child).map(ProcessTree)
+    /// Spawns `cmd` heading its own tree. The tree is an error when it
+    /// could not be made (a Windows that refuses the job): then only the
+    /// child can be killed, and no budget set.
+    pub fn spawn(
+        cmd: &mut std::process::Command,
+    ) -> io::Result<(std::process::Child, io::Result<ProcessTree>)> {
+        let (child, tree) = imp::ProcessTree::spawn(cmd)?;
+        Ok((child, tree.map(ProcessTree)))
     }
 
     /// Limits the commit of the child, from outside, once it has started
@@ -274,10 +322,12 @@ impl ProcessTree {
         self.0.limit_commit(bytes)
     }
 
-    /// Kills every process of the tree still running (best effort: one
-    /// that left it, with `setsid` for example, is not reached). The caller
-    /// still waits for the child to reap it.
-    pub fn kill(&self) {
+    /// Kills every process of the tree still running, and on Linux waits
+    /// until none is left (an error if one will not end, stuck in the
+    /// kernel). Not reached: on macOS a process that left the group; on
+    /// Linux one that left the group and cleared its environment after its
+    /// parent died. The caller still waits for the child to reap it.
+    pub fn kill(&self) -> io::Result<()> {
         self.0.kill()
     }
 }
@@ -309,6 +359,45 @@ impl std::ops::Deref for PrivateMemory {
 impl std::ops::DerefMut for PrivateMemory {
     fn deref_mut(&mut self) -> &mut [u8] {
         self.0.as_mut_slice()
+    }
+}
+
+/// A fresh, empty folder under the temp folder that only this user may
+/// enter (mode 0700 on Unix; on Windows the per-user temp folder's own
+/// access list), removed with what it holds when dropped. It is the working
+/// directory of a foreign Python (`validate --loader python:NAME`), so no
+/// file of the folder reshard was started in is on its import path.
+pub struct PrivateDir(std::path::PathBuf);
+
+impl PrivateDir {
+    /// Makes `<temp>/<prefix>-<pid>-<n>`, taking the next `n` while the name
+    /// is taken (a planted folder of that name is never entered).
+    pub fn new(prefix: &str) -> io::Result<PrivateDir> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let base = std::env::temp_dir();
+        let mut last = io::Error::from(io::ErrorKind::AlreadyExists);
+        for _ in 0..1000 {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let path = base.join(format!("{prefix}-{}-{n}", std::process::id()));
+            match imp::create_private_dir(&path) {
+                Ok(()) => return Ok(PrivateDir(path)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        // Best effort: std's remove_dir_all does not follow symlinks.
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

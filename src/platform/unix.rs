@@ -13,6 +13,8 @@ use std::process::ExitStatus;
 use super::MemoryStatus;
 
 mod sigbus;
+#[cfg(target_os = "linux")]
+mod tree;
 pub use sigbus::MapGuard;
 
 pub fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
@@ -21,6 +23,11 @@ pub fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 
 pub fn canonicalize(path: &Path) -> io::Result<std::path::PathBuf> {
     std::fs::canonicalize(path)
+}
+
+pub fn create_private_dir(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().mode(0o700).create(path)
 }
 
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -211,21 +218,29 @@ pub fn process_memory(_child: &std::process::Child) -> super::ProcessMemory {
     super::ProcessMemory::default()
 }
 
-/// A child heading its own process group (set at spawn by
-/// [`ProcessTree::prepare`]): a signal to the group reaches every process
-/// it started that did not leave the group (torch's workers stay in it).
+/// A child heading its own process group: a signal to the group reaches
+/// every process it started that did not leave the group (torch's workers
+/// stay in it). On Linux the tree also holds what left the group, even in a
+/// session of its own ([`tree`]).
 pub struct ProcessTree {
     pgid: libc::pid_t,
+    #[cfg(target_os = "linux")]
+    mark: String,
 }
 
 impl ProcessTree {
-    pub fn prepare(cmd: &mut std::process::Command) {
+    pub fn spawn(
+        cmd: &mut std::process::Command,
+    ) -> io::Result<(std::process::Child, io::Result<ProcessTree>)> {
         use std::os::unix::process::CommandExt;
         cmd.process_group(0);
+        #[cfg(target_os = "linux")]
+        let mark = tree::new_mark();
         // Out of the terminal's process group, the child would outlive a
         // parent killed outright; on Linux it is killed with it.
         #[cfg(target_os = "linux")]
         {
+            cmd.env(tree::MARK_ENV, &mark);
             let parent = std::process::id();
             // SAFETY: the closure runs in the forked child before exec and
             // calls only prctl and getppid, both async-signal-safe; it
@@ -241,12 +256,15 @@ impl ProcessTree {
                 })
             };
         }
-    }
-
-    pub fn adopt(child: &std::process::Child) -> io::Result<ProcessTree> {
-        let pgid = libc::pid_t::try_from(child.id())
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        Ok(ProcessTree { pgid })
+        let child = cmd.spawn()?;
+        let tree = libc::pid_t::try_from(child.id())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+            .map(|pgid| ProcessTree {
+                pgid,
+                #[cfg(target_os = "linux")]
+                mark,
+            });
+        Ok((child, tree))
     }
 
     /// `RLIMIT_DATA` of the group's leader, set with `prlimit`; processes
@@ -280,11 +298,15 @@ impl ProcessTree {
         ))
     }
 
-    pub fn kill(&self) {
+    pub fn kill(&self) -> io::Result<()> {
         // SAFETY: kill takes plain integers; a negative pid names the
         // group, which exists while any member (or the unreaped leader)
         // does. ESRCH (all gone) is ignored.
         unsafe { libc::kill(-self.pgid, libc::SIGKILL) };
+        #[cfg(target_os = "linux")]
+        return tree::kill(&self.mark, self.pgid);
+        #[cfg(not(target_os = "linux"))]
+        Ok(())
     }
 }
 

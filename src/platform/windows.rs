@@ -91,6 +91,10 @@ fn verbatim(abs: &Path) -> PathBuf {
 /// some network shares, Wine), the renames are still ordered by the file
 /// system's own journal and there is nothing more a program can ask for, so
 /// "access denied" and "invalid function" count as done.
+pub fn create_private_dir(path: &Path) -> io::Result<()> {
+    std::fs::create_dir(path)
+}
+
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     let result = OpenOptions::new()
         .write(true)
@@ -264,9 +268,15 @@ pub struct ProcessTree {
 }
 
 impl ProcessTree {
-    pub fn prepare(_cmd: &mut std::process::Command) {}
+    pub fn spawn(
+        cmd: &mut std::process::Command,
+    ) -> io::Result<(std::process::Child, io::Result<ProcessTree>)> {
+        let child = cmd.spawn()?;
+        let tree = ProcessTree::adopt(&child);
+        Ok((child, tree))
+    }
 
-    pub fn adopt(child: &std::process::Child) -> io::Result<ProcessTree> {
+    fn adopt(child: &std::process::Child) -> io::Result<ProcessTree> {
         // SAFETY: both arguments may be null (default security, no name).
         let job = unsafe { CreateJobObjectW(std::ptr::null(), std::ptr::null()) };
         if job.is_null() {
@@ -292,9 +302,12 @@ impl ProcessTree {
         set_job_limits(self.job, JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE, bytes)
     }
 
-    pub fn kill(&self) {
+    pub fn kill(&self) -> io::Result<()> {
         // SAFETY: the handle is ours and open until Drop.
-        unsafe { TerminateJobObject(self.job, 1) };
+        if unsafe { TerminateJobObject(self.job, 1) } == 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 }
 

@@ -12,6 +12,7 @@
 //! failures, except tied names the manifest says were dropped on purpose
 //! and the source proves tied (same storage as the name kept).
 
+use super::options::ValidateOptions;
 use std::collections::HashMap;
 
 use super::against_quantized::Requantized;
@@ -57,10 +58,14 @@ pub fn compare(
     src: &std::path::Path,
     options: Option<&PlanOptions>,
     dropped: &[(String, String)],
-    staging: u64,
+    validate: &ValidateOptions,
     ledger: &mut CommitLedger,
     report: &mut ValidateReport,
 ) -> Result<(), ValidateError> {
+    let staging = super::device::staging_len(validate.staging, ck) as u64;
+    let interrupted = || ValidateError::Interrupted {
+        path: ck.dir.clone(),
+    };
     let source = format::open(src)?;
     let dropped = proven_ties(&source, dropped);
     let dropped = dropped.as_slice();
@@ -82,7 +87,15 @@ pub fn compare(
             out: ck,
             out_reader: &out_reader,
         };
-        super::against_gguf::compare(&sides, policy, dropped, &mut bufs, report, &mut summary)?;
+        super::against_gguf::compare(
+            &sides,
+            policy,
+            dropped,
+            validate.cancel,
+            &mut bufs,
+            report,
+            &mut summary,
+        )?;
         report.against = Some(summary);
         return Ok(());
     }
@@ -144,6 +157,9 @@ pub fn compare(
     }
     let names: Vec<&str> = ck.tensors.iter().map(|t| t.name.as_str()).collect();
     for i in sort_indices(&names, Order::Forward) {
+        if validate.cancel.is_set() {
+            return Err(interrupted());
+        }
         let out = &ck.tensors[i];
         let file = ck.files[out.file].name();
         if let Some(&(codes, scale, scheme)) = dense.get(out.name.as_str()) {

@@ -3,6 +3,7 @@
 //! shape, rows put back, dequantized exactly as gguf-py and rounded to the
 //! output's dtype), bit for bit, through the executor's own streams.
 
+use super::options::Cancel;
 use std::collections::HashMap;
 
 use super::compare::{first_difference, stream_difference, Buffers, Sides};
@@ -19,6 +20,7 @@ pub(super) fn compare(
     sides: &Sides<'_>,
     policy: OverflowPolicy,
     dropped: &[String],
+    cancel: Cancel,
     bufs: &mut Buffers,
     report: &mut ValidateReport,
     summary: &mut AgainstReport,
@@ -44,6 +46,11 @@ pub(super) fn compare(
     let out = sides.out;
     let names: Vec<&str> = out.tensors.iter().map(|t| t.name.as_str()).collect();
     for i in sort_indices(&names, Order::Forward) {
+        if cancel.is_set() {
+            return Err(ValidateError::Interrupted {
+                path: out.dir.clone(),
+            });
+        }
         let t = &out.tensors[i];
         let file = out.files[t.file].name();
         let mismatch = |reason: String| Failure::AgainstMismatch {

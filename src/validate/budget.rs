@@ -71,18 +71,66 @@ pub fn validate_with_budget(
     let json = serde_json::to_string(&args).map_err(|e| ValidateError::Child {
         reason: e.to_string(),
     })?;
-    let output = Command::new(&exe)
+    let child = Command::new(&exe)
         .arg(CHILD_SUBCOMMAND)
         .env(CHILD_ENV, json)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .output()
+        .spawn()
         .map_err(|e| ValidateError::Io {
             what: format!("start {}", exe.display()),
             source: e,
         })?;
+    let output = wait_or_cancel(child, options).map_err(|e| match e {
+        Some(e) => ValidateError::Io {
+            what: format!("wait for {}", exe.display()),
+            source: e,
+        },
+        None => ValidateError::Interrupted {
+            path: path.to_path_buf(),
+        },
+    })?;
     interpret(path, options, budget, &output)
+}
+
+/// How often the wait for the budget child looks at the cancel flag.
+const CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The child's output once it exits; `Err(None)` when the cancel flag is
+/// set first (the child is killed then: Ctrl-C reaches it too from a
+/// terminal, but not a signal sent to reshard alone).
+fn wait_or_cancel(
+    mut child: std::process::Child,
+    options: &ValidateOptions,
+) -> Result<std::process::Output, Option<std::io::Error>> {
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(Some)? {
+            break status;
+        }
+        if options.cancel.is_set() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(None);
+        }
+        std::thread::sleep(CANCEL_POLL);
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
 }
 
 /// Turns what the child printed and how it ended into the outcome.

@@ -7,7 +7,8 @@
 //! block standing in for its reader threads and Python objects), and the
 //! shards it holds (every one, one at a time, or none), mapped or read.
 //!
-//! This is the one place reshard maps a file copy-on-write, on purpose:
+//! This is the one place reshard maps a file copy-on-write, on purpose
+//! ([`crate::platform::CopyOnWriteView`]):
 //! a private writable mapping (memmap2 `map_copy`) is what PyTorch's
 //! `from_file` and the safetensors loader make, Windows charges its whole
 //! size against the commit limit when it is mapped, and Linux charges it to
@@ -16,27 +17,31 @@
 //! copied and the files are never modified. On Windows the mapping loaders'
 //! second, short-lived header view is reproduced too (a second mapping of
 //! the file while the first is made).
-
-#![allow(unsafe_code)]
+//!
+//! Every load checks sizes: a shard that is shorter than its header
+//! describes when it is mapped or read (truncated since it was opened) is
+//! [`ValidateError::Truncated`], never a short slice or a panic; a
+//! truncation while it is mapped ends the run through the platform's
+//! registered-mapping fault handling (exit status 2, the file named).
 
 use std::fs::File;
+use std::path::Path;
 use std::time::Instant;
 
 use crate::write::digest::xxh3_64;
-use memmap2::{MmapMut, MmapOptions};
 
 use super::integrity::{Expected, ShardCheck};
 use super::ledger::CommitLedger;
-use super::options::Loader;
+use super::options::{Cancel, Loader};
 use super::report::{EmulationReport, Failure, ShardTiming, ValidateReport};
 use super::ValidateError;
 use crate::fit::loader::{self as model, LoadParams, Os, Pattern, ShardHold, Sizes};
 use crate::format::{Checkpoint, DataRef};
-use crate::platform::PrivateMemory;
+use crate::platform::{CopyOnWriteView, PrivateMemory};
 
 /// One shard held the way the loader holds it.
 enum Held {
-    Map(MmapMut),
+    Map(CopyOnWriteView),
     Read(PrivateMemory),
 }
 
@@ -68,6 +73,7 @@ pub fn run(
     order: &[usize],
     loader: Loader,
     expect: &Expected<'_>,
+    cancel: Cancel,
     ledger: &mut CommitLedger,
     report: &mut ValidateReport,
 ) -> Result<(), ValidateError> {
@@ -124,12 +130,18 @@ pub fn run(
             _ => u64::MAX,
         });
         let mut check = ShardCheck::new(expect.shard(file));
-        let held = match hold(&f, source.size, &pattern) {
+        let truncated = || ValidateError::Truncated {
+            path: source.path.clone(),
+            len: f.metadata().map_or(0, |m| m.len()),
+            expected: source.size,
+        };
+        let held = match hold(&f, &source.path, source.size, &pattern) {
             Ok(h) => h,
             Err(e) if crate::platform::is_out_of_memory(&e) => {
                 over(report, ledger, source.name(), source.size);
                 return Ok(());
             }
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(truncated()),
             Err(e) => return Err(io(e)),
         };
         ledger.sample();
@@ -137,6 +149,12 @@ pub fn run(
         let mut count = 0;
         let mut pos = 0u64;
         for &i in &tensors {
+            crate::write::failpoint::named("emulate");
+            if cancel.is_set() {
+                return Err(ValidateError::Interrupted {
+                    path: ck.dir.clone(),
+                });
+            }
             let t = &ck.tensors[i];
             let DataRef::Contiguous { offset } = t.data else {
                 continue;
@@ -151,21 +169,28 @@ pub fn run(
             let dst = storage
                 .as_deref_mut()
                 .and_then(|s| s.get_mut(cursor..cursor + len));
+            let shard_io = |e: std::io::Error| {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    truncated()
+                } else {
+                    io(e)
+                }
+            };
             let data: &[u8] = match (&held, dst) {
                 (Some(h), Some(dst)) => {
-                    let src = h.bytes().get(start..end).unwrap_or(&[]);
+                    let src = h.bytes().get(start..end).ok_or_else(truncated)?;
                     dst.copy_from_slice(src);
                     dst
                 }
-                (Some(h), None) => h.bytes().get(start..end).unwrap_or(&[]),
+                (Some(h), None) => h.bytes().get(start..end).ok_or_else(truncated)?,
                 (None, Some(dst)) => {
                     // Straight from the file into the storage, as pread does;
                     // the bytes between tensors (the header) are hashed too.
                     if check.active() && offset > pos {
-                        let gap = read_range(&f, pos, offset).map_err(io)?;
+                        let gap = read_range(&f, pos, offset).map_err(shard_io)?;
                         check.update(&gap);
                     }
-                    crate::platform::read_exact_at(&f, dst, offset).map_err(io)?;
+                    crate::platform::read_exact_at(&f, dst, offset).map_err(shard_io)?;
                     dst
                 }
                 (None, None) => continue,
@@ -182,7 +207,14 @@ pub fn run(
         match &held {
             Some(h) => check.update(h.bytes()),
             None if check.active() && pos < source.size => {
-                check.update(&read_range(&f, pos, source.size).map_err(io)?);
+                let tail = read_range(&f, pos, source.size).map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        truncated()
+                    } else {
+                        io(e)
+                    }
+                })?;
+                check.update(&tail);
             }
             None => {}
         }
@@ -225,15 +257,17 @@ fn read_range(file: &File, start: u64, end: u64) -> std::io::Result<Vec<u8>> {
 }
 
 /// Maps `file` copy-on-write, or reads it whole, as `pattern` holds a
-/// shard; `None` when the loader holds no shard.
-fn hold(file: &File, size: u64, pattern: &Pattern) -> std::io::Result<Option<Held>> {
-    // SAFETY: private (copy-on-write) mappings: writes through them would
-    // never reach the file, and we never write. The file is opened
-    // read-only and was checked unchanged when the checkpoint was opened;
-    // if another process truncates it while mapped, reading the lost pages
-    // raises SIGBUS, the documented hazard of every mmap loader this
-    // emulates.
-    let map = || unsafe { MmapOptions::new().map_copy(file) };
+/// shard; `None` when the loader holds no shard. A file shorter than
+/// `size` (its header's claim) is an `UnexpectedEof` error.
+fn hold(file: &File, path: &Path, size: u64, pattern: &Pattern) -> std::io::Result<Option<Held>> {
+    let short = || std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+    let map = || -> std::io::Result<CopyOnWriteView> {
+        let view = CopyOnWriteView::map(file, path)?;
+        if (view.len() as u64) < size {
+            return Err(short());
+        }
+        Ok(view)
+    };
     let _header_view = if pattern.header_view {
         Some(map()?)
     } else {

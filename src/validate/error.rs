@@ -50,6 +50,14 @@ pub enum ValidateError {
     Dequant(#[from] crate::cast::dequant::DequantError),
     #[error("the budget child process failed: {reason}")]
     Child { reason: String },
+    #[error("{}: the file is {len} bytes but its header describes {expected}: it was truncated or changed during the validation", .path.display())]
+    Truncated {
+        path: PathBuf,
+        len: u64,
+        expected: u64,
+    },
+    #[error("validation of {} interrupted", .path.display())]
+    Interrupted { path: PathBuf },
     #[error("cannot {what}")]
     Io {
         what: String,

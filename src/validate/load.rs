@@ -64,7 +64,15 @@ pub(crate) fn run(
                 });
             }
             before_load(ledger)?;
-            emulate::run(&ck, &order, loader, &expect, ledger, &mut report)?;
+            emulate::run(
+                &ck,
+                &order,
+                loader,
+                &expect,
+                options.cancel,
+                ledger,
+                &mut report,
+            )?;
         }
         None => {
             let mut device =
@@ -101,14 +109,23 @@ pub(crate) fn run(
             src,
             plan_options,
             &dropped,
-            device::staging_len(options.staging, &ck) as u64,
+            options,
             ledger,
             &mut report,
         );
-        result.map_err(|e| ValidateError::Against {
-            path: src.clone(),
-            source: Box::new(e),
+        result.map_err(|e| match e {
+            e @ ValidateError::Interrupted { .. } => e,
+            e => ValidateError::Against {
+                path: src.clone(),
+                source: Box::new(e),
+            },
         })?;
+    }
+    // Ctrl-C after the last loop's poll still keeps "passed" from being said.
+    if options.cancel.is_set() {
+        return Err(ValidateError::Interrupted {
+            path: path.to_path_buf(),
+        });
     }
     report.commit = Some(ledger.figures());
     report.finish(options);

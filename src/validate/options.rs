@@ -6,6 +6,7 @@
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -63,6 +64,44 @@ pub struct ValidateOptions {
     pub against: Option<PathBuf>,
     /// Reproduce another loader's mapping pattern instead of loading.
     pub emulate: Option<Loader>,
+    /// Ctrl-C: every loop of the validation polls it and stops with
+    /// [`super::ValidateError::Interrupted`]. Not sent to the budget child,
+    /// which the parent kills instead.
+    #[serde(skip)]
+    pub cancel: Cancel,
+}
+
+/// The caller's cancel flag (Ctrl-C), or none. It is not part of what is
+/// checked: two options that differ only in it are equal.
+#[derive(Clone, Copy, Default)]
+pub struct Cancel(Option<&'static AtomicBool>);
+
+impl Cancel {
+    pub fn new(flag: &'static AtomicBool) -> Cancel {
+        Cancel(Some(flag))
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.is_some_and(|f| f.load(Ordering::Relaxed))
+    }
+}
+
+impl PartialEq for Cancel {
+    fn eq(&self, _: &Cancel) -> bool {
+        true
+    }
+}
+
+impl Eq for Cancel {}
+
+impl fmt::Debug for Cancel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Cancel({})",
+            if self.0.is_some() { "flag" } else { "none" }
+        )
+    }
 }
 
 impl Default for ValidateOptions {
@@ -74,6 +113,7 @@ impl Default for ValidateOptions {
             commit_budget: None,
             against: None,
             emulate: None,
+            cancel: Cancel::default(),
         }
     }
 }

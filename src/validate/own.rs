@@ -158,6 +158,12 @@ pub fn run(
         };
         let mut bytes = 0u64;
         for &i in &tensors {
+            crate::write::failpoint::named("validate");
+            if options.cancel.is_set() {
+                return Err(ValidateError::Interrupted {
+                    path: ck.dir.clone(),
+                });
+            }
             let t = &ck.tensors[i];
             if let Some(raw) = &raw {
                 hash_raw(device, raw, &ck.files[file].path, &mut check, t.offset())?;

@@ -13,12 +13,18 @@
 //! ([`crate::platform::process_memory`]). The child prints one JSON line on
 //! stdout: what it loaded and the library versions, or why not.
 //!
-//! The child heads its own process tree (a process group, a Job Object), so
-//! when it outlives [`PythonOptions::timeout`] it is killed with every
-//! worker it started, and the run is an error naming the loader and the
-//! timeout: a loader that never exits cannot hang `validate`. The same
+//! The child heads its own process tree (a process group, and on Linux
+//! every descendant, even one in a session of its own, through a child
+//! subreaper; a Job Object on Windows), so when it outlives
+//! [`PythonOptions::timeout`] it is killed with every worker it started,
+//! and the run is an error naming the loader and the timeout: a loader
+//! that never exits cannot hang `validate`, nor can a worker that holds
+//! its pipes open (they are read until the same deadline). The same
 //! happens when the caller's cancel flag is set (Ctrl-C: the child's own
-//! process group no longer gets the terminal's signal).
+//! process group no longer gets the terminal's signal). The child runs in
+//! a private empty working folder with absolute paths, and the harness
+//! drops `sys.path[0]`, so no file of the folder reshard was started in
+//! (a model folder) is imported.
 //!
 //! Next to the measurement stands fit's prediction for the same checkpoint
 //! ([`crate::fit::loader::peak`]), so a user sees both. Nothing here
@@ -204,6 +210,11 @@ pub enum PythonError {
     },
     #[error("{loader} on {}: interrupted: the loader and the processes it started were killed", .path.display())]
     Interrupted { loader: PythonLoader, path: PathBuf },
+    #[error("cannot make a private working folder for python")]
+    WorkDir {
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot limit the commit of the python process to {bytes} bytes")]
     Limit {
         bytes: u64,
@@ -302,58 +313,73 @@ pub fn run(
         DeviceSpec::Cpu => "cpu".to_string(),
         DeviceSpec::Cuda(n) => format!("cuda:{n}"),
     };
-    let mut command = Command::new(&options.python);
+    // The user's Python runs in a private empty folder, with every path
+    // made absolute, so nothing of the folder reshard was started in (a
+    // model folder holding a `safetensors.py`) is on its import path; the
+    // harness drops `sys.path[0]` too.
+    let workdir = crate::platform::PrivateDir::new("reshard-python")
+        .map_err(|e| PythonError::WorkDir { source: e })?;
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    // A bare name (`python`) is looked up on PATH; a path is taken from
+    // here, not from the working folder.
+    let python = if options.python.components().count() > 1 {
+        absolute(&options.python)
+    } else {
+        options.python.clone()
+    };
+    let mut command = Command::new(&python);
     command
+        .current_dir(workdir.path())
         .arg("-c")
         .arg(options.loader.script())
-        .arg(path)
+        .arg(absolute(path))
         .arg(&device)
         .arg(options.loader.name())
         .env("HF_HUB_OFFLINE", "1")
+        .envs(python_path())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    ProcessTree::prepare(&mut command);
     let started = Instant::now();
-    let mut child = command.spawn().map_err(|e| PythonError::NoPython {
-        python: options.python.clone(),
-        source: e,
-    })?;
     // Without a tree (a Windows that refuses the job) only the child can
     // be killed, and a budget cannot be set.
-    let tree = ProcessTree::adopt(&child);
+    let (mut child, tree) =
+        ProcessTree::spawn(&mut command).map_err(|e| PythonError::NoPython {
+            python: options.python.clone(),
+            source: e,
+        })?;
     // A timeout past what an Instant holds (`--loader-timeout 9999999999h`)
     // is no deadline.
     let deadline = started.checked_add(options.timeout);
     let stop = Stop { deadline, cancel };
     let measured = supervise(&mut child, tree.as_ref(), options.commit_budget, &stop);
-    // Workers the loader left behind go with it.
+    // Workers the loader left behind go with it, even one in a session of
+    // its own that holds the pipes open. One that would not end is caught
+    // by the deadline on the pipes below.
     if let Ok(t) = &tree {
-        t.kill();
+        let _ = t.kill();
     }
     let _ = child.kill();
     let status = child.wait().ok();
-    // The readers are not joined when stopped: a process that escaped the
-    // tree may hold the pipes open.
-    match measured.stopped {
-        Some(Stopped::Timeout) => {
-            return Err(PythonError::TimedOut {
-                loader: options.loader,
-                path: path.to_path_buf(),
-                timeout: options.timeout,
-            })
-        }
-        Some(Stopped::Cancelled) => {
-            return Err(PythonError::Interrupted {
-                loader: options.loader,
-                path: path.to_path_buf(),
-            })
-        }
-        None => {}
+    let stopped = |why: Stopped| match why {
+        Stopped::Timeout => PythonError::TimedOut {
+            loader: options.loader,
+            path: path.to_path_buf(),
+            timeout: options.timeout,
+        },
+        Stopped::Cancelled => PythonError::Interrupted {
+            loader: options.loader,
+            path: path.to_path_buf(),
+        },
+    };
+    if let Some(why) = measured.stopped {
+        return Err(stopped(why));
     }
-    let (stdout, stderr_tail) = (measured.stdout.join(), measured.stderr.join());
-    let stdout = stdout.unwrap_or_default();
-    let stderr_tail: Vec<String> = stderr_tail.unwrap_or_default();
+    // The pipes are read until they close, the deadline or Ctrl-C: a
+    // process that escaped the tree may hold them open, and the readers
+    // are then left behind.
+    let stdout = collect(&measured.stdout, &stop).map_err(stopped)?;
+    let stderr_tail: Vec<String> = collect(&measured.stderr, &stop).map_err(stopped)?;
     let protocol = |reason: String| PythonError::Protocol {
         loader: options.loader,
         path: path.to_path_buf(),
@@ -452,6 +478,18 @@ pub fn run(
     }
 }
 
+/// The child's `PYTHONPATH`: the caller's entries, each relative one made
+/// absolute against this process's working folder (the child runs in
+/// another), and empty ones (an accidental `:x`, which Python reads as the
+/// working folder) dropped. Nothing when the caller sets none.
+fn python_path() -> Option<(&'static str, std::ffi::OsString)> {
+    let value = std::env::var_os("PYTHONPATH")?;
+    let entries = std::env::split_paths(&value)
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(|p| std::path::absolute(&p).unwrap_or(p));
+    Some(("PYTHONPATH", std::env::join_paths(entries).ok()?))
+}
+
 /// What [`supervise`] measured, and the reader threads to join.
 struct Measured {
     ready: bool,
@@ -463,8 +501,37 @@ struct Measured {
     peak_rss: u64,
     samples: u64,
     limit_error: Option<PythonError>,
-    stdout: std::thread::JoinHandle<String>,
-    stderr: std::thread::JoinHandle<Vec<String>>,
+    /// What the reader threads send once their pipe closes.
+    stdout: mpsc::Receiver<String>,
+    stderr: mpsc::Receiver<Vec<String>>,
+}
+
+/// What a reader thread sends, waited for until `stop` says to give up (a
+/// reader that ended without sending, by a panic, gives the default).
+fn collect<T: Default>(rx: &mpsc::Receiver<T>, stop: &Stop<'_>) -> Result<T, Stopped> {
+    loop {
+        if let Some(why) = stop.now() {
+            return Err(why);
+        }
+        let left = stop
+            .deadline
+            .map_or(CANCEL_POLL, |d| d.saturating_duration_since(Instant::now()));
+        match rx.recv_timeout(left.min(CANCEL_POLL)) {
+            Ok(v) => return Ok(v),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(T::default()),
+        }
+    }
+}
+
+/// Runs `read` on a thread of its own and returns the channel its result
+/// comes on.
+fn reader<T: Send + 'static>(read: impl FnOnce() -> T + Send + 'static) -> mpsc::Receiver<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(read());
+    });
+    rx
 }
 
 /// Longest result line kept from the child's stdout.
@@ -538,7 +605,7 @@ fn supervise(
 ) -> Measured {
     let (tx, rx) = mpsc::channel::<()>();
     let stderr = child.stderr.take();
-    let stderr = std::thread::spawn(move || {
+    let stderr = reader(move || {
         let mut tail: Vec<String> = Vec::new();
         let Some(e) = stderr else { return tail };
         each_line(e, MAX_STDERR_LINE, |line| {
@@ -554,7 +621,7 @@ fn supervise(
         tail
     });
     let stdout = child.stdout.take();
-    let stdout = std::thread::spawn(move || {
+    let stdout = reader(move || {
         // Only the last JSON line is the result; the rest is not kept.
         let mut last = String::new();
         if let Some(o) = stdout {

@@ -57,11 +57,20 @@ fn start_paused(
 
 /// [`start_paused`] for a prepared command.
 pub fn spawn_paused(
-    mut cmd: Command,
+    cmd: Command,
     step: u64,
     release: Option<&Path>,
 ) -> Option<std::process::Child> {
-    cmd.env("RESHARD_PAUSE_AT", step.to_string())
+    spawn_paused_at(cmd, &step.to_string(), release)
+}
+
+/// [`spawn_paused`] at a numbered or a named step (`validate`).
+pub fn spawn_paused_at(
+    mut cmd: Command,
+    at: &str,
+    release: Option<&Path>,
+) -> Option<std::process::Child> {
+    cmd.env("RESHARD_PAUSE_AT", at)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     if let Some(r) = release {
@@ -406,10 +415,10 @@ fn ctrl_c_stops_between_chunks_and_leaves_no_temp_files() {
 }
 
 #[cfg(windows)]
-const CREATE_NEW_CONSOLE: u32 = 0x10;
+pub const CREATE_NEW_CONSOLE: u32 = 0x10;
 
 #[cfg(unix)]
-fn send_ctrl_c(pid: u32) {
+pub fn send_ctrl_c(pid: u32) {
     assert!(Command::new("kill")
         .args(["-INT", &pid.to_string()])
         .status()
@@ -421,7 +430,7 @@ fn send_ctrl_c(pid: u32) {
 /// it, which would take this test process off its own: a helper process
 /// (this test binary, running [`ctrl_c_helper`]) does it.
 #[cfg(windows)]
-fn send_ctrl_c(pid: u32) {
+pub fn send_ctrl_c(pid: u32) {
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["crash::ctrl_c_helper", "--exact", "--nocapture"])
         .env(CTRL_C_PID, pid.to_string())

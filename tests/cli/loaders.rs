@@ -343,7 +343,7 @@ fn output_that_is_not_utf8_does_not_lose_the_result() {
 /// Whether process `pid` still runs (a zombie waiting to be reaped does
 /// not count), polled for up to 5 s so an orphan's reaping is not a race.
 #[cfg(target_os = "linux")]
-fn still_running(pid: &str) -> bool {
+pub fn still_running(pid: &str) -> bool {
     let stat = format!("/proc/{}/stat", pid.trim());
     for _ in 0..50 {
         match std::fs::read_to_string(&stat) {
@@ -384,7 +384,7 @@ fn hung_loader(dir: &Path, name: &str, ready: &str) -> (PathBuf, PathBuf) {
 
 /// Asserts that both processes `pids` lists have ended.
 #[cfg(target_os = "linux")]
-fn assert_all_ended(case: &str, pids: &Path) {
+pub fn assert_all_ended(case: &str, pids: &Path) {
     let pids = std::fs::read_to_string(pids).unwrap();
     let pids: Vec<&str> = pids.lines().collect();
     assert_eq!(pids.len(), 2, "{case}: {pids:?}");

@@ -8,10 +8,19 @@
 #      reshard samples the baseline and puts the commit limit on us then;
 #   3. load, and write exactly one JSON line on stdout, the only thing this
 #      process writes there (the libraries' prints are sent to stderr).
+import sys
+
+# `python -c` puts its working folder first on sys.path. reshard starts us in
+# a private empty folder, and drops that entry before any other import, so
+# no file of a model folder (a `safetensors.py`, a `json.py`) can shadow a
+# library. PYTHONPATH is kept (no -I).
+if not getattr(sys.flags, "safe_path", False) and sys.path:
+    del sys.path[0]
+sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+
 import importlib
 import json
 import os
-import sys
 import time
 
 _STDOUT = sys.stdout

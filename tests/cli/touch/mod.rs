@@ -5,8 +5,11 @@
 
 mod against;
 mod batch;
+mod cancel;
 mod claims;
+mod loader;
 mod manifests;
+mod shrink;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
