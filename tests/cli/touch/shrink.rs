@@ -56,6 +56,11 @@ pub fn paused(
 /// the registered-mapping handler, the others fail their size check.
 #[test]
 fn emulated_loaders_on_shards_truncated_mid_run_fail_cleanly() {
+    if cfg!(windows) {
+        // Windows refuses to truncate a file while a view of it is mapped
+        // ("File has a user-mapped section"): the subject cannot arise.
+        return;
+    }
     let tmp = tempfile::tempdir().unwrap();
     let loaders = [
         "per-shard-mmap",
