@@ -6,10 +6,9 @@
 //! top level and in nested sub-configs such as `text_config`) and how they
 //! are rewritten. It does not read or write files.
 
-use serde_json::{Map, Value};
-
 use super::CastError;
-use crate::format::config::parse_config;
+use crate::format::config::{parse_config, ConfigError};
+use crate::format::json_edit;
 use crate::format::Dtype;
 use crate::quant::config::{is_dequantized_scheme, QUANT_KEYS};
 
@@ -51,42 +50,60 @@ const SKIP_NESTED: [&str; 2] = ["quantization_config", "compression_config"];
 /// and/or `dtype` (transformers 5) to torch's name for `to`, updating
 /// whichever are present and adding `dtype` if neither is; nested
 /// sub-configs (`text_config`, `vision_config`, ...) get their existing
-/// dtype keys updated. Other keys and their order stay untouched. The result
-/// is pretty-printed with a 2-space indent and a trailing newline.
+/// dtype keys updated, and the `quantization_config` of a scheme the cast
+/// dequantizes is dropped. Every other byte stays as written (numbers past
+/// u64, `1e-05`, the author's indentation: [`json_edit`]), with a trailing
+/// newline.
 pub fn rewrite_config_dtype(config_json: &str, to: Dtype) -> Result<String, CastError> {
     let name = match torch_name(to) {
         Some(name) if super::TARGETS.contains(&to) => name,
         _ => return Err(CastError::UnsupportedTarget { to }),
     };
-    let mut value = parse_config(config_json)?;
-    let Some(root) = value.as_object_mut() else {
-        unreachable!("parse_config returns objects only")
-    };
+    // The parse checks the text (valid, an object, within the budget) and
+    // decides which quantization configs go; the edits are made on the text.
+    let value = parse_config(config_json)?;
+    let root = value
+        .as_object()
+        .expect("parse_config returns objects only");
+    let scanned =
+        |text: &str| json_edit::members(text).ok_or(CastError::Config(ConfigError::NotObject));
+    let quoted = serde_json::to_string(name).expect("a string serializes");
+    let mut edits = Vec::new();
+    dtype_edits(&scanned(config_json)?, config_json, &quoted, &mut edits);
+    let text = json_edit::splice(config_json, edits);
     // The weights are dense now: a loader that saw the config would expect
     // codes and scales.
-    for key in QUANT_KEYS {
-        if root.get(key).is_some_and(is_dequantized_scheme) {
-            root.shift_remove(key);
-        }
+    let dropped = |m: &json_edit::Member| {
+        QUANT_KEYS.contains(&m.key.as_str()) && root.get(&m.key).is_some_and(is_dequantized_scheme)
+    };
+    let text = json_edit::without_members(&text, &scanned(&text)?, dropped);
+    let members = scanned(&text)?;
+    let mut out = match members.iter().any(|m| DTYPE_KEYS.contains(&m.key.as_str())) {
+        true => text,
+        false => json_edit::with_member(&text, &members, "dtype", &quoted),
+    };
+    if !out.ends_with('\n') {
+        out.push('\n');
     }
-    if !DTYPE_KEYS.iter().any(|k| root.contains_key(*k)) {
-        root.insert("dtype".to_string(), Value::String(name.to_string()));
-    }
-    set_dtype_keys(root, name);
-    let mut out = serde_json::to_string_pretty(&value).map_err(|e| CastError::Config(e.into()))?;
-    out.push('\n');
     Ok(out)
 }
 
-/// Sets every present dtype key of `obj` that holds a string or null, then
-/// recurses into nested objects (except quantisation configs).
-fn set_dtype_keys(obj: &mut Map<String, Value>, name: &str) {
-    for (key, v) in obj.iter_mut() {
-        if DTYPE_KEYS.contains(&key.as_str()) && (v.is_string() || v.is_null()) {
-            *v = Value::String(name.to_string());
-        } else if let Value::Object(inner) = v {
-            if !SKIP_NESTED.contains(&key.as_str()) {
-                set_dtype_keys(inner, name);
+/// The value edits that set every dtype key of an object (`members` of
+/// `text`) holding a string or null, recursing into nested objects (except
+/// quantisation configs).
+fn dtype_edits(
+    members: &[json_edit::Member],
+    text: &str,
+    quoted: &str,
+    edits: &mut Vec<(std::ops::Range<usize>, String)>,
+) {
+    for m in members {
+        let value = &text[m.value.clone()];
+        if DTYPE_KEYS.contains(&m.key.as_str()) && (value.starts_with('"') || value == "null") {
+            edits.push((m.value.clone(), quoted.to_string()));
+        } else if let Some(inner) = &m.object {
+            if !SKIP_NESTED.contains(&m.key.as_str()) {
+                dtype_edits(inner, text, quoted, edits);
             }
         }
     }
@@ -95,7 +112,7 @@ fn set_dtype_keys(obj: &mut Map<String, Value>, name: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::config::ConfigError;
+    use serde_json::Value;
 
     fn keys(json: &str) -> Vec<String> {
         let v: Value = serde_json::from_str(json).unwrap();
@@ -110,8 +127,22 @@ mod tests {
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["torch_dtype"], "bfloat16");
         assert_eq!(v["beta"], 1e-05);
-        assert!(out.ends_with("}\n"));
-        assert!(out.contains("\n  \"zeta\": 1,\n"), "2-space indent: {out}");
+        assert_eq!(
+            out,
+            r#"{"zeta": 1, "torch_dtype": "bfloat16", "alpha": [1, 2], "beta": 1e-05}"#.to_string()
+                + "\n",
+            "every other byte as written"
+        );
+    }
+
+    #[test]
+    fn numbers_past_u64_and_the_authors_layout_survive() {
+        let src = "{\n    \"big\": 123456789012345678901234567890,\n    \"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]},\n    \"rms_norm_eps\": 1e-05,\n    \"text_config\": {\"dtype\": null}\n}";
+        let out = rewrite_config_dtype(src, Dtype::BF16).unwrap();
+        assert_eq!(
+            out,
+            "{\n    \"big\": 123456789012345678901234567890,\n    \"rms_norm_eps\": 1e-05,\n    \"text_config\": {\"dtype\": \"bfloat16\"},\n    \"dtype\": \"bfloat16\"\n}\n"
+        );
     }
 
     #[test]

@@ -484,17 +484,14 @@ fn with_quantization_config(config: &str, q: &serde_json::Value) -> Result<Strin
     if keys.contains_key("quantization_config") || keys.contains_key("compression_config") {
         return Err("it already has a quantization_config; the output cannot claim two".into());
     }
-    let body = config.trim_end();
-    let Some(inner) = body.strip_suffix('}') else {
-        return Err("not a JSON object".into());
-    };
-    let inner = inner.trim_end();
-    let comma = if keys.is_empty() { "" } else { "," };
+    let members = crate::format::json_edit::members(config).ok_or("not a JSON object")?;
     let value = serde_json::to_string_pretty(q).map_err(|e| e.to_string())?;
-    let value = value.replace('\n', "\n  ");
-    Ok(format!(
-        "{inner}{comma}\n  \"quantization_config\": {value}\n}}\n"
-    ))
+    let mut out =
+        crate::format::json_edit::with_member(config, &members, "quantization_config", &value);
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    Ok(out)
 }
 
 /// Copies `files` into `dst` at their relative paths, config.json as

@@ -17,6 +17,7 @@ pub(crate) mod finding;
 pub mod gguf;
 pub(crate) mod index;
 mod json;
+pub mod json_edit;
 pub mod layout;
 pub mod pytorch;
 pub mod read;
