@@ -141,3 +141,25 @@ fn values_infinite_in_the_working_dtype_follow_on_overflow() {
         }
     }
 }
+
+#[test]
+fn negative_zero_gets_each_references_code() {
+    // compressed-tensors adds its zero point after dividing, so -0.0 is
+    // code 0x00 there; comfy-kitchen and transformers keep 0x80 (checked
+    // against the references themselves in quantize_scaled.rs).
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    model(&src, "BF16", -0.0, &[]);
+    for (scheme, want) in [
+        ("fp8-scaled", 0x80u8),
+        ("fp8-scaled-legacy", 0x80),
+        ("fp8-channel", 0x00),
+        ("fp8-block", 0x80),
+        ("fp8", 0x80),
+    ] {
+        let dst = dir.path().join(scheme);
+        convert(&src, &dst, &["--quantize", scheme]).success();
+        let (_, codes) = tensor_bytes(&dst, WEIGHT);
+        assert_eq!(codes[5], want, "{scheme}");
+    }
+}

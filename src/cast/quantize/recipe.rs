@@ -273,7 +273,7 @@ fn epsilon(work: Dtype) -> f32 {
 pub fn code(recipe: Recipe, work: Dtype, x: f32, scale: &Scale) -> u8 {
     let t = match recipe {
         Recipe::PerTensor => round_to(work, x * scale.apply),
-        Recipe::PerChannel => round_to(work, x / scale.apply),
+        Recipe::PerChannel => round_to(work, x / scale.apply) + 0.0,
         Recipe::Block { .. } => x * scale.apply,
     };
     e4m3_code(t)
@@ -410,6 +410,26 @@ mod tests {
                 assert!(c == 0x7e || c == 0x7d, "{r:?} {work}: {c:#x}");
                 let back = dequantized(c, &s);
                 assert!((back - f64::from(amax)).abs() / f64::from(amax) < 0.07);
+            }
+        }
+    }
+
+    #[test]
+    fn negative_zero_keeps_its_sign_except_per_channel() {
+        // torch keeps -0.0's sign through `x * s` and `.to(float8)`;
+        // compressed-tensors adds its zero point (0) after the division,
+        // which makes it +0.0. A negative value that rounds to zero in FP8
+        // is -0.0 under every scheme.
+        for work in [Dtype::F32, Dtype::F16, Dtype::BF16] {
+            for (r, want) in [
+                (Recipe::PerTensor, 0x80),
+                (Recipe::PerChannel, 0x00),
+                (Recipe::Block { rows: 1, cols: 1 }, 0x80),
+            ] {
+                let s = Scale::of(r, work, 1.0);
+                assert_eq!(code(r, work, -0.0, &s), want, "{r:?} {work}");
+                let tiny = round_to(work, -1e-7);
+                assert_eq!(code(r, work, tiny, &s), 0x80, "{r:?} {work}");
             }
         }
     }
