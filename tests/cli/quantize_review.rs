@@ -163,3 +163,168 @@ fn negative_zero_gets_each_references_code() {
         assert_eq!(codes[5], want, "{scheme}");
     }
 }
+
+/// Rewrites `dst`'s single shard without the tensors in `drop` and the
+/// `__metadata__` keys in `drop_meta`, with `add` appended, and removes
+/// reshard.json (so only `--against` judges it).
+fn rewrite(dst: &Path, drop: &[&str], drop_meta: &[&str], add: &[(&str, &str, Vec<u64>, Vec<u8>)]) {
+    let shard = dst.join("model.safetensors");
+    let bytes = std::fs::read(&shard).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let old: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, v) in &old {
+        if drop.contains(&name.as_str()) {
+            continue;
+        }
+        if name == "__metadata__" {
+            let mut meta = v.as_object().unwrap().clone();
+            for k in drop_meta {
+                meta.remove(*k);
+            }
+            header.insert(name.clone(), serde_json::Value::Object(meta));
+            continue;
+        }
+        let [a, b] = [0, 1].map(|i| v["data_offsets"][i].as_u64().unwrap() as usize);
+        let start = data.len();
+        data.extend(&bytes[8 + n + a..8 + n + b]);
+        header.insert(
+            name.clone(),
+            json!({"dtype": v["dtype"], "shape": v["shape"], "data_offsets": [start, data.len()]}),
+        );
+    }
+    for (name, dt, shape, b) in add {
+        let start = data.len();
+        data.extend(b);
+        header.insert(
+            name.to_string(),
+            json!({"dtype": dt, "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    write_safetensors(&shard, &serde_json::Value::Object(header), &data);
+    let _ = std::fs::remove_file(dst.join("reshard.json"));
+}
+
+fn validate_against(dst: &Path, src: &Path) -> assert_cmd::assert::Assert {
+    reshard()
+        .arg("validate")
+        .arg(dst)
+        .arg("--against")
+        .arg(src)
+        .assert()
+}
+
+#[test]
+fn validate_against_quantizes_again_with_the_recorded_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    // A Linear outside the blocks: quantized only when --quantize-only
+    // names it.
+    let outside: Vec<u8> = (0..32 * 64u32)
+        .map(|i| ((((i % 17) as f32 - 8.0) / 8.0).to_bits() >> 16) as u16)
+        .flat_map(u16::to_le_bytes)
+        .collect();
+    model(
+        &src,
+        "BF16",
+        0.5,
+        &[("proj_out.weight", "BF16", vec![32, 64], outside)],
+    );
+    let cases: [(&str, &[&str]); 5] = [
+        ("fp8-channel", &["--quantize-only", "proj_out.*"]),
+        (
+            "fp8-scaled",
+            &[
+                "--quantize-only",
+                "proj_out.*",
+                "--quantize-only",
+                "*.up_proj.*",
+            ],
+        ),
+        ("fp8-scaled", &["--keep", "*.down_proj.*"]),
+        ("fp8-block", &["--block", "4x8"]),
+        (
+            "fp8-block",
+            &["--block", "4x8", "--quantize-only", "*.down_proj.*"],
+        ),
+    ];
+    for (n, (scheme, flags)) in cases.iter().enumerate() {
+        let dst = dir.path().join(format!("{scheme}-{n}"));
+        let mut args = vec!["--quantize", scheme];
+        args.extend(flags.iter());
+        convert(&src, &dst, &args).success();
+        let out = validate_against(&dst, &src).success();
+        assert!(
+            stdout_of(&out).contains("compared with the source quantized again"),
+            "{scheme} {flags:?}: {}",
+            stdout_of(&out)
+        );
+    }
+}
+
+#[test]
+fn a_stray_comfy_quant_does_not_make_a_legacy_output_fp8_scaled() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    model(&src, "BF16", 0.5, &[]);
+    let dst = dir.path().join("legacy");
+    convert(&src, &dst, &["--quantize", "fp8-scaled-legacy"]).success();
+    // The same stray tensor in the source and (passed through) the output.
+    let stray = (
+        "model.layers.0.input_layernorm.comfy_quant",
+        "U8",
+        vec![2],
+        vec![b'{', b'}'],
+    );
+    let src2 = dir.path().join("src2");
+    model(&src2, "BF16", 0.5, std::slice::from_ref(&stray));
+    rewrite(&dst, &[], &[], &[stray]);
+    let out = validate_against(&dst, &src2).success();
+    assert!(
+        stdout_of(&out).contains("compared with the source quantized again"),
+        "{}",
+        stdout_of(&out)
+    );
+}
+
+#[test]
+fn validate_against_requires_every_companion_config_and_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    model(&src, "BF16", 0.5, &[]);
+    let stem = "model.layers.0.mlp.up_proj";
+    let comfy = format!("{stem}.comfy_quant");
+    let cases: [(&str, &[&str], &[&str], &str); 3] = [
+        ("fp8-scaled", &[comfy.as_str()], &[], comfy.as_str()),
+        ("fp8-scaled-legacy", &["scaled_fp8"], &[], "scaled_fp8"),
+        (
+            "fp8-scaled",
+            &[],
+            &["_quantization_metadata"],
+            "_quantization_metadata",
+        ),
+    ];
+    for (n, (scheme, drop, drop_meta, says)) in cases.iter().enumerate() {
+        let dst = dir.path().join(format!("{scheme}-{n}"));
+        convert(&src, &dst, &["--quantize", scheme]).success();
+        rewrite(&dst, drop, drop_meta, &[]);
+        let out = stdout_of(&validate_against(&dst, &src).code(1));
+        assert!(out.contains(says), "{scheme}: {out}");
+    }
+    // A quantization_config other than the plan's.
+    let dst = dir.path().join("channel");
+    convert(&src, &dst, &["--quantize", "fp8-channel"]).success();
+    let path = dst.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    config["quantization_config"]["ignore"] = json!(["lm_head", "model.layers.0.mlp.up_proj"]);
+    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    std::fs::remove_file(dst.join("reshard.json")).unwrap();
+    let out = stdout_of(&validate_against(&dst, &src).code(1));
+    assert!(
+        out.contains("config.json") && out.contains("quantization_config"),
+        "{out}"
+    );
+}
