@@ -1,8 +1,10 @@
 //! Regressions of `convert --quantize` and `validate --against` found in
 //! review (issue 26): values infinite in the working dtype follow
 //! `--on-overflow`, -0.0 gets each reference's code, validate uses the
-//! recorded `--quantize-only`, `--keep` and `--block`, and sources that
-//! already carry quantization companions are refused with advice that works.
+//! recorded `--quantize-only`, `--keep` and `--block` and requires every
+//! companion, config and header entry; sources with unscaled FP8 weights
+//! or stray companions are refused with advice that works, and a stale
+//! `_quantization_metadata` is not carried over.
 
 use std::path::Path;
 
@@ -281,11 +283,14 @@ fn a_stray_comfy_quant_does_not_make_a_legacy_output_fp8_scaled() {
     let src2 = dir.path().join("src2");
     model(&src2, "BF16", 0.5, std::slice::from_ref(&stray));
     rewrite(&dst, &[], &[], &[stray]);
-    let out = validate_against(&dst, &src2).success();
+    // Read as legacy, every code and scale matches; the one problem is
+    // that convert now refuses such a source.
+    let out = stdout_of(&validate_against(&dst, &src2).code(1));
+    assert!(out.contains("FAILED: 1 problem"), "{out}");
     assert!(
-        stdout_of(&out).contains("compared with the source quantized again"),
-        "{}",
-        stdout_of(&out)
+        out.contains("cannot be planned with --quantize fp8-scaled-legacy")
+            && out.contains("beside no quantized weight"),
+        "{out}"
     );
 }
 
@@ -327,4 +332,105 @@ fn validate_against_requires_every_companion_config_and_metadata() {
         out.contains("config.json") && out.contains("quantization_config"),
         "{out}"
     );
+}
+
+#[test]
+fn sources_with_unscaled_fp8_weights_or_stray_companions_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let fp8 = (
+        "model.layers.0.self_attn.q_proj.weight",
+        "F8_E4M3",
+        vec![64, 32],
+        vec![0x38; 2048],
+    );
+    let bf16 = vec![0x80, 0x3f].repeat(64);
+    let scale = (
+        "model.layers.0.mlp.up_proj.weight_scale",
+        "BF16",
+        vec![64, 1],
+        bf16,
+    );
+    let comfy = (
+        "model.layers.0.mlp.up_proj.comfy_quant",
+        "U8",
+        vec![2],
+        b"{}".to_vec(),
+    );
+    let marker = ("scaled_fp8", "F8_E4M3", vec![0], Vec::new());
+    let cases = [
+        (fp8, "is already F8_E4M3 without a scale", &SCALED[..]),
+        (
+            scale,
+            "beside no quantized weight",
+            &["fp8", "fp8-channel", "fp8-scaled"][..],
+        ),
+        (
+            comfy,
+            "beside no quantized weight",
+            &["fp8-scaled-legacy"][..],
+        ),
+        (marker, "beside no quantized weight", &["fp8-scaled"][..]),
+    ];
+    for (n, (extra, says, schemes)) in cases.into_iter().enumerate() {
+        let src = dir.path().join(format!("src-{n}"));
+        let name = extra.0;
+        model(&src, "BF16", 0.5, &[extra]);
+        for scheme in schemes {
+            let dst = dir.path().join(format!("{scheme}-{n}"));
+            let err = stderr_of(&convert(&src, &dst, &["--quantize", scheme]).code(2));
+            assert!(
+                err.contains("model.safetensors") && err.contains(name) && err.contains(says),
+                "{scheme} {name}: {err}"
+            );
+            // Never the advice that cannot work for a dense weight.
+            assert!(!err.contains("already quantized"), "{scheme} {name}: {err}");
+            assert!(!dst.join("reshard.json").exists());
+        }
+    }
+}
+
+#[test]
+fn a_stale_quantization_metadata_is_not_carried_into_a_quantized_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    model(&src, "BF16", 0.5, &[]);
+    // The source's header claims a layer list of its own.
+    let shard = src.join("model.safetensors");
+    let bytes = std::fs::read(&shard).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let stale =
+        r#"{"format_version": "1.0", "layers": {"old.layer": {"format": "float8_e4m3fn"}}}"#;
+    header["__metadata__"] = json!({"format": "pt", "_quantization_metadata": stale});
+    write_safetensors(&shard, &header, &bytes[8 + n..]);
+    for scheme in [
+        "fp8",
+        "fp8-scaled",
+        "fp8-scaled-legacy",
+        "fp8-channel",
+        "fp8-block",
+    ] {
+        let dst = dir.path().join(scheme);
+        convert(&src, &dst, &["--quantize", scheme]).success();
+        let bytes = std::fs::read(dst.join("model.safetensors")).unwrap();
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        let value = meta
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get("_quantization_metadata").cloned());
+        match scheme {
+            "fp8-scaled" => {
+                let v: serde_json::Value = serde_json::from_str(&value.unwrap()).unwrap();
+                assert!(v["layers"].get("old.layer").is_none(), "{v}");
+                assert!(
+                    v["layers"].get("model.layers.0.mlp.up_proj").is_some(),
+                    "{v}"
+                );
+            }
+            _ => assert_eq!(value, None, "{scheme}"),
+        }
+        if scheme != "fp8" {
+            validate_against(&dst, &src).success();
+        }
+    }
 }
