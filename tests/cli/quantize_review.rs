@@ -343,7 +343,7 @@ fn sources_with_unscaled_fp8_weights_or_stray_companions_are_refused() {
         vec![64, 32],
         vec![0x38; 2048],
     );
-    let bf16 = vec![0x80, 0x3f].repeat(64);
+    let bf16 = [0x80u8, 0x3f].repeat(64);
     let scale = (
         "model.layers.0.mlp.up_proj.weight_scale",
         "BF16",
