@@ -23,11 +23,17 @@ pub fn render_quality(q: &QualityReport) -> String {
         q.tensors,
         if q.tensors == 1 { "" } else { "s" },
         q.total.elements,
+        // The count is in the parentheses already; it only replaces
+        // "all zeros" when nothing was measured.
         figures(
             q.relative_rms(),
             q.snr_db(),
             q.total.max_abs_error,
-            q.total.not_finite
+            if q.relative_rms().is_none() {
+                q.total.not_finite
+            } else {
+                0
+            }
         )
     );
     for w in &q.worst {

@@ -434,3 +434,22 @@ fn a_stale_quantization_metadata_is_not_carried_into_a_quantized_output() {
         }
     }
 }
+
+#[test]
+fn quantizing_nothing_writes_no_quantization_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    model(&src, "BF16", 0.5, &[]);
+    for scheme in ["fp8-channel", "fp8-block"] {
+        let dst = dir.path().join(scheme);
+        convert(&src, &dst, &["--quantize", scheme, "--keep", "*"]).success();
+        let config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dst.join("config.json")).unwrap()).unwrap();
+        assert!(
+            config.get("quantization_config").is_none(),
+            "{scheme}: {config}"
+        );
+        let (dtype, _) = tensor_bytes(&dst, WEIGHT);
+        assert_eq!(dtype, "BF16");
+    }
+}
