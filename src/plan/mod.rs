@@ -235,7 +235,14 @@ impl Plan {
             metadata.insert(key, value);
         }
         Ok(Plan {
-            options: options.clone(),
+            options: PlanOptions {
+                // `--block 128x128` is the default: the same plan, so the
+                // same options (and plan id) as no `--block`.
+                quantize_block: options
+                    .quantize_block
+                    .filter(|b| *b != quantize::DEFAULT_BLOCK),
+                ..options.clone()
+            },
             index_file: layout.index_name(&prefix, count),
             prefix,
             layer_order,

@@ -453,3 +453,20 @@ fn quantizing_nothing_writes_no_quantization_config() {
         assert_eq!(dtype, "BF16");
     }
 }
+
+#[test]
+fn the_default_block_spelled_out_is_the_same_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    model(&src, "BF16", 0.5, &[]);
+    let id = |dst: &Path| -> serde_json::Value {
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dst.join("reshard.json")).unwrap()).unwrap();
+        m["plan_id"].clone()
+    };
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    convert(&src, &a, &["--quantize", "fp8-block"]).success();
+    convert(&src, &b, &["--quantize", "fp8-block", "--block", "128x128"]).success();
+    assert_eq!(id(&a), id(&b));
+    assert!(id(&a).is_string());
+}
