@@ -63,6 +63,7 @@ pub fn open<'a>(
             *recipe,
             *work,
             *part,
+            policy,
         )?)),
         TensorInput::Constant { bytes, .. } => Some(Box::new(Constant {
             bytes: bytes.clone(),

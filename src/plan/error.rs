@@ -63,6 +63,19 @@ pub enum PlanError {
     },
     #[error("--quantize {scheme}: the source is already quantized ({what}); convert it with --dtype first, then quantize that")]
     QuantizeQuantized { scheme: &'static str, what: String },
+    #[error("{file}: --quantize {scheme}: tensor {tensor:?} is a quantization companion (a scale or marker) beside no quantized weight; loaders would read it as part of the quantized output: remove it from the source first")]
+    QuantizeStrayCompanion {
+        scheme: &'static str,
+        file: String,
+        tensor: String,
+    },
+    #[error("{file}: --quantize {scheme}: tensor {tensor:?} is already {dtype} without a scale, which {scheme} loaders misread; convert the source with --dtype bf16 first (its codes cast as they are), then quantize that")]
+    QuantizeUnscaledFp8 {
+        scheme: &'static str,
+        file: String,
+        tensor: String,
+        dtype: crate::format::Dtype,
+    },
     #[error(
         "--block is the block size of --quantize fp8-block; --quantize {scheme} has no blocks"
     )]

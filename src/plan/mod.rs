@@ -111,17 +111,19 @@ impl Plan {
             options.quantize_block,
         )?;
         if let Some(q) = &quantizer {
+            // Detection alone is not quantization: a scale beside a dense
+            // weight pairs with nothing (the quantizer refuses it as a
+            // stray companion).
+            let paired = quant
+                .roles
+                .iter()
+                .any(|r| matches!(r, Role::GluedTo(_) | Role::Dequant { .. }));
             let what = match (&quant.record, &gguf) {
-                (Some(r), _) => Some(format!("{:?}", r.format)),
-                (None, Some(_)) => Some("GGUF".to_string()),
+                (Some(r), _) if paired => Some(format!("{:?}", r.format)),
+                (_, Some(_)) => Some("GGUF".to_string()),
                 _ => None,
             };
-            if let Some(what) = what {
-                return Err(PlanError::QuantizeQuantized {
-                    scheme: q.record.scheme.name(),
-                    what,
-                });
-            }
+            q.check_source(ck, what)?;
         }
 
         let mut planned = Vec::with_capacity(ordered.len());
@@ -220,9 +222,10 @@ impl Plan {
             shards.push(lay_out_shard(layout, file, tensors));
         }
         let mut metadata = layout.shard_metadata(&ck.metadata);
-        if quant.record.as_ref().is_some_and(|r| r.dequantized) {
+        if quant.record.as_ref().is_some_and(|r| r.dequantized) || quantizer.is_some() {
             // ComfyUI reads this key as "these layers are quantized": a
-            // dense output must not carry it.
+            // dense output must not carry it, nor a quantized one the
+            // source's list (fp8-scaled writes its own below).
             metadata.remove(quantize::COMFY_LAYERS_KEY);
         }
         if let Some(g) = &gguf {
@@ -232,7 +235,14 @@ impl Plan {
             metadata.insert(key, value);
         }
         Ok(Plan {
-            options: options.clone(),
+            options: PlanOptions {
+                // `--block 128x128` is the default: the same plan, so the
+                // same options (and plan id) as no `--block`.
+                quantize_block: options
+                    .quantize_block
+                    .filter(|b| *b != quantize::DEFAULT_BLOCK),
+                ..options.clone()
+            },
             index_file: layout.index_name(&prefix, count),
             prefix,
             layer_order,

@@ -181,9 +181,14 @@ pub struct QuantizeRecord {
 impl QuantizeRecord {
     /// The `quantization_config` `config.json` needs for this layout:
     /// compressed-tensors' for `fp8-channel`, FineGrainedFP8's for
-    /// `fp8-block`; `None` for the single-file layouts.
+    /// `fp8-block`; `None` for the single-file layouts, and when nothing
+    /// was quantized (`--keep '*'`): a config would make loaders expect
+    /// scales no weight has.
     pub fn config(&self) -> Option<serde_json::Value> {
         use serde_json::json;
+        if self.tensors == 0 {
+            return None;
+        }
         let ignore = &self.unquantized_linear;
         match self.scheme {
             QuantizeScheme::Fp8Channel => Some(json!({

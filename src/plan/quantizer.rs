@@ -12,7 +12,7 @@ use super::quantize::{
 use super::types::PlannedTensor;
 use super::PlanError;
 use crate::cast::quantize::{working_dtype, Part};
-use crate::format::{Dtype, Tensor};
+use crate::format::{Checkpoint, Dtype, Tensor};
 
 /// The `--quantize` decisions of one plan, and their record.
 pub struct Quantizer {
@@ -37,6 +37,16 @@ pub const COMFY_QUANT: &[u8] = br#"{"format": "float8_e4m3fn"}"#;
 
 /// The name of the legacy layout's marker tensor (after the model prefix).
 pub const SCALED_FP8_MARKER: &str = "scaled_fp8";
+
+/// Name endings of the tensors quantized layouts add beside a weight: a
+/// source holding one beside no quantized weight carries a stray companion
+/// that loaders would read as this output's.
+const COMPANION_SUFFIXES: [&str; 4] = [
+    ".comfy_quant",
+    ".scale_weight",
+    ".weight_scale",
+    ".weight_scale_inv",
+];
 
 impl Quantizer {
     /// `None` without `--quantize` (`scheme`); `keep` and `only` are the
@@ -80,6 +90,51 @@ impl Quantizer {
                 unquantized_linear: Vec::new(),
             },
         }))
+    }
+
+    /// Refuses a source `--quantize` cannot start from: one already
+    /// quantized (`quantized` names how, from the dequantize stage's
+    /// detection, which found weights paired with scales), one that holds
+    /// a quantization companion beside no quantized weight (a stray scale,
+    /// `comfy_quant` or `scaled_fp8` marker), and, for the scaled schemes,
+    /// an FP8 weight without a scale (compressed-tensors and FineGrainedFP8
+    /// expect a scale for it; ComfyUI would take it for one of its own).
+    pub fn check_source(
+        &self,
+        ck: &Checkpoint,
+        quantized: Option<String>,
+    ) -> Result<(), PlanError> {
+        let scheme = self.record.scheme.name();
+        if let Some(what) = quantized {
+            return Err(PlanError::QuantizeQuantized { scheme, what });
+        }
+        let scaled = self.record.scheme.recipe(self.block).is_some();
+        for t in &ck.tensors {
+            let companion = COMPANION_SUFFIXES.iter().any(|s| t.name.ends_with(s))
+                || t.name == SCALED_FP8_MARKER
+                || t.name.ends_with(&format!(".{SCALED_FP8_MARKER}"));
+            let fp8 = matches!(t.dtype, Dtype::F8_E4M3 | Dtype::F8_E5M2)
+                && t.shape.len() == 2
+                && t.name.ends_with(".weight");
+            if companion || (scaled && fp8) {
+                let file = ck.file_of(t).name();
+                let tensor = t.name.clone();
+                return Err(match companion {
+                    true => PlanError::QuantizeStrayCompanion {
+                        scheme,
+                        file,
+                        tensor,
+                    },
+                    false => PlanError::QuantizeUnscaledFp8 {
+                        scheme,
+                        file,
+                        tensor,
+                        dtype: t.dtype,
+                    },
+                });
+            }
+        }
+        Ok(())
     }
 
     /// How source tensor `index` (`t`) is written: quantized, or in

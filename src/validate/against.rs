@@ -128,8 +128,12 @@ pub fn compare(
     let written = options.unwrap_or(&defaults).written_dtype();
     let mut requant = match &quant {
         Some(_) => None,
-        None => crate::quant::detect(ck)?.and_then(|q| Requantized::of(ck, &q, &source, &written)),
+        None => crate::quant::detect(ck)?
+            .and_then(|q| Requantized::of(ck, &q, &source, options, &written)),
     };
+    for failure in requant.iter().flat_map(|r| r.layout.clone()) {
+        report.fail(failure);
+    }
     for (tensor, reason) in requant.iter().flat_map(|r| &r.unknown) {
         let file = ck
             .tensors

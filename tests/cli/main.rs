@@ -32,6 +32,7 @@ mod proof;
 mod pytorch;
 mod quant;
 mod quantize_fp8;
+mod quantize_review;
 mod quantize_scaled;
 mod readers;
 mod snapshots;

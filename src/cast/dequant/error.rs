@@ -27,6 +27,13 @@ pub enum DequantError {
     },
     #[error("tensor {tensor:?}: its rows cannot be put back in Hugging Face order: {reason}")]
     Rows { tensor: String, reason: String },
+    #[error("{file}: tensor {tensor:?}: {count} {} infinite in {work} (inf in the source, or past {work}'s range), which no FP8 scale holds; use --on-overflow saturate or inf to clamp {} to the largest code", if *.count == 1 { "value is" } else { "values are" }, if *.count == 1 { "it" } else { "them" })]
+    NotFinite {
+        file: String,
+        tensor: String,
+        count: u64,
+        work: Dtype,
+    },
     #[error("tensor {tensor:?}: {from} codes cannot be dequantized to {to}")]
     Unsupported {
         tensor: String,

@@ -14,7 +14,9 @@
 //! - [`Recipe::PerChannel`], compressed-tensors' `calculate_qparams` and
 //!   `quantize` (llm-compressor's `FP8_DYNAMIC` weights): per output row,
 //!   `scale = w(amax / 448)` stored in the working dtype, a zero scale
-//!   replaced by the dtype's epsilon; `codes = fp8(clamp(w(x / scale)))`.
+//!   replaced by the dtype's epsilon; `codes = fp8(clamp(w(x / scale) +
+//!   0))`: compressed-tensors adds its zero point (0) before the clamp,
+//!   which turns -0.0 into +0.0 (code 0x00; the other schemes keep 0x80).
 //! - [`Recipe::Block`], transformers' FineGrainedFP8 quantizer (the
 //!   DeepSeek layout), all in f32: per block `s = 448 / amax` (1 for an
 //!   all-zero block; computed as torch computes a scalar divided by a
@@ -26,7 +28,12 @@
 //! Deviations, each on inputs the references turn into NaN: a per-tensor
 //! scale that would be zero (an all-zero tensor) is 1, so the codes are
 //! zeros rather than `0 * inf`; NaN values are left out of the absmax (they
-//! stay NaN in the codes) rather than making every code NaN.
+//! stay NaN in the codes) rather than making every code NaN. Values that
+//! are infinite in the working dtype (an `inf` in the source, or a finite
+//! value past the working dtype's range) would make the references' scale
+//! infinite and every code NaN: the stream refuses them under
+//! `--on-overflow error` and otherwise leaves them out of the absmax, so
+//! their codes clamp to ±448 ([`finite_abs_max`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -171,6 +178,23 @@ pub fn abs_max(from: Dtype, bytes: &[u8]) -> f32 {
     }
 }
 
+/// The largest magnitude of the values in `bytes` that stay finite in
+/// `work`, and how many become infinite there (NaN is neither): the slow
+/// path of [`abs_max`], for the rare run whose absmax does not.
+pub fn finite_abs_max(from: Dtype, work: Dtype, bytes: &[u8]) -> (f32, u64) {
+    let n = bytes.len() / (from.bits() / 8) as usize;
+    let (mut amax, mut infinite) = (0f32, 0u64);
+    for i in 0..n {
+        let v = source_value(from, bytes, i).0.abs();
+        if round_to(work, v).is_infinite() {
+            infinite += 1;
+        } else if !v.is_nan() {
+            amax = amax.max(v);
+        }
+    }
+    (amax, infinite)
+}
+
 /// One block's scale, as the codes are made with it and as it is stored.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Scale {
@@ -249,7 +273,7 @@ fn epsilon(work: Dtype) -> f32 {
 pub fn code(recipe: Recipe, work: Dtype, x: f32, scale: &Scale) -> u8 {
     let t = match recipe {
         Recipe::PerTensor => round_to(work, x * scale.apply),
-        Recipe::PerChannel => round_to(work, x / scale.apply),
+        Recipe::PerChannel => round_to(work, x / scale.apply) + 0.0,
         Recipe::Block { .. } => x * scale.apply,
     };
     e4m3_code(t)
@@ -279,11 +303,19 @@ pub fn e4m3_values() -> &'static [f32; 256] {
 pub struct QuantQuality {
     /// Finite elements measured.
     pub elements: u64,
+    /// Elements not measured: a NaN or infinite source value, or a NaN
+    /// code (reported, never taken for zeros).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub not_finite: u64,
     /// Largest |source - dequantized|.
     pub max_abs_error: f64,
     /// Sum of source squared, and of the error squared.
     pub sum_sq_source: f64,
     pub sum_sq_error: f64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 // The fields are never NaN: non-finite elements are not measured.
@@ -300,6 +332,7 @@ impl QuantQuality {
         let finite = e.is_finite();
         let (x, e) = if finite { (x, e) } else { (0.0, 0.0) };
         self.elements += u64::from(finite);
+        self.not_finite += u64::from(!finite);
         self.max_abs_error = self.max_abs_error.max(e.abs());
         self.sum_sq_source += x * x;
         self.sum_sq_error += e * e;
@@ -322,6 +355,7 @@ impl QuantQuality {
 impl std::ops::AddAssign for QuantQuality {
     fn add_assign(&mut self, rhs: QuantQuality) {
         self.elements += rhs.elements;
+        self.not_finite += rhs.not_finite;
         self.max_abs_error = self.max_abs_error.max(rhs.max_abs_error);
         self.sum_sq_source += rhs.sum_sq_source;
         self.sum_sq_error += rhs.sum_sq_error;
@@ -381,12 +415,33 @@ mod tests {
     }
 
     #[test]
+    fn negative_zero_keeps_its_sign_except_per_channel() {
+        // torch keeps -0.0's sign through `x * s` and `.to(float8)`;
+        // compressed-tensors adds its zero point (0) after the division,
+        // which makes it +0.0. A negative value that rounds to zero in FP8
+        // is -0.0 under every scheme.
+        for work in [Dtype::F32, Dtype::F16, Dtype::BF16] {
+            for (r, want) in [
+                (Recipe::PerTensor, 0x80),
+                (Recipe::PerChannel, 0x00),
+                (Recipe::Block { rows: 1, cols: 1 }, 0x80),
+            ] {
+                let s = Scale::of(r, work, 1.0);
+                assert_eq!(code(r, work, -0.0, &s), want, "{r:?} {work}");
+                let tiny = round_to(work, -1e-7);
+                assert_eq!(code(r, work, tiny, &s), 0x80, "{r:?} {work}");
+            }
+        }
+    }
+
+    #[test]
     fn quality_sums_add_up() {
         let mut q = QuantQuality::default();
         q.add(1.0, 0.5);
         q.add(-2.0, -2.0);
         q.add(f64::NAN, 0.0);
         assert_eq!(q.elements, 2);
+        assert_eq!(q.not_finite, 1);
         assert_eq!(q.max_abs_error, 0.5);
         assert_eq!(q.relative_rms(), Some((0.25f64 / 5.0).sqrt()));
         assert!((q.snr_db().unwrap() - 10.0 * 20f64.log10()).abs() < 1e-12);

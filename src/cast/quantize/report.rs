@@ -18,6 +18,14 @@ pub struct TensorQuality {
     pub relative_rms: Option<f64>,
     /// `None` for a tensor of zeros, or one quantized exactly.
     pub snr_db: Option<f64>,
+    /// Elements not measured (NaN or infinite; see
+    /// [`QuantQuality::not_finite`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub not_finite: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl TensorQuality {
@@ -27,6 +35,7 @@ impl TensorQuality {
             max_abs_error: q.max_abs_error,
             relative_rms: q.relative_rms(),
             snr_db: q.snr_db(),
+            not_finite: q.not_finite,
         }
     }
 }

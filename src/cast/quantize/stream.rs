@@ -11,10 +11,11 @@
 //! and one block row of scales, whatever the tensor.
 
 use super::recipe::{
-    abs_max, e4m3_code, e4m3_values, round_to, source_value, QuantQuality, Recipe, Scale,
+    abs_max, e4m3_code, e4m3_values, finite_abs_max, round_to, source_value, QuantQuality, Recipe,
+    Scale,
 };
 use crate::cast::dequant::{Chunk, ChunkStream, DequantError};
-use crate::cast::policy::CastStats;
+use crate::cast::policy::{CastStats, OverflowPolicy};
 use crate::format::read::{SourceReader, TensorBytes};
 use crate::format::{Dtype, Tensor};
 
@@ -42,6 +43,10 @@ pub struct QuantizeStream<'a> {
     recipe: Recipe,
     work: Dtype,
     part: Part,
+    policy: OverflowPolicy,
+    /// Values infinite in the working dtype, left out of the scales
+    /// (under `--on-overflow saturate` or `inf`).
+    infinite: u64,
     rows: u64,
     cols: u64,
     block_rows: u64,
@@ -65,13 +70,16 @@ pub struct QuantizeStream<'a> {
 
 impl<'a> QuantizeStream<'a> {
     /// Starts quantizing `tensor` (a 2-D F32, F16, BF16 or F64 weight)
-    /// with `recipe` in working dtype `work`, writing `part`.
+    /// with `recipe` in working dtype `work`, writing `part`. `policy`
+    /// decides what a value infinite in `work` does: refuses the tensor
+    /// (`error`), or is left out of the scale and clamped to ±448.
     pub fn open(
         reader: &'a SourceReader,
         tensor: &'a Tensor,
         recipe: Recipe,
         work: Dtype,
         part: Part,
+        policy: OverflowPolicy,
     ) -> Result<Self, DequantError> {
         let float = matches!(
             tensor.dtype,
@@ -105,6 +113,8 @@ impl<'a> QuantizeStream<'a> {
             recipe,
             work,
             part,
+            policy,
+            infinite: 0,
             rows,
             cols,
             block_rows,
@@ -160,7 +170,13 @@ impl<'a> QuantizeStream<'a> {
             while i < n {
                 let run = (block_cols - col % block_cols).min(cols - col).min(n - i);
                 let slot = &mut self.amax[(row / block_rows) * row_scales + col / block_cols];
-                let a = abs_max(self.tensor.dtype, &bytes[i * in_elem..(i + run) * in_elem]);
+                let values = &bytes[i * in_elem..(i + run) * in_elem];
+                let mut a = abs_max(self.tensor.dtype, values);
+                if round_to(self.work, a).is_infinite() {
+                    let (finite, infinite) = finite_abs_max(self.tensor.dtype, self.work, values);
+                    a = finite;
+                    self.infinite += infinite;
+                }
                 *slot = slot.max(a);
                 i += run;
                 col += run;
@@ -171,6 +187,9 @@ impl<'a> QuantizeStream<'a> {
             }
             left -= n as u64;
         }
+        if self.infinite > 0 && self.policy == OverflowPolicy::Error {
+            return Err(self.not_finite());
+        }
         let (recipe, work) = (self.recipe, self.work);
         self.scales.clear();
         self.scales.extend(
@@ -180,6 +199,19 @@ impl<'a> QuantizeStream<'a> {
         );
         self.group = Some((s, count));
         Ok(())
+    }
+
+    fn not_finite(&self) -> DequantError {
+        let (_, path) = self.reader.file(self.tensor.file);
+        DequantError::NotFinite {
+            file: path.file_name().map_or_else(
+                || path.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            ),
+            tensor: self.tensor.name.clone(),
+            count: self.infinite,
+            work: self.work,
+        }
     }
 
     /// True once every output byte has been written.
@@ -303,8 +335,12 @@ impl ChunkStream for QuantizeStream<'_> {
         QuantizeStream::fill(self, buf)
     }
     fn stats(&self) -> CastStats {
-        // Clamping is the scheme's rule, never an overflow to refuse.
-        CastStats::default()
+        // Clamping finite values is the scheme's rule; values infinite in
+        // the working dtype were refused under `error` or clamped.
+        CastStats {
+            overflow: self.infinite,
+            ..CastStats::default()
+        }
     }
     fn min_buffer(&self) -> u64 {
         QuantizeStream::min_buffer(self)
@@ -482,8 +518,10 @@ impl<'b> Batch<'b> {
                 }
             }
             Recipe::PerChannel => {
+                // + 0: compressed-tensors adds its zero point, so -0.0
+                // becomes +0.0 (see `recipe::code`).
                 for x in &mut t[..n] {
-                    *x = round_to(work, *x / scale.apply);
+                    *x = round_to(work, *x / scale.apply) + 0.0;
                 }
             }
             Recipe::Block { .. } => {
@@ -498,8 +536,12 @@ impl<'b> Batch<'b> {
         let values = e4m3_values();
         let stored = f64::from(scale.stored);
         for k in 0..n {
+            // An f64 past f32's range is infinite where it is quantized:
+            // not measured, as an inf is (its square would overflow).
             let reference = match self.from {
-                Dtype::F64 => source_value(self.from, self.bytes, k).1,
+                Dtype::F64 if self.values[k].is_finite() => {
+                    source_value(self.from, self.bytes, k).1
+                }
                 _ => f64::from(self.values[k]),
             };
             let back = f64::from(values[out[k] as usize]) * stored;

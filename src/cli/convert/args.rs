@@ -48,6 +48,7 @@ pub struct Args {
 
 /// The options `convert` and `batch` share.
 #[derive(Debug, Clone, clap::Args)]
+#[command(group(clap::ArgGroup::new("narrows").args(["dtype", "quantize"]).multiple(true)))]
 pub struct ConvertArgs {
     /// Largest shard (tensor bytes). IEC units (KiB, MiB, GiB) are powers of
     /// 1024; SI units (KB, MB, GB) are powers of 1000, as Hugging Face uses.
@@ -95,8 +96,9 @@ pub struct ConvertArgs {
     /// (repeatable; the family's keep list does not apply to them).
     #[arg(long, value_name = "GLOB", requires = "quantize")]
     pub quantize_only: Vec<String>,
-    /// What to do with values too large for --dtype.
-    #[arg(long, value_enum, default_value = "error", requires = "dtype")]
+    /// What to do with values too large for --dtype (with --quantize:
+    /// also values infinite in the dtype a weight is quantized in).
+    #[arg(long, value_enum, default_value = "error", requires = "narrows")]
     pub on_overflow: OverflowArg,
     /// Write only the first name of tensors that share one storage.
     #[arg(long)]
