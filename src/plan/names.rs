@@ -45,3 +45,68 @@ pub(crate) fn check(ck: &Checkpoint, planned: &[PlannedTensor]) -> Result<(), Pl
         name: planned[a].name.clone(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{DataRef, Dtype, Format, Layout, SourceFile, Tensor};
+    use crate::plan::TensorInput;
+
+    fn ck() -> Checkpoint {
+        let tensor = |name: &str| Tensor {
+            name: name.into(),
+            dtype: Dtype::U8,
+            shape: vec![1],
+            len: 1,
+            file: 0,
+            data: DataRef::Contiguous { offset: 0 },
+        };
+        Checkpoint {
+            dir: "m".into(),
+            format: Format::Safetensors,
+            layout: Layout::Single,
+            prefix: "model".into(),
+            files: vec![SourceFile {
+                path: "m/model.safetensors".into(),
+                size: 2,
+                mtime_ns: 0,
+            }],
+            tensors: vec![tensor("a_blocks"), tensor("b")],
+            metadata: Default::default(),
+            findings: Vec::new(),
+        }
+    }
+
+    fn planned(name: &str, tensor: usize) -> PlannedTensor {
+        PlannedTensor {
+            name: name.into(),
+            input: TensorInput::Source { tensor },
+            source_dtype: Dtype::U8,
+            dtype: Dtype::U8,
+            shape: vec![1],
+            len: 1,
+            offset: 0,
+            after: None,
+        }
+    }
+
+    #[test]
+    fn derived_names_pass_the_readers_rules_naming_the_source() {
+        let ck = ck();
+        check(&ck, &[planned("a", 0), planned("b", 1)]).unwrap();
+        for bad in ["", "__metadata__"] {
+            let err = check(&ck, &[planned(bad, 0), planned("b", 1)]).unwrap_err();
+            assert!(
+                matches!(&err, PlanError::BadOutputName { file, tensor, name, .. }
+                    if file == "model.safetensors" && tensor == "a_blocks" && name == bad),
+                "{err}"
+            );
+        }
+        let err = check(&ck, &[planned("b", 0), planned("b", 1)]).unwrap_err();
+        assert!(
+            matches!(&err, PlanError::OutputNameTwice { first, second, .. }
+                if first == "a_blocks" && second == "b"),
+            "{err}"
+        );
+    }
+}
