@@ -145,6 +145,7 @@ fn safetensors_header(
         reason,
     };
     check_metadata_len(path, metadata)?;
+    let metadata_bytes = metadata_len(metadata);
     let tensors = shard
         .tensors
         .iter()
@@ -188,7 +189,11 @@ fn safetensors_header(
             path: path.to_path_buf(),
             len: json.len() as u64,
             max,
-            what: format!("{} tensor entries", shard.tensors.len()),
+            what: format!(
+                "{} tensor entries and a __metadata__ of {} bytes",
+                shard.tensors.len(),
+                metadata_bytes
+            ),
         });
     }
     let mut out = Vec::with_capacity(8 + json.len());
@@ -201,15 +206,14 @@ fn safetensors_header(
 /// are longer than the reader's header limit (the merged `__metadata__` of
 /// several source shards), naming its largest key.
 fn check_metadata_len(path: &Path, metadata: &BTreeMap<String, String>) -> Result<(), WriteError> {
-    let entry = |(k, v): (&String, &String)| (k.len() as u64).saturating_add(v.len() as u64);
-    let len = metadata.iter().map(entry).fold(0, u64::saturating_add);
+    let len = metadata_len(metadata);
     let max = crate::format::safetensors::MAX_HEADER;
     if len <= max {
         return Ok(());
     }
     let (key, value) = metadata
         .iter()
-        .max_by_key(|&(k, v)| entry((k, v)))
+        .max_by_key(|&(k, v)| k.len().saturating_add(v.len()))
         .map_or(("", 0), |(k, v)| (k.as_str(), v.len()));
     Err(WriteError::HeaderTooLarge {
         path: path.to_path_buf(),
@@ -221,6 +225,14 @@ fn check_metadata_len(path: &Path, metadata: &BTreeMap<String, String>) -> Resul
             crate::names::escape(key)
         ),
     })
+}
+
+/// Bytes of `metadata`'s keys and values: less than its JSON.
+fn metadata_len(metadata: &BTreeMap<String, String>) -> u64 {
+    metadata
+        .iter()
+        .map(|(k, v)| (k.len() as u64).saturating_add(v.len() as u64))
+        .fold(0, u64::saturating_add)
 }
 
 /// The order of `tensors` in a safetensors shard (see
@@ -531,7 +543,7 @@ mod tests {
             .header_bytes(Path::new("m"), &shard(), &metadata)
             .unwrap_err();
         assert!(
-            matches!(&err, WriteError::HeaderTooLarge { what, .. } if what == "2 tensor entries"),
+            matches!(&err, WriteError::HeaderTooLarge { what, .. } if what.starts_with("2 tensor entries and a __metadata__ of ")),
             "{err}"
         );
         // Over it in the metadata alone: refused before any JSON is made.

@@ -101,7 +101,8 @@ fn mxfp4_blocks_stored_as_i8_are_refused_naming_the_dtype() {
 
 /// Two shards, each with its own 17 MiB `__metadata__` value: each header
 /// is within the reader's 32 MiB, their merge is not. convert once wrote a
-/// 35.6 MB header (that its own validate refused) at a 290 MB peak RSS.
+/// 35.6 MB header (that its own validate refused) at a 290 MB peak RSS;
+/// the merge is now refused as it is read.
 #[test]
 fn merged_metadata_over_the_header_limit_is_refused_before_writing() {
     let tmp = tempfile::tempdir().unwrap();
@@ -127,17 +128,40 @@ fn merged_metadata_over_the_header_limit_is_refused_before_writing() {
     let Some((out, peak_kib)) = run_measured(&args, Duration::from_secs(300)) else {
         return;
     };
-    assert_refused(&out, "over the 33554432 bytes reshard's reader accepts");
-    assert!(
-        stderr_of(&out).contains("__metadata__ (3 keys, merged from the source)"),
-        "{}",
-        stderr_of(&out)
+    assert_refused(
+        &out,
+        "model-00002-of-00002.safetensors: __metadata__ key \"b\": with the earlier shards' __metadata__ it makes 35651594 bytes, over the 33554432 bytes",
     );
     assert!(!dst.exists(), "nothing was written, not even DST");
     assert!(peak_kib < PEAK_KIB, "peak RSS {peak_kib} KiB");
 }
 
-/// What the refusal may cost: the two 17 MiB headers as read and their
-/// merged metadata, with room for the allocator; the run that wrote the
-/// header peaked at 290 MB.
-const PEAK_KIB: u64 = 160 << 10;
+/// What the refusal may cost: the first shard's 17 MiB metadata and the
+/// second's header as read (64 MB measured, debug build); the run that
+/// wrote the header peaked at 290 MB.
+const PEAK_KIB: u64 = 110 << 10;
+
+/// A source header of 32 MiB less 2 bytes without `"format": "pt"`: the
+/// output's, which adds it, is 16 bytes over (padded) the reader's limit. It is
+/// refused while planning, before DST exists, naming the shard.
+#[test]
+fn an_output_header_over_the_readers_limit_is_refused_before_writing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("model.safetensors");
+    let max = 32usize << 20;
+    let header = |v: &str| json!({"__metadata__": {"k": v}, "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}});
+    let bare = serde_json::to_vec(&header("")).unwrap().len();
+    let json = serde_json::to_vec(&header(&"v".repeat(max - 2 - bare))).unwrap();
+    assert_eq!(json.len(), max - 2);
+    let mut padded = json;
+    padded.extend(b"  ");
+    write_safetensors_raw(&src, &padded, &[0; 4]);
+    let dst = tmp.path().join("out");
+    let out = convert_out(&src, &dst, &[]);
+    assert_refused(
+        &out,
+        "shard header for model.safetensors: 33554448 bytes or more, over the 33554432 bytes reshard's reader accepts",
+    );
+    assert!(stderr_of(&out).contains("1 tensor entries and a __metadata__ of "));
+    assert!(!dst.exists(), "nothing was written, not even DST");
+}
