@@ -69,3 +69,34 @@ fn one_block_row_of_many_scales_stays_within_the_window() {
         assert_eq!(f32::from_bits(u32::from(v) << 16), want, "column {k}");
     }
 }
+
+/// A block row wider than one segment, met by two weight rows (`[2, 1]`
+/// blocks): each weight row reads the row's segments again from its
+/// start, and every column gets its own scale.
+#[test]
+fn a_block_row_wider_than_a_segment_is_read_again_for_each_weight_row() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let cols = 40_000u64;
+    let name = "model.layers.0.mlp.up_proj.weight";
+    let header = json!({
+        name: {"dtype": "F8_E4M3", "shape": [2, cols], "data_offsets": [0, 2 * cols]},
+        format!("{name}_scale_inv"): {"dtype": "F32", "shape": [1, cols], "data_offsets": [2 * cols, 6 * cols]},
+    });
+    let scale = |k: u64| 2f32.powi((k % 7) as i32 - 3);
+    let mut data = vec![0x38u8; 2 * cols as usize];
+    data.extend((0..cols).flat_map(|k| scale(k).to_le_bytes()));
+    write_safetensors(&src.join("model.safetensors"), &header, &data);
+    let config =
+        json!({"quantization_config": {"quant_method": "fp8", "weight_block_size": [2, 1]}});
+    std::fs::write(src.join("config.json"), config.to_string()).unwrap();
+    let dst = tmp.path().join("dst");
+    convert(&src, &dst, &["--dtype", "f32"]).success();
+    let bytes = std::fs::read(dst.join("model.safetensors")).unwrap();
+    let data = &bytes[bytes.len() - 8 * cols as usize..];
+    for (i, v) in data.chunks_exact(4).enumerate() {
+        let v = f32::from_le_bytes(v.try_into().unwrap());
+        assert_eq!(v, scale(i as u64 % cols), "element {i}");
+    }
+}
