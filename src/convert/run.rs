@@ -29,6 +29,7 @@ use super::{dst, other};
 pub fn plan_for(ck: &Checkpoint, options: &ConvertOptions) -> Result<Plan, ConvertError> {
     let plan = crate::write::format::plan(ck, &plan_options(ck, options)?)?;
     check_portable(ck, &plan)?;
+    crate::write::format::check_headers(&plan)?;
     crate::plan::check_expanded(ck, &plan, options.allow_expanded)?;
     // A GGUF LLM's config is made from its header: one that cannot be
     // fails the dry run too, not only the run.

@@ -65,10 +65,13 @@ pub enum SplitError {
     },
     #[error("no tensor of {file} is under a known component prefix (model.diffusion_model., first_stage_model., cond_stage_model., conditioner.embedders.N., text_encoders.NAME.); pass --component-prefix NAME=PREFIX")]
     NoComponents { file: String },
-    #[error(
-        "{file}: tensor {tensor:?} is its component prefix alone; there is no name left to write"
-    )]
-    EmptyName { file: String, tensor: String },
+    #[error("{file}: tensor {tensor:?} would be written as {name:?} once its component prefix is stripped: {reason}")]
+    BadName {
+        file: String,
+        tensor: String,
+        name: String,
+        reason: &'static str,
+    },
     #[error("{file}: tensor {tensor:?} {clash}; pass --component-prefix to give them different folder names")]
     NameClash {
         file: String,
@@ -156,10 +159,15 @@ pub fn split(
         let (key, stripped) = match component_of(&t.name, user) {
             Some(c) => {
                 let rest = &t.name[c.prefix.len()..];
-                if rest.is_empty() {
-                    return Err(SplitError::EmptyName {
+                // The reader's rule for names (the planner applies it
+                // again); refused here to name the tensor as the source
+                // has it (`first_stage_model.__metadata__`).
+                if let Some(reason) = crate::format::tensor_names::unholdable(rest) {
+                    return Err(SplitError::BadName {
                         file,
                         tensor: t.name.clone(),
+                        name: rest.to_string(),
+                        reason,
                     });
                 }
                 (c, rest.to_string())

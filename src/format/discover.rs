@@ -346,6 +346,10 @@ fn open_files(dir: &Path, paths: &[PathBuf], format: Format) -> Result<Checkpoin
     let mut tensors: Vec<Tensor> = Vec::new();
     let mut findings = Vec::new();
     let mut metadata = BTreeMap::new();
+    // Bytes of `__metadata__` held for the whole run (merged, and the
+    // values a conflict drops, kept for its finding): within one header's
+    // limit, as one file's are, whatever the number of shards.
+    let mut held = 0u64;
     for (i, path) in paths.iter().enumerate() {
         let file = SourceFile::stat(path).map_err(|e| match e {
             FormatError::Io { path, source } => io_error(&path, source),
@@ -370,6 +374,22 @@ fn open_files(dir: &Path, paths: &[PathBuf], format: Format) -> Result<Checkpoin
             Format::Gguf => return super::gguf::to_checkpoint(path, super::gguf::open(path)?),
         };
         for (key, value) in file_meta {
+            let adds = match metadata.get(&key) {
+                None => key.len() + value.len(),
+                Some(kept) if *kept != value => value.len(),
+                Some(_) => 0,
+            };
+            held = held.saturating_add(adds as u64);
+            if held > safetensors::MAX_HEADER {
+                return Err(FormatError::BadMetadata {
+                    path: path.clone(),
+                    key,
+                    reason: format!(
+                        "with the earlier shards' __metadata__ it makes {held} bytes, over the {} bytes of a header, which every output shard's must fit",
+                        safetensors::MAX_HEADER
+                    ),
+                });
+            }
             match metadata.get(&key) {
                 None => {
                     metadata.insert(key, value);

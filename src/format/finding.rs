@@ -76,6 +76,14 @@ pub enum Finding {
         shape: Vec<u64>,
         expected: String,
     },
+    /// Quantized codes stored in a dtype their scheme does not use
+    /// (gpt-oss's MXFP4 `*_blocks` as I8 rather than U8).
+    QuantCodesDtype {
+        tensor: String,
+        file: String,
+        dtype: String,
+        expected: String,
+    },
     /// The quantization could not be told apart (two schemes, a config
     /// that disagrees with the names) or its config is unreadable; convert
     /// refuses it.
@@ -163,6 +171,11 @@ impl fmt::Display for Finding {
             Finding::QuantScaleShape { tensor, file, shape, expected } => write!(
                 f,
                 "scale {tensor:?} in {} has shape {shape:?}; its weight needs {expected}",
+                names::escape(file)
+            ),
+            Finding::QuantCodesDtype { tensor, file, dtype, expected } => write!(
+                f,
+                "quantized weight {tensor:?} in {} is {dtype}; its codes are read as {expected}",
                 names::escape(file)
             ),
             Finding::QuantUnclear { reason } => write!(f, "{reason}"),

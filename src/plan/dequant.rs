@@ -177,14 +177,36 @@ fn refuse_unscaled(ck: &Checkpoint, q: &Quantization, allow: bool) -> Result<(),
                 })
             }
             (Some(s), None) => {
+                if let Some((dtype, expected)) = codes_dtype(q, &t.name) {
+                    return Err(PlanError::CodesDtype {
+                        file,
+                        tensor: t.name.clone(),
+                        dtype,
+                        expected,
+                    });
+                }
                 return Err(PlanError::BadScale {
                     file: ck.file_of(&ck.tensors[s]).name(),
                     tensor: ck.tensors[s].name.clone(),
                     weight: t.name.clone(),
-                })
+                });
             }
             _ => {}
         }
     }
     Ok(())
+}
+
+/// The dtype of weight `name`'s codes and the one its scheme reads, when the
+/// detector found them to differ.
+fn codes_dtype(q: &Quantization, name: &str) -> Option<(String, String)> {
+    q.findings.iter().find_map(|f| match f {
+        crate::format::Finding::QuantCodesDtype {
+            tensor,
+            dtype,
+            expected,
+            ..
+        } if tensor == name => Some((dtype.clone(), expected.clone())),
+        _ => None,
+    })
 }

@@ -30,6 +30,13 @@ pub enum PlanError {
         tensor: String,
         weight: String,
     },
+    #[error("{file}: quantized weight {tensor:?} is {dtype}; its codes must be {expected}")]
+    CodesDtype {
+        file: String,
+        tensor: String,
+        dtype: String,
+        expected: String,
+    },
     #[error("--keep-dtype matches quantized weight {tensor:?}; a dequantized output cannot keep some weights quantized")]
     KeepQuantized { tensor: String },
     #[error(
@@ -94,6 +101,20 @@ pub enum PlanError {
         cols: u64,
         scales: u64,
         max: u64,
+    },
+    #[error("{file}: tensor {tensor:?} would be written as {name:?}: {reason}")]
+    BadOutputName {
+        file: String,
+        tensor: String,
+        name: String,
+        reason: &'static str,
+    },
+    #[error("{file}: tensors {first:?} and {second:?} would both be written as {name:?}; a header holds each name once")]
+    OutputNameTwice {
+        file: String,
+        first: String,
+        second: String,
+        name: String,
     },
     #[error("invalid --keep or --quantize-only glob {glob:?}")]
     BadQuantizeGlob {

@@ -11,6 +11,7 @@ pub(crate) mod from_gguf;
 pub mod gguf;
 mod globs;
 pub(crate) mod input;
+mod names;
 pub mod order;
 pub(crate) mod output;
 pub(crate) mod pack;
@@ -189,6 +190,7 @@ impl Plan {
             });
         }
 
+        names::check(ck, &planned)?;
         let items: Vec<Item<order::Block>> = planned
             .iter()
             .map(|t| Item {

@@ -442,6 +442,15 @@ fn mxfp4_weights(ck: &Checkpoint, names: &HashMap<&str, usize>, q: &mut Quantiza
                         groups: g,
                     });
                 }
+                (dtype, &[e, r, g, 16]) if st.shape == [e, r, g] => {
+                    // The shapes fit: the dtype is what is wrong, say so.
+                    q.findings.push(Finding::QuantCodesDtype {
+                        tensor: t.name.clone(),
+                        file: file_of(ck, i),
+                        dtype: dtype.to_string(),
+                        expected: "U8 (two FP4 codes a byte)".into(),
+                    });
+                }
                 _ => {
                     let want = match t.shape.as_slice() {
                         [a, b, c, _] => {

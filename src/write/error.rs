@@ -20,6 +20,14 @@ pub enum WriteError {
     },
     #[error("shard header for {}: {reason}", .path.display())]
     Header { path: PathBuf, reason: String },
+    #[error("shard header for {}: {len} bytes or more, over the {max} bytes reshard's reader accepts, so the output could not be read back: {what}", .path.display())]
+    HeaderTooLarge {
+        path: PathBuf,
+        len: u64,
+        max: u64,
+        /// What makes it that large.
+        what: String,
+    },
 }
 
 impl WriteError {

@@ -59,6 +59,17 @@ pub fn of_plan(plan: &Plan) -> &'static dyn ShardFormat {
     of(plan.options.format)
 }
 
+/// Builds every shard's header of `plan` once, and drops it: a header its
+/// format's reader would refuse (over its size limit) is refused before
+/// anything is written, naming the shard.
+pub fn check_headers(plan: &Plan) -> Result<(), WriteError> {
+    let format = of_plan(plan);
+    for s in &plan.shards {
+        format.header_bytes(Path::new(&s.file), s, &plan.metadata)?;
+    }
+    Ok(())
+}
+
 /// safetensors shards with a Hugging Face index.
 pub struct Safetensors;
 
@@ -133,6 +144,8 @@ fn safetensors_header(
         path: path.to_path_buf(),
         reason,
     };
+    check_metadata_len(path, metadata)?;
+    let metadata_bytes = metadata_len(metadata);
     let tensors = shard
         .tensors
         .iter()
@@ -170,10 +183,56 @@ fn safetensors_header(
     while json.len() % 8 != 0 {
         json.push(b' ');
     }
+    let max = crate::format::safetensors::MAX_HEADER;
+    if json.len() as u64 > max {
+        return Err(WriteError::HeaderTooLarge {
+            path: path.to_path_buf(),
+            len: json.len() as u64,
+            max,
+            what: format!(
+                "{} tensor entries and a __metadata__ of {} bytes",
+                shard.tensors.len(),
+                metadata_bytes
+            ),
+        });
+    }
     let mut out = Vec::with_capacity(8 + json.len());
     out.extend_from_slice(&(json.len() as u64).to_le_bytes());
     out.extend_from_slice(&json);
     Ok(out)
+}
+
+/// Refuses, before any JSON is built, metadata whose keys and values alone
+/// are longer than the reader's header limit (the merged `__metadata__` of
+/// several source shards), naming its largest key.
+fn check_metadata_len(path: &Path, metadata: &BTreeMap<String, String>) -> Result<(), WriteError> {
+    let len = metadata_len(metadata);
+    let max = crate::format::safetensors::MAX_HEADER;
+    if len <= max {
+        return Ok(());
+    }
+    let (key, value) = metadata
+        .iter()
+        .max_by_key(|&(k, v)| k.len().saturating_add(v.len()))
+        .map_or(("", 0), |(k, v)| (k.as_str(), v.len()));
+    Err(WriteError::HeaderTooLarge {
+        path: path.to_path_buf(),
+        len,
+        max,
+        what: format!(
+            "its __metadata__ ({} keys, merged from the source) holds {len} bytes; the largest is {:?} ({value} bytes)",
+            metadata.len(),
+            crate::names::escape(key)
+        ),
+    })
+}
+
+/// Bytes of `metadata`'s keys and values: less than its JSON.
+fn metadata_len(metadata: &BTreeMap<String, String>) -> u64 {
+    metadata
+        .iter()
+        .map(|(k, v)| (k.len() as u64).saturating_add(v.len() as u64))
+        .fold(0, u64::saturating_add)
 }
 
 /// The order of `tensors` in a safetensors shard (see
@@ -472,6 +531,34 @@ mod tests {
                 .collect();
             lay_out(tensors);
         }
+    }
+
+    #[test]
+    fn a_header_the_reader_would_refuse_is_never_built() {
+        let max = crate::format::safetensors::MAX_HEADER as usize;
+        let mut metadata = Safetensors.shard_metadata(&BTreeMap::new());
+        // Within the limit alone, over it once the tensor entries are added.
+        metadata.insert("big".into(), "v".repeat(max - 40));
+        let err = Safetensors
+            .header_bytes(Path::new("m"), &shard(), &metadata)
+            .unwrap_err();
+        assert!(
+            matches!(&err, WriteError::HeaderTooLarge { what, .. } if what.starts_with("2 tensor entries and a __metadata__ of ")),
+            "{err}"
+        );
+        // Over it in the metadata alone: refused before any JSON is made.
+        metadata.insert("bigger".into(), "v".repeat(max));
+        let err = Safetensors
+            .header_bytes(Path::new("m"), &shard(), &metadata)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("the largest is \"bigger\""),
+            "{err}"
+        );
+        metadata.remove("bigger");
+        metadata.insert("big".into(), "v".repeat(max - 200));
+        let header = Safetensors.header_bytes(Path::new("m"), &shard(), &metadata);
+        assert!(header.unwrap().len() <= max + 8);
     }
 
     #[test]

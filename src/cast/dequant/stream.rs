@@ -7,8 +7,13 @@ use super::fp8::{self, code_table, run, scale_decoder};
 use super::mxfp4::expert;
 use crate::cast::policy::{CastStats, OverflowPolicy, TARGETS};
 use crate::format::read::{SourceReader, TensorBytes};
-use crate::format::{Dtype, Tensor};
+use crate::format::{DataRef, Dtype, Tensor};
 use crate::quant::Scheme;
+
+/// Most FP8 scale values a stream holds at once (64 KiB as f32): the
+/// scales of one block row are read in segments of this many, a fixed
+/// overhead beside the window whatever the row's width.
+const SCALE_SEGMENT: u64 = 16 << 10;
 
 /// The output chunk [`DequantStream::fill`] wrote: `buf[start..start + len]`,
 /// from `read` bytes of the weight.
@@ -65,9 +70,12 @@ pub struct DequantStream<'a> {
     policy: OverflowPolicy,
     /// Elements (FP8) or experts (MXFP4) done.
     done: u64,
-    /// FP8: the scale row `row` as f32.
-    row: Option<u64>,
-    row_values: Vec<f32>,
+    /// FP8: scale row `.0` from block column `.1` on, as f32 (at most
+    /// [`SCALE_SEGMENT`] values).
+    segment: Option<(u64, u64)>,
+    segment_values: Vec<f32>,
+    /// FP8: bytes of the scale tensor read through `scales` so far.
+    scales_pos: u64,
     stats: CastStats,
 }
 
@@ -114,8 +122,9 @@ impl<'a> DequantStream<'a> {
             to,
             policy,
             done: 0,
-            row: None,
-            row_values: Vec::new(),
+            segment: None,
+            segment_values: Vec::new(),
+            scales_pos: 0,
             stats: CastStats::default(),
         })
     }
@@ -200,13 +209,19 @@ impl DequantStream<'_> {
         while at < n {
             let pos = self.done + at as u64;
             let (r, c) = (pos / cols, pos % cols);
-            let scale_row = r / block_rows;
-            if self.row != Some(scale_row) {
-                self.load_scale_row(scale_row)?;
+            let (scale_row, block) = (r / block_rows, c / block_cols);
+            let held = |&(row, first): &(u64, u64)| {
+                row == scale_row
+                    && block >= first
+                    && block - first < self.segment_values.len() as u64
+            };
+            if !self.segment.as_ref().is_some_and(held) {
+                self.load_scales(scale_row, block)?;
             }
+            let first = self.segment.map_or(0, |(_, first)| first);
             let run_len = (block_cols - c % block_cols).min(cols - c);
             let run_len = usize::try_from(run_len).unwrap_or(usize::MAX).min(n - at);
-            let s = self.row_values[usize::try_from(c / block_cols).unwrap_or(usize::MAX)];
+            let s = self.segment_values[usize::try_from(block - first).unwrap_or(usize::MAX)];
             self.stats += run(
                 &table,
                 s,
@@ -225,9 +240,13 @@ impl DequantStream<'_> {
         })
     }
 
-    /// Reads scale rows up to `row` (the stream moves forward only: rows of
-    /// a row-major weight meet their scale rows in order).
-    fn load_scale_row(&mut self, row: u64) -> Result<(), DequantError> {
+    /// Holds the scales of block row `row` from block column `block` on,
+    /// [`SCALE_SEGMENT`] at most: a `[1, 2^25]` weight of 1x1 blocks holds
+    /// 64 KiB of scales at a time, not a 128 MiB row outside the window.
+    /// Contiguous scales are read where they are (a block row is met once
+    /// per weight row it covers); others through the stream, reopened when
+    /// a block row is met again.
+    fn load_scales(&mut self, row: u64, block: u64) -> Result<(), DequantError> {
         let Some((size, decode)) = scale_decoder(self.scale.dtype) else {
             return Err(DequantError::ScaleDtype {
                 tensor: self.weight.name.clone(),
@@ -235,15 +254,38 @@ impl DequantStream<'_> {
                 dtype: self.scale.dtype,
             });
         };
-        let per_row = usize::try_from(self.scheme.scale_row()).unwrap_or(usize::MAX);
-        let mut bytes = vec![0u8; per_row * size];
-        let mut next = self.row.map_or(0, |r| r + 1);
-        while next <= row {
+        let per_row = self.scheme.scale_row();
+        let count = per_row.saturating_sub(block).min(SCALE_SEGMENT);
+        // Within the scale tensor, whose shape the scheme was checked
+        // against; the reads check it again.
+        let at = row
+            .saturating_mul(per_row)
+            .saturating_add(block)
+            .saturating_mul(size as u64);
+        let mut bytes = vec![0u8; count as usize * size];
+        if matches!(
+            self.scale.data,
+            DataRef::Contiguous { .. } | DataRef::Blocks { .. }
+        ) {
+            self.reader.read_tensor_at(self.scale, at, &mut bytes)?;
+        } else {
+            if at < self.scales_pos {
+                self.scales = self.reader.tensor_bytes_gathered(self.scale, 0);
+                self.scales_pos = 0;
+            }
+            let mut skip = [0u8; 4096];
+            while self.scales_pos < at {
+                let n = (at - self.scales_pos).min(skip.len() as u64) as usize;
+                self.read_scales(&mut skip[..n])?;
+                self.scales_pos += n as u64;
+            }
             self.read_scales(&mut bytes)?;
-            next += 1;
+            self.scales_pos += bytes.len() as u64;
         }
-        self.row_values = bytes.chunks_exact(size).map(decode).collect();
-        self.row = Some(row);
+        self.segment_values.clear();
+        self.segment_values
+            .extend(bytes.chunks_exact(size).map(decode));
+        self.segment = Some((row, block));
         Ok(())
     }
 }

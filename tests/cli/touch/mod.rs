@@ -9,6 +9,8 @@ mod cancel;
 mod claims;
 mod loader;
 mod manifests;
+mod names;
+mod scales;
 mod shrink;
 
 use std::collections::BTreeMap;
