@@ -19,7 +19,7 @@ pub fn permuted_row(row: u64, head_rows: u64) -> u64 {
 /// `dst` and `src` have the same length, a multiple of one head's bytes.
 pub fn permute_heads(src: &[u8], dst: &mut [u8], head_rows: usize, row_bytes: usize) {
     let head_bytes = head_rows * row_bytes;
-    debug_assert!(head_bytes > 0 && src.len() == dst.len() && src.len() % head_bytes == 0);
+    debug_assert!(head_bytes > 0 && src.len() == dst.len() && src.len().is_multiple_of(head_bytes));
     for (s, d) in src
         .chunks_exact(head_bytes)
         .zip(dst.chunks_exact_mut(head_bytes))

@@ -91,8 +91,8 @@ fn size_label(tensors: &[LlmTensor]) -> Option<String> {
         if t.name.contains("_exps.") && t.shape.len() >= 3 {
             let at = if t.name.contains(".bias") { 2 } else { 3 };
             let count = u128::from(t.shape[t.shape.len() - at]);
-            if count > 0 {
-                expert_params += size / count;
+            if let Some(per_expert) = size.checked_div(count) {
+                expert_params += per_expert;
                 expert_sum += count;
                 n_expert += 1;
             }
@@ -102,8 +102,7 @@ fn size_label(tensors: &[LlmTensor]) -> Option<String> {
         return None;
     }
     let shared = total - expert_total(tensors);
-    Some(if n_expert > 0 {
-        let count = expert_sum / n_expert;
+    Some(if let Some(count) = expert_sum.checked_div(n_expert) {
         format!("{count}x{}", rounded(shared + expert_params))
     } else {
         rounded(total)

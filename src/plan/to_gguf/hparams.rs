@@ -107,9 +107,8 @@ impl Hparams {
         if self.arch == Arch::Llama && absent(&self.map, "head_dim") {
             let n = |k: &str| self.map.get(k).and_then(Json::as_u64);
             if let (Some(hidden), Some(heads)) = (n("hidden_size"), n("num_attention_heads")) {
-                if heads > 0 {
-                    self.map
-                        .insert("head_dim".into(), Json::from(hidden / heads));
+                if let Some(d) = hidden.checked_div(heads) {
+                    self.map.insert("head_dim".into(), Json::from(d));
                 }
             }
         }

@@ -227,12 +227,15 @@ fn permute_heads(hp: &Hparams, name: &str, shape: &[u64]) -> Result<Option<u64>,
     Ok(Some(heads))
 }
 
+/// One block's expert tensors so far: (expert, projection) -> (source
+/// name, shape).
+type Block = BTreeMap<(u64, usize), (String, Vec<u64>)>;
+
 /// Qwen2-MoE's per-expert tensors, collected per block until all
 /// `experts * 3` have arrived (`Qwen2MoeModel.modify_tensors`).
 struct Experts {
     count: u64,
-    /// block -> (expert, projection) -> (source name, shape)
-    pending: BTreeMap<u64, BTreeMap<(u64, usize), (String, Vec<u64>)>>,
+    pending: BTreeMap<u64, Block>,
 }
 
 impl Experts {

@@ -291,3 +291,242 @@ fn names_come_back_through_reshards_gguf_to_hf_names() {
         }
     }
 }
+
+/// The plan's metadata and tensors, read back by reshard's GGUF ->
+/// transformers direction, give the original config.json's numbers and
+/// the original vocabulary. (Llama 3 rope factors are checked against the
+/// converter's bits above: the tiny model's 8 factors hold one between
+/// the bands, too few for the reverse direction to recover the settings.)
+#[test]
+fn config_and_vocab_come_back_through_reshards_gguf_to_hf_direction() {
+    use crate::format::gguf::Metadata;
+    use crate::plan::gguf::{config_json, tokenizer_files};
+    let cases = [
+        ("llama", llm().join("llama/config.json"), Family::Llama),
+        ("qwen2", llm().join("qwen2/config.json"), Family::Qwen2),
+    ];
+    for (model, config, family) in cases {
+        let dir = llm().join(model);
+        let tensors = source_tensors(&[dir.join("model.safetensors")]);
+        let ours = plan(&config, &dir, &tensors, model, 0);
+        let md = Metadata::new(ours.metadata.clone()).unwrap();
+        let gguf_tensors: Vec<_> = ours
+            .tensors
+            .iter()
+            .map(|t| crate::format::gguf::GgufTensor {
+                name: t.name.clone(),
+                ggml_type: GgmlType::F32,
+                shape: t.shape.clone(),
+                file: 0,
+                offset: 0,
+                len: Some(t.shape.iter().product::<u64>() * 4),
+            })
+            .collect();
+        let factors = ours.tensors.iter().find_map(|t| match &t.source {
+            LlmSource::Generated(f) => Some(f.as_slice()),
+            _ => None,
+        });
+        let back: Json = serde_json::from_str(
+            &config_json(
+                family,
+                &md,
+                &gguf_tensors,
+                crate::format::Dtype::F32,
+                factors,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let original: Json = serde_json::from_str(&text(&config)).unwrap();
+        for key in [
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "max_position_embeddings",
+            "rms_norm_eps",
+            "vocab_size",
+            "tie_word_embeddings",
+            "eos_token_id",
+            "bos_token_id",
+            "pad_token_id",
+        ] {
+            assert_eq!(back[key], original[key], "{model} {key}");
+        }
+        let rope = &original["rope_parameters"];
+        for (k, v) in rope.as_object().unwrap() {
+            assert_eq!(
+                &back["rope_parameters"][k],
+                v,
+                "{} rope {k}",
+                config.display()
+            );
+        }
+        let files = tokenizer_files(&md).unwrap();
+        let tok: Json = serde_json::from_str(&files[0].1).unwrap();
+        let orig: Json = serde_json::from_str(&text(&dir.join("tokenizer.json"))).unwrap();
+        assert_eq!(tok["model"]["vocab"], orig["model"]["vocab"], "{model}");
+        assert_eq!(tok["model"]["merges"], orig["model"]["merges"], "{model}");
+    }
+}
+
+/// Runs the plan on the llama fixture with `edit` applied to config.json
+/// and tokenizer.json, returning the error text.
+fn refusal(
+    edit_config: impl FnOnce(&mut Json),
+    edit_tokenizer: impl FnOnce(&mut Json),
+    edit_tensors: impl FnOnce(&mut Vec<(String, Vec<u64>)>),
+) -> String {
+    let dir = llm().join("llama");
+    let mut config: Json = serde_json::from_str(&text(&dir.join("config.json"))).unwrap();
+    edit_config(&mut config);
+    let mut tok = TokenizerFiles::read(&dir).unwrap();
+    let mut tj: Json = serde_json::from_str(tok.tokenizer_json.as_deref().unwrap()).unwrap();
+    edit_tokenizer(&mut tj);
+    tok.tokenizer_json = Some(tj.to_string());
+    let mut tensors = source_tensors(&[dir.join("model.safetensors")]);
+    edit_tensors(&mut tensors);
+    let config = config.to_string();
+    let err = llm_gguf(&LlmInput {
+        config_json: &config,
+        tokenizer: &tok,
+        tensors: &tensors,
+        folder_name: "llama",
+        file_type: 1,
+    })
+    .unwrap_err();
+    err.to_string()
+}
+
+#[test]
+fn refusals_name_what_stops_them() {
+    let keep = |_: &mut Json| {};
+    let all = |_: &mut Vec<(String, Vec<u64>)>| {};
+    let e = refusal(
+        |c| c["architectures"] = serde_json::json!(["GPT2LMHeadModel"]),
+        keep,
+        all,
+    );
+    assert!(
+        e.contains("GPT2LMHeadModel") && e.contains("LlamaForCausalLM"),
+        "{e}"
+    );
+    let e = refusal(keep, keep, |t| {
+        t.push(("model.layers.0.mlp.extra.weight".into(), vec![4]))
+    });
+    assert!(
+        e.contains("model.layers.0.mlp.extra.weight") && e.contains("llama"),
+        "{e}"
+    );
+    let e = refusal(keep, keep, |t| {
+        t.push(("model.layers.01.input_layernorm.weight".into(), vec![4]))
+    });
+    assert!(e.contains("model.layers.01.input_layernorm.weight"), "{e}");
+    let e = refusal(
+        keep,
+        |t| t["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\p{L}+".into(),
+        all,
+    );
+    assert!(
+        e.contains("pre-tokenizer") && e.contains("\\\\p{L}+") && e.contains("llama-bpe"),
+        "{e}"
+    );
+    let e = refusal(keep, |t| t["model"]["ignore_merges"] = false.into(), all);
+    assert!(e.contains("ignore_merges false"), "{e}");
+    let e = refusal(keep, |t| t["model"]["byte_fallback"] = true.into(), all);
+    assert!(e.contains("byte_fallback"), "{e}");
+    let e = refusal(|c| c["vocab_size"] = 100.into(), keep, all);
+    assert!(e.contains("vocab_size 100"), "{e}");
+    let e = refusal(|c| c["num_key_value_heads"] = 3.into(), keep, all);
+    assert!(
+        e.contains("self_attn.k_proj") && e.contains("3 heads"),
+        "{e}"
+    );
+    let e = refusal(
+        |c| c["max_position_embeddings"] = (1u64 << 33).into(),
+        keep,
+        all,
+    );
+    assert!(
+        e.contains("max_position_embeddings") && e.contains("UINT32"),
+        "{e}"
+    );
+    let e = refusal(
+        |c| c["rope_parameters"]["rope_type"] = "longrope".into(),
+        keep,
+        all,
+    );
+    assert!(e.contains("longrope"), "{e}");
+    let e = refusal(keep, keep, |t| t.push(t[0].clone()));
+    assert!(e.contains("appears twice"), "{e}");
+}
+
+#[test]
+fn a_sentencepiece_vocabulary_is_refused() {
+    let dir = llm().join("llama");
+    let mut tok = TokenizerFiles::read(&dir).unwrap();
+    tok.sentencepiece_model = true;
+    let err = llm_gguf(&LlmInput {
+        config_json: &text(&dir.join("config.json")),
+        tokenizer: &tok,
+        tensors: &[],
+        folder_name: "llama",
+        file_type: 1,
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("tokenizer.model"), "{err}");
+}
+
+#[test]
+fn a_block_missing_an_expert_is_refused() {
+    let moe = fixtures().join("tiny-moe-sharded");
+    let shards: Vec<PathBuf> = (1..=3)
+        .map(|i| moe.join(format!("model-0000{i}-of-00003.safetensors")))
+        .collect();
+    let mut tensors = source_tensors(&shards);
+    tensors.retain(|(n, _)| n != "model.layers.1.mlp.experts.2.up_proj.weight");
+    let tok = TokenizerFiles::read(&llm().join("qwen2")).unwrap();
+    let err = llm_gguf(&LlmInput {
+        config_json: &text(&moe.join("config.json")),
+        tokenizer: &tok,
+        tensors: &tensors,
+        folder_name: "qwen2moe",
+        file_type: 1,
+    })
+    .unwrap_err();
+    let e = err.to_string();
+    assert!(
+        e.contains("block 1") && e.contains("model.layers.1.mlp.experts.2.up_proj.weight"),
+        "{e}"
+    );
+}
+
+#[test]
+fn names_and_size_labels_as_gguf_py_writes_them() {
+    assert_eq!(general::id_to_title("qwen2moe"), "Qwen2Moe");
+    assert_eq!(general::id_to_title("llama"), "Llama");
+    assert_eq!(
+        general::id_to_title("Llama-3.2-1B-Instruct"),
+        "Llama 3.2 1B Instruct"
+    );
+    assert_eq!(general::id_to_title("mistral-7b-v0.3"), "Mistral 7b v0.3");
+    let t = |shape: Vec<u64>| LlmTensor {
+        name: "x.weight".into(),
+        source: LlmSource::Generated(vec![]),
+        shape,
+        permute_heads: None,
+        force_f32: false,
+    };
+    let label = |ts: &[LlmTensor]| {
+        let mut kv = kv::Kvs::default();
+        general::write(&mut kv, None, "m", ts);
+        kv.0.iter()
+            .find(|(k, _)| k == "general.size_label")
+            .and_then(|(_, v)| v.as_str().map(str::to_string))
+    };
+    assert_eq!(label(&[t(vec![1000, 8030])]).as_deref(), Some("8.0M"));
+    assert_eq!(label(&[t(vec![113_000])]).as_deref(), Some("113K"));
+    assert_eq!(label(&[t(vec![7_241_732_096])]).as_deref(), Some("7.2B"));
+    assert_eq!(label(&[]), None);
+}
