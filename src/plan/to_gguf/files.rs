@@ -5,11 +5,12 @@
 use std::path::Path;
 
 use crate::format::config::MAX_CONFIG;
-use crate::format::read::read_regular_string;
+use crate::format::read::{read_regular, read_regular_string};
 use crate::format::FormatError;
 
-/// Largest tokenizer.json read: 64 MiB. Real ones are a few MiB (Llama 3's
-/// 9 MB, Qwen2's 7 MB); Gemma 3's, the largest, is 33 MB.
+/// Largest tokenizer.json or tokenizer.model read: 64 MiB. Real ones are a
+/// few MiB (Llama 3's tokenizer.json 9 MB, Qwen2's 7 MB; Llama 2's
+/// tokenizer.model 0.5 MB); Gemma 3's tokenizer.json, the largest, is 33 MB.
 pub const MAX_TOKENIZER_JSON: u64 = 64 << 20;
 
 /// The text of the files convert_hf_to_gguf.py reads for a BPE vocabulary,
@@ -21,9 +22,11 @@ pub struct TokenizerFiles {
     /// `chat_template.jinja`, which gguf-py prefers to chat_template.json.
     pub chat_template_jinja: Option<String>,
     pub chat_template_json: Option<String>,
-    /// Whether `tokenizer.model` (a SentencePiece vocabulary) is there: the
-    /// converter prefers it for Llama and Qwen2, and reshard refuses it.
-    pub sentencepiece_model: bool,
+    /// `tokenizer.model`'s bytes (a SentencePiece vocabulary), which the
+    /// converter prefers for Llama and Qwen2.
+    pub sentencepiece_model: Option<Vec<u8>>,
+    /// added_tokens.json, which the SentencePiece path reads.
+    pub added_tokens_json: Option<String>,
     /// Whether `additional_chat_templates/` is there (named templates
     /// reshard refuses rather than writes half of).
     pub additional_chat_templates: bool,
@@ -44,7 +47,15 @@ impl TokenizerFiles {
             tokenizer_config_json: optional("tokenizer_config.json", MAX_CONFIG)?,
             chat_template_jinja: optional("chat_template.jinja", MAX_CONFIG)?,
             chat_template_json: optional("chat_template.json", MAX_CONFIG)?,
-            sentencepiece_model: dir.join("tokenizer.model").is_file(),
+            sentencepiece_model: match read_regular(
+                &dir.join("tokenizer.model"),
+                MAX_TOKENIZER_JSON,
+            ) {
+                Ok(bytes) => Some(bytes),
+                Err(FormatError::NotFound { .. }) => None,
+                Err(e) => return Err(e),
+            },
+            added_tokens_json: optional("added_tokens.json", MAX_CONFIG)?,
             additional_chat_templates: dir.join("additional_chat_templates").is_dir(),
         })
     }

@@ -43,6 +43,13 @@ impl Kvs {
         }
     }
 
+    /// `add_array` of Python floats, which gguf-py types as FLOAT32.
+    pub(super) fn f32s(&mut self, key: impl Into<String>, v: Vec<f32>) {
+        if !v.is_empty() {
+            self.set(key, Value::Array(Array::F32(v)));
+        }
+    }
+
     /// `add_array` of Python ints, which gguf-py types as INT32.
     pub(super) fn i32s(&mut self, key: impl Into<String>, v: Vec<i32>) {
         if !v.is_empty() {

@@ -15,9 +15,10 @@
 //!
 //! Supported: `LlamaForCausalLM`/`MistralForCausalLM` (`llama`),
 //! `Qwen2ForCausalLM` (`qwen2`), `Qwen2MoeForCausalLM` with per-expert
-//! tensors (`qwen2moe`), with a byte-level BPE tokenizer.json. Refused,
-//! naming what is missing: SentencePiece `tokenizer.model` vocabularies,
-//! pre-tokenizers outside the table in `vocab`, tensors without a name.
+//! tensors (`qwen2moe`), with a byte-level BPE tokenizer.json (`vocab`) or
+//! a SentencePiece tokenizer.model (`spm`). Refused, naming what is
+//! missing: pre-tokenizers outside the table in `vocab`, tensors without a
+//! name, config keys whose meaning reshard does not write.
 
 mod error;
 mod files;
@@ -26,6 +27,7 @@ mod hparams;
 mod kv;
 mod rope;
 mod special;
+mod spm;
 mod tensors;
 #[cfg(test)]
 mod tests;
@@ -103,40 +105,22 @@ pub fn llm_gguf(input: &LlmInput) -> Result<LlmGguf, ToGgufError> {
     })
 }
 
-/// `set_vocab` of the three converter classes: `_set_vocab_gpt2`, after a
-/// SentencePiece attempt (Llama, Qwen2) reshard refuses, and Llama's
-/// `add_space_prefix` and small-Granite rule.
+/// `set_vocab` of the three converter classes: `_set_vocab_sentencepiece`
+/// where Llama or Qwen2 has a tokenizer.model, else `_set_vocab_gpt2`;
+/// Llama's `add_space_prefix` and small-Granite rule.
 fn tokenizer(hp: &Hparams, files: &TokenizerFiles, kv: &mut Kvs) -> Result<(), ToGgufError> {
-    let refuse = |what: &str, why: &str| ToGgufError::UnsupportedTokenizer {
-        what: what.into(),
-        why: why.into(),
-    };
-    if files.sentencepiece_model && hp.arch != Arch::Qwen2Moe {
-        return Err(refuse(
-            "tokenizer.model",
-            "SentencePiece vocabularies (GGUF tokenizer model \"llama\") are not written yet",
-        ));
-    }
-    let text = files.tokenizer_json.as_deref().ok_or_else(|| {
-        refuse(
-            "tokenizer.json",
-            "is missing; reshard reads the vocabulary from it",
-        )
-    })?;
-    let tok = vocab::parse(text)?;
-    let tokenizer_config = match &files.tokenizer_config_json {
-        None => None,
+    let object = |file: &'static str, text: &Option<String>| match text {
+        None => Ok(None),
         Some(t) => match crate::format::config::parse_config(t) {
-            Ok(Json::Object(m)) => Some(m),
-            Ok(_) => None,
-            Err(e) => {
-                return Err(ToGgufError::Json {
-                    file: "tokenizer_config.json",
-                    why: e.to_string(),
-                })
-            }
+            Ok(Json::Object(m)) => Ok(Some(m)),
+            Ok(_) => Ok(None),
+            Err(e) => Err(ToGgufError::Json {
+                file,
+                why: e.to_string(),
+            }),
         },
     };
+    let tokenizer_config = object("tokenizer_config.json", &files.tokenizer_config_json)?;
     if hp.arch == Arch::Llama {
         if let Some(Json::Bool(b)) = tokenizer_config
             .as_ref()
@@ -145,26 +129,54 @@ fn tokenizer(hp: &Hparams, files: &TokenizerFiles, kv: &mut Kvs) -> Result<(), T
             kv.bool("tokenizer.ggml.add_space_prefix", *b);
         }
     }
-    let vocab_size = match hp.find_u32(&["vocab_size"])? {
-        Some(n) => n,
-        None => vocab::implied_size(&tok)?,
-    };
-    let v = vocab::vocab(&tok, vocab_size)?;
-    kv.string("tokenizer.ggml.model", "gpt2");
-    kv.string("tokenizer.ggml.pre", v.pre);
-    kv.strings("tokenizer.ggml.tokens", v.tokens);
-    kv.i32s("tokenizer.ggml.token_type", v.types);
+    let tok = files
+        .tokenizer_json
+        .as_deref()
+        .map(vocab::parse)
+        .transpose()?;
+    let parts = tok
+        .as_ref()
+        .map(|t| (t.added_tokens.as_slice(), &t.post_processor));
     let config = |k: &str| hp.get(k).cloned();
-    let sp = special::load(
-        &tok.added_tokens,
-        &tok.post_processor,
-        tokenizer_config,
-        files,
-        &config,
-    )?;
-    kv.strings("tokenizer.ggml.merges", v.merges);
-    special::write(&sp, kv);
-    if hp.arch == Arch::Llama && vocab_size == 49152 {
+    match (&files.sentencepiece_model, hp.arch) {
+        (Some(model), Arch::Llama | Arch::Qwen2) => {
+            let pieces = spm::pieces(model)?;
+            let size = hp.find_u32(&["vocab_size_per_layer_input", "vocab_size"])?;
+            let added = object("added_tokens.json", &files.added_tokens_json)?;
+            let v = spm::vocab(&pieces, size, added.as_ref(), tokenizer_config.as_ref())?;
+            let n = v.types.len() as u32;
+            kv.string("tokenizer.ggml.model", "llama");
+            kv.string("tokenizer.ggml.pre", "default");
+            kv.strings("tokenizer.ggml.tokens", v.tokens);
+            kv.f32s("tokenizer.ggml.scores", v.scores);
+            kv.i32s("tokenizer.ggml.token_type", v.types);
+            let sp = special::load(parts, tokenizer_config, files, &config, Some(n))?;
+            special::write(&sp, kv);
+        }
+        _ => {
+            let tok = tok
+                .as_ref()
+                .ok_or_else(|| ToGgufError::UnsupportedTokenizer {
+                    what: "tokenizer.json".into(),
+                    why:
+                        "is missing (and no tokenizer.model); reshard reads the vocabulary from it"
+                            .into(),
+                })?;
+            let vocab_size = match hp.find_u32(&["vocab_size"])? {
+                Some(n) => n,
+                None => vocab::implied_size(tok)?,
+            };
+            let v = vocab::vocab(tok, vocab_size)?;
+            kv.string("tokenizer.ggml.model", "gpt2");
+            kv.string("tokenizer.ggml.pre", v.pre);
+            kv.strings("tokenizer.ggml.tokens", v.tokens);
+            kv.i32s("tokenizer.ggml.token_type", v.types);
+            let sp = special::load(parts, tokenizer_config, files, &config, None)?;
+            kv.strings("tokenizer.ggml.merges", v.merges);
+            special::write(&sp, kv);
+        }
+    }
+    if hp.arch == Arch::Llama && hp.find_u32(&["vocab_size"])? == Some(49152) {
         kv.bool("tokenizer.ggml.add_bos_token", false);
     }
     Ok(())

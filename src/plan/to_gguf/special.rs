@@ -17,6 +17,8 @@ use super::vocab::AddedToken;
 pub(super) struct Special {
     types: Vec<&'static str>,
     ids: Vec<(&'static str, u32)>,
+    /// Ids at or past this are skipped (`SpecialVocab(n_vocab=...)`).
+    n_vocab: Option<u32>,
     add: Vec<(&'static str, bool)>,
     chat: Option<Json>,
 }
@@ -81,6 +83,9 @@ impl Special {
             key: format!("{typ}_token"),
             why: format!("id {id} is not a GGUF UINT32 token id"),
         })?;
+        if self.n_vocab.is_some_and(|n| id >= n) {
+            return Ok(()); // gguf-py warns and skips it
+        }
         if !self.ids.iter().any(|(t, _)| *t == typ) {
             self.ids.push((typ, id));
         }
@@ -88,29 +93,37 @@ impl Special {
     }
 }
 
-/// Reads the special tokens. `tokenizer_config` is tokenizer_config.json's
-/// object (`None` when absent), `config` config.json's.
+/// tokenizer.json's parts `SpecialVocab` reads: the added tokens and the
+/// post-processor.
+pub(super) type TokenizerParts<'a> = (&'a [AddedToken], &'a Json);
+
+/// Reads the special tokens. `tokenizer_json` is `None` without a
+/// tokenizer.json, `tokenizer_config` tokenizer_config.json's object
+/// (`None` when absent), `config` config.json's lookup.
 pub(super) fn load(
-    added: &[AddedToken],
-    post_processor: &Json,
+    tokenizer_json: Option<TokenizerParts>,
     tokenizer_config: Option<Map<String, Json>>,
     files: &TokenizerFiles,
     config: &dyn Fn(&str) -> Option<Json>,
+    n_vocab: Option<u32>,
 ) -> Result<Special, ToGgufError> {
     let mut sp = Special {
         types: vec!["bos", "eos", "unk", "sep", "pad", "cls", "mask"],
+        n_vocab,
         ..Special::default()
     };
+    let (added, post_processor) = tokenizer_json.unwrap_or((&[], &Json::Null));
     let mut tc = tokenizer_config.unwrap_or_default();
     let has_tc = !tc.is_empty();
     let get = |tc: &Map<String, Json>, k: &str| tc.get(k).cloned().unwrap_or(Json::Null);
     let (mut bos, mut cls) = (get(&tc, "bos_token"), get(&tc, "cls_token"));
     let (mut eos, mut sep) = (get(&tc, "eos_token"), get(&tc, "sep_token"));
-    if !truthy(&bos) && truthy(&cls) && has_tc {
+    let has_tj = tokenizer_json.is_some();
+    if has_tj && !truthy(&bos) && truthy(&cls) && has_tc {
         bos = cls.clone();
         tc.insert("bos_token".into(), bos.clone());
     }
-    if !truthy(&eos) && truthy(&sep) && has_tc {
+    if has_tj && !truthy(&eos) && truthy(&sep) && has_tc {
         eos = sep.clone();
         tc.insert("eos_token".into(), eos.clone());
     }

@@ -152,6 +152,13 @@ fn json_kv(kv: &Json) -> (String, Value) {
         "FLOAT32" => Value::F32(v.as_f64().unwrap() as f32),
         "BOOL" => Value::Bool(v.as_bool().unwrap()),
         "ARRAY:STRING" => Value::Array(Array::String(strings(v))),
+        "ARRAY:FLOAT32" => Value::Array(Array::F32(
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect(),
+        )),
         "ARRAY:INT32" => Value::Array(Array::I32(
             v.as_array()
                 .unwrap()
@@ -462,20 +469,35 @@ fn refusals_name_what_stops_them() {
     assert!(e.contains("appears twice"), "{e}");
 }
 
+/// A SentencePiece vocabulary (pieces of every type, added_tokens.json,
+/// added_tokens_decoder, padding) as the converter wrote it.
 #[test]
-fn a_sentencepiece_vocabulary_is_refused() {
-    let dir = llm().join("llama");
-    let mut tok = TokenizerFiles::read(&dir).unwrap();
-    tok.sentencepiece_model = true;
-    let err = llm_gguf(&LlmInput {
-        config_json: &text(&dir.join("config.json")),
+fn sentencepiece_matches_the_converter() {
+    let sp = llm().join("to_gguf/llama2spm");
+    let tok = TokenizerFiles::read(&sp).unwrap();
+    assert!(tok.tokenizer_json.is_none() && tok.sentencepiece_model.is_some());
+    let ours = llm_gguf(&LlmInput {
+        config_json: &text(&sp.join("config.json")),
         tokenizer: &tok,
         tensors: &[],
-        folder_name: "llama",
+        folder_name: "llama2spm",
         file_type: 1,
     })
-    .unwrap_err();
-    assert!(err.to_string().contains("tokenizer.model"), "{err}");
+    .unwrap();
+    same_as_view("llama2spm.json", &ours);
+}
+
+#[test]
+fn a_broken_sentencepiece_model_is_refused() {
+    let good = std::fs::read(llm().join("to_gguf/llama2spm/tokenizer.model")).unwrap();
+    for cut in [1, 7, good.len() / 2] {
+        let err = spm::pieces(&good[..cut]).unwrap_err().to_string();
+        assert!(err.contains("tokenizer.model"), "{err}");
+    }
+    assert!(spm::pieces(&[]).is_err());
+    // Field 1, length 200, in 3 bytes.
+    let err = spm::pieces(&[0x0a, 0xc8, 0x01]).unwrap_err().to_string();
+    assert!(err.contains("runs past the end"), "{err}");
 }
 
 #[test]

@@ -186,7 +186,7 @@ pub(super) fn vocab(tok: &TokenizerJson, vocab_size: u32) -> Result<Vocab, ToGgu
 }
 
 /// `does_token_look_special`.
-fn looks_special(t: &str) -> bool {
+pub(super) fn looks_special(t: &str) -> bool {
     matches!(t, "<pad>" | "<mask>" | "<2mass>" | "[@BOS@]")
         || (t.starts_with("<|") && t.ends_with("|>"))
         || (t.starts_with("<\u{ff5c}") && t.ends_with("\u{ff5c}>"))
