@@ -14,10 +14,16 @@ use super::tensors::LlmTensor;
 /// `general.size_label`, after `general.architecture`.
 pub(super) fn write(kv: &mut Kvs, name_or_path: Option<&str>, folder: &str, tensors: &[LlmTensor]) {
     kv.string("general.type", "model");
-    let hub = name_or_path.filter(|n| n.matches('/').count() <= 1 && !n.contains(' '));
-    let (org, full) = match hub.and_then(|n| n.split_once('/')) {
-        Some((org, full)) => ((!org.starts_with('.')).then_some(org), full),
-        None => (None, hub.unwrap_or(folder)),
+    // A local path (two or more slashes) is not a model id.
+    let hub = name_or_path.filter(|n| n.matches('/').count() <= 1);
+    let (org, full) = match hub {
+        // A sentence is a name as it is.
+        Some(n) if n.contains(' ') => (None, n),
+        Some(n) => match n.split_once('/') {
+            Some((org, full)) => ((!org.starts_with('.')).then_some(org), full),
+            None => (None, n),
+        },
+        None => (None, folder),
     };
     kv.string("general.name", &id_to_title(full));
     if let Some(org) = org.filter(|o| !o.is_empty()) {

@@ -533,6 +533,23 @@ fn names_and_size_labels_as_gguf_py_writes_them() {
         "Llama 3.2 1B Instruct"
     );
     assert_eq!(general::id_to_title("mistral-7b-v0.3"), "Mistral 7b v0.3");
+    let name = |name_or_path: Option<&str>| {
+        let mut kv = kv::Kvs::default();
+        general::write(&mut kv, name_or_path, "folder", &[]);
+        kv.0.iter()
+            .filter(|(k, _)| k != "general.type")
+            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        name(Some("meta-llama/Llama-2-7b-hf")),
+        [
+            "general.name=Llama 2 7b Hf",
+            "general.organization=Meta Llama"
+        ]
+    );
+    assert_eq!(name(Some("/home/me/models/x")), ["general.name=Folder"]);
+    assert_eq!(name(Some("my model")), ["general.name=My Model"]);
     let t = |shape: Vec<u64>| LlmTensor {
         name: "x.weight".into(),
         source: LlmSource::Generated(vec![]),
@@ -551,4 +568,91 @@ fn names_and_size_labels_as_gguf_py_writes_them() {
     assert_eq!(label(&[t(vec![113_000])]).as_deref(), Some("113K"));
     assert_eq!(label(&[t(vec![7_241_732_096])]).as_deref(), Some("7.2B"));
     assert_eq!(label(&[]), None);
+}
+
+/// The plan of the llama fixture with tokenizer.json and
+/// tokenizer_config.json edited.
+fn edited(edit_tokenizer: impl FnOnce(&mut Json), edit_config: impl FnOnce(&mut Json)) -> LlmGguf {
+    let dir = llm().join("llama");
+    let mut tok = TokenizerFiles::read(&dir).unwrap();
+    let mut tj: Json = serde_json::from_str(tok.tokenizer_json.as_deref().unwrap()).unwrap();
+    edit_tokenizer(&mut tj);
+    tok.tokenizer_json = Some(tj.to_string());
+    let mut tc: Json = serde_json::from_str(tok.tokenizer_config_json.as_deref().unwrap()).unwrap();
+    edit_config(&mut tc);
+    tok.tokenizer_config_json = Some(tc.to_string());
+    llm_gguf(&LlmInput {
+        config_json: &text(&dir.join("config.json")),
+        tokenizer: &tok,
+        tensors: &[],
+        folder_name: "llama",
+        file_type: 1,
+    })
+    .unwrap()
+}
+
+fn keys(g: &LlmGguf) -> Vec<&str> {
+    g.metadata.iter().map(|(k, _)| k.as_str()).collect()
+}
+
+#[test]
+fn gpt2_byte_level_is_named_gpt_2() {
+    let g = edited(
+        |t| {
+            t["pre_tokenizer"] = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true});
+            t["model"]["ignore_merges"] = false.into();
+        },
+        |_| {},
+    );
+    let pre = g
+        .metadata
+        .iter()
+        .find(|(k, _)| k == "tokenizer.ggml.pre")
+        .unwrap();
+    assert_eq!(pre.1.as_str(), Some("gpt-2"));
+}
+
+#[test]
+fn llamas_add_prefix_space_comes_before_the_vocabulary() {
+    let g = edited(|_| {}, |c| c["add_prefix_space"] = false.into());
+    let k = keys(&g);
+    let at = k
+        .iter()
+        .position(|k| *k == "tokenizer.ggml.add_space_prefix")
+        .unwrap();
+    assert_eq!(k[at + 1], "tokenizer.ggml.model");
+    assert_eq!(g.metadata[at].1, Value::Bool(false));
+}
+
+#[test]
+fn a_template_ending_in_a_token_adds_eos_and_keeps_the_old_one_as_eot() {
+    // tokenizer_config's eos is <|eot_id|> (304); a template that ends in
+    // <|end_of_text|> (301) makes that the EOS and <|eot_id|> the EOT.
+    let g = edited(
+        |t| {
+            let pp = &mut t["post_processor"]["processors"][1];
+            pp["single"] = serde_json::json!([
+                {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}},
+                {"SpecialToken": {"id": "<|end_of_text|>", "type_id": 0}}
+            ]);
+        },
+        |_| {},
+    );
+    let get = |key: &str| {
+        g.metadata
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(get("tokenizer.ggml.eos_token_id"), Some(Value::U32(301)));
+    assert_eq!(get("tokenizer.ggml.eot_token_id"), Some(Value::U32(304)));
+    assert_eq!(get("tokenizer.ggml.add_eos_token"), Some(Value::Bool(true)));
+}
+
+proptest::proptest! {
+    #[test]
+    fn any_bytes_as_a_sentencepiece_model_fail_cleanly(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+        let _ = spm::pieces(&bytes);
+    }
 }
