@@ -465,6 +465,15 @@ fn refusals_name_what_stops_them() {
         all,
     );
     assert!(e.contains("longrope"), "{e}");
+    let e = refusal(
+        keep,
+        |t| t["post_processor"] = serde_json::json!({"x": vec![0; 300_000]}),
+        all,
+    );
+    assert!(
+        e.contains("tokenizer.json") && e.contains("post_processor"),
+        "{e}"
+    );
     let e = refusal(keep, keep, |t| t.push(t[0].clone()));
     assert!(e.contains("appears twice"), "{e}");
 }

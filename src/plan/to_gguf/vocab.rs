@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value as Json;
 
 use crate::format::gguf::value::Strings;
@@ -36,17 +37,39 @@ pub(super) const UNUSED: i32 = 5;
 /// largest real ones hold 262,144.
 pub const MAX_VOCAB: u32 = 1 << 20;
 
-#[derive(Deserialize)]
+/// tokenizer.json as reshard reads it. The normalizer, pre-tokenizer and
+/// post-processor are JSON trees, each parsed with config.json's bound on
+/// the number of values (`crate::format::config::parse_config`).
 pub(super) struct TokenizerJson {
-    #[serde(default)]
     pub(super) added_tokens: Vec<AddedToken>,
-    #[serde(default)]
     normalizer: Json,
-    #[serde(default)]
     pre_tokenizer: Json,
-    #[serde(default)]
     pub(super) post_processor: Json,
     model: Model,
+}
+
+#[derive(Deserialize)]
+struct RawTokenizerJson<'a> {
+    #[serde(default)]
+    added_tokens: Vec<AddedToken>,
+    #[serde(borrow, default)]
+    normalizer: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pre_tokenizer: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    post_processor: Option<&'a RawValue>,
+    model: Model,
+}
+
+/// One of the small trees, bounded; `null` or absent is `Json::Null`.
+fn tree(raw: Option<&RawValue>, field: &str) -> Result<Json, ToGgufError> {
+    match raw.map(|r| r.get().trim()) {
+        None | Some("null") => Ok(Json::Null),
+        Some(text) => crate::format::config::parse_config(text).map_err(|e| ToGgufError::Json {
+            file: FILE,
+            why: format!("{field}: {e}"),
+        }),
+    }
 }
 
 #[derive(Deserialize)]
@@ -80,9 +103,16 @@ enum Merge {
 }
 
 pub(super) fn parse(text: &str) -> Result<TokenizerJson, ToGgufError> {
-    serde_json::from_str(text).map_err(|e| ToGgufError::Json {
+    let raw: RawTokenizerJson = serde_json::from_str(text).map_err(|e| ToGgufError::Json {
         file: FILE,
         why: e.to_string(),
+    })?;
+    Ok(TokenizerJson {
+        normalizer: tree(raw.normalizer, "normalizer")?,
+        pre_tokenizer: tree(raw.pre_tokenizer, "pre_tokenizer")?,
+        post_processor: tree(raw.post_processor, "post_processor")?,
+        added_tokens: raw.added_tokens,
+        model: raw.model,
     })
 }
 
