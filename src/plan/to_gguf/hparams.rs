@@ -18,8 +18,9 @@ const CONFIG: &str = "config.json";
 /// `architectures[0]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
-    /// `LlamaForCausalLM` and `MistralForCausalLM` (`LlamaModel`): q and k
-    /// rows permuted, Llama 3 rope factors as a tensor.
+    /// `LlamaForCausalLM`, `MistralForCausalLM` and `MixtralForCausalLM`
+    /// (`LlamaModel`): q and k rows permuted, Llama 3 rope factors as a
+    /// tensor, Mixtral's per-expert tensors stacked per block.
     Llama,
     /// `Qwen2ForCausalLM`: q/k/v biases, no permutation.
     Qwen2,
@@ -29,8 +30,7 @@ pub enum Arch {
 }
 
 /// The transformers classes reshard maps, for messages.
-pub(super) const KNOWN: &str =
-    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM";
+pub(super) const KNOWN: &str = "LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM";
 
 impl Arch {
     /// `general.architecture` and the prefix of the hyperparameter keys.
@@ -44,7 +44,7 @@ impl Arch {
 
     fn of(class: &str) -> Option<Arch> {
         Some(match class {
-            "LlamaForCausalLM" | "MistralForCausalLM" => Arch::Llama,
+            "LlamaForCausalLM" | "MistralForCausalLM" | "MixtralForCausalLM" => Arch::Llama,
             "Qwen2ForCausalLM" => Arch::Qwen2,
             "Qwen2MoeForCausalLM" => Arch::Qwen2Moe,
             _ => return None,
@@ -75,15 +75,15 @@ impl Hparams {
             .and_then(Json::as_str)
             .ok_or_else(|| missing("architectures"))?
             .to_string();
-        let arch = Arch::of(&class).ok_or(ToGgufError::UnknownArchitecture {
-            arch: class,
+        let arch = Arch::of(&class).ok_or_else(|| ToGgufError::UnknownArchitecture {
+            arch: class.clone(),
             known: KNOWN,
         })?;
         if let Some(Json::Object(text)) = map.get("text_config").cloned() {
             map.extend(text);
         }
         let mut hp = Hparams { map, arch };
-        hp.fill_defaults();
+        hp.fill_defaults(&class);
         Ok(hp)
     }
 
@@ -92,19 +92,38 @@ impl Hparams {
     /// These are the fills of the Llama, Mistral, Qwen2 and Qwen2-MoE config
     /// classes that change what is written; any other missing key is
     /// refused where it is needed, not guessed.
-    fn fill_defaults(&mut self) {
+    fn fill_defaults(&mut self, class: &str) {
         let absent = |m: &Map<String, Json>, k: &str| m.get(k).is_none_or(Json::is_null);
+        // (num_key_value_heads, rms_norm_eps, rope_theta) of each class;
+        // Llama's kv heads default to its attention heads.
+        let (kv, eps, theta) = match class {
+            "LlamaForCausalLM" => (None, 1e-6, 1e4),
+            "MistralForCausalLM" => (Some(8), 1e-6, 1e4),
+            "MixtralForCausalLM" => (Some(8), 1e-5, 1e6),
+            "Qwen2ForCausalLM" => (Some(32), 1e-6, 1e4),
+            _ => (Some(16), 1e-6, 1e4), // Qwen2MoeForCausalLM
+        };
         if absent(&self.map, "num_key_value_heads") {
-            if let Some(h) = self.map.get("num_attention_heads").cloned() {
+            let heads = self.map.get("num_attention_heads").cloned();
+            if let Some(h) = kv.map(Json::from).or(heads) {
                 self.map.insert("num_key_value_heads".into(), h);
             }
         }
         if absent(&self.map, "rms_norm_eps") {
             self.map
-                .insert("rms_norm_eps".into(), serde_json::json!(1e-6));
+                .insert("rms_norm_eps".into(), serde_json::json!(eps));
         }
-        // Llama and Mistral compute head_dim; Qwen2's classes have none.
-        if self.arch == Arch::Llama && absent(&self.map, "head_dim") {
+        let rope_theta_given = ["rope_parameters", "rope_scaling"]
+            .iter()
+            .any(|k| self.map.get(*k).and_then(|r| r.get("rope_theta")).is_some());
+        if !rope_theta_given && absent(&self.map, "rope_theta") {
+            self.map
+                .insert("rope_theta".into(), serde_json::json!(theta));
+        }
+        // LlamaConfig and MistralConfig compute head_dim; Mixtral's and the
+        // Qwen2 classes' stay empty.
+        let computes = matches!(class, "LlamaForCausalLM" | "MistralForCausalLM");
+        if computes && absent(&self.map, "head_dim") {
             let n = |k: &str| self.map.get(k).and_then(Json::as_u64);
             if let (Some(hidden), Some(heads)) = (n("hidden_size"), n("num_attention_heads")) {
                 if let Some(d) = hidden.checked_div(heads) {
@@ -202,10 +221,6 @@ impl Hparams {
                         rp.insert(name.into(), v.clone());
                     }
                 }
-            }
-            if !rp.contains_key("rope_theta") {
-                // transformers' default for these classes.
-                rp.insert("rope_theta".into(), serde_json::json!(10000.0));
             }
             if !rp.contains_key("rope_type") {
                 if let Some(t) = rp.get("type").filter(|t| !t.is_null()).cloned() {

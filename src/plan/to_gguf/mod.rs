@@ -13,9 +13,9 @@
 //! permuting rows with `crate::cast::gguf::permuted_row`. The reverse
 //! direction, GGUF to transformers, is `super::gguf`.
 //!
-//! Supported: `LlamaForCausalLM`/`MistralForCausalLM` (`llama`),
-//! `Qwen2ForCausalLM` (`qwen2`), `Qwen2MoeForCausalLM` with per-expert
-//! tensors (`qwen2moe`), with a byte-level BPE tokenizer.json (`vocab`) or
+//! Supported: `LlamaForCausalLM`, `MistralForCausalLM` and
+//! `MixtralForCausalLM` (`llama`), `Qwen2ForCausalLM` (`qwen2`),
+//! `Qwen2MoeForCausalLM` (`qwen2moe`), MoE experts as per-expert tensors, with a byte-level BPE tokenizer.json (`vocab`) or
 //! a SentencePiece tokenizer.model (`spm`). Refused, naming what is
 //! missing: pre-tokenizers outside the table in `vocab`, tensors without a
 //! name, config keys whose meaning reshard does not write.

@@ -69,7 +69,7 @@ pub(super) fn plan(
         });
     }
     let mut seen = HashSet::new();
-    let mut experts = Experts::new(hp)?;
+    let mut experts = Experts::new(hp);
     for (name, shape) in tensors {
         if !seen.insert(name.as_str()) {
             return Err(ToGgufError::DuplicateTensor {
@@ -98,7 +98,7 @@ pub(super) fn plan(
                 expert,
                 proj,
             } => {
-                experts.add(block, expert, proj, name, shape, &mut out)?;
+                experts.add(hp, (block, expert, proj), name, shape, &mut out)?;
             }
         }
     }
@@ -128,7 +128,9 @@ fn tensor(
 
 enum Mapped {
     Plain(String),
-    /// `model.layers.B.mlp.experts.E.{proj}.weight` of Qwen2-MoE.
+    /// `model.layers.B.mlp.experts.E.{proj}.weight` of Qwen2-MoE,
+    /// `model.layers.B.block_sparse_moe.experts.E.{w1,w2,w3}.weight` of
+    /// Mixtral; `proj` indexes [`expert_projs`].
     Expert {
         block: u64,
         expert: u64,
@@ -136,13 +138,30 @@ enum Mapped {
     },
 }
 
-/// The expert projections in the order the converter writes their
-/// stacks, with their GGUF names.
-const EXPERT_PROJS: [(&str, &str); 3] = [
-    ("down_proj", "ffn_down_exps"),
-    ("gate_proj", "ffn_gate_exps"),
-    ("up_proj", "ffn_up_exps"),
-];
+/// Where an architecture's expert tensors live, and their projections in
+/// the order the converter writes their stacks, with their GGUF names.
+fn expert_projs(arch: Arch) -> (&'static str, &'static [(&'static str, &'static str)]) {
+    match arch {
+        // Qwen2MoeModel.modify_tensors
+        Arch::Qwen2Moe => (
+            "mlp.experts.",
+            &[
+                ("down_proj", "ffn_down_exps"),
+                ("gate_proj", "ffn_gate_exps"),
+                ("up_proj", "ffn_up_exps"),
+            ],
+        ),
+        // LlamaModel.modify_tensors (Mixtral)
+        _ => (
+            "block_sparse_moe.experts.",
+            &[
+                ("w1", "ffn_gate_exps"),
+                ("w2", "ffn_down_exps"),
+                ("w3", "ffn_up_exps"),
+            ],
+        ),
+    }
+}
 
 /// A canonical decimal (`3`, not `03`), as Python's `str.format(bid=3)`
 /// of the map's patterns produces.
@@ -169,6 +188,7 @@ fn map_name(arch: Arch, name: &str) -> Option<Mapped> {
     }
     let weight = suffix == "weight";
     let moe = arch == Arch::Qwen2Moe;
+    let llama = arch == Arch::Llama;
     let gguf = match part {
         "input_layernorm" if weight => "attn_norm",
         "post_attention_layernorm" if weight => "ffn_norm",
@@ -184,9 +204,11 @@ fn map_name(arch: Arch, name: &str) -> Option<Mapped> {
         "mlp.shared_expert.gate_proj" if moe => "ffn_gate_shexp",
         "mlp.shared_expert.up_proj" if moe => "ffn_up_shexp",
         "mlp.shared_expert.down_proj" if moe => "ffn_down_shexp",
-        _ if moe && weight => {
-            let (expert, proj) = part.strip_prefix("mlp.experts.")?.split_once('.')?;
-            let proj = EXPERT_PROJS.iter().position(|(p, _)| *p == proj)?;
+        "block_sparse_moe.gate" if llama && weight => "ffn_gate_inp",
+        _ if (moe || llama) && weight => {
+            let (prefix, projs) = expert_projs(arch);
+            let (expert, proj) = part.strip_prefix(prefix)?.split_once('.')?;
+            let proj = projs.iter().position(|(p, _)| *p == proj)?;
             return Some(Mapped::Expert {
                 block,
                 expert: index(expert)?,
@@ -231,49 +253,63 @@ fn permute_heads(hp: &Hparams, name: &str, shape: &[u64]) -> Result<Option<u64>,
 /// name, shape).
 type Block = BTreeMap<(u64, usize), (String, Vec<u64>)>;
 
-/// Qwen2-MoE's per-expert tensors, collected per block until all
-/// `experts * 3` have arrived (`Qwen2MoeModel.modify_tensors`).
+/// Per-expert tensors, collected per block until all `experts * 3` have
+/// arrived, then stacked (`Qwen2MoeModel.modify_tensors`,
+/// `LlamaModel.modify_tensors` for Mixtral).
 struct Experts {
-    count: u64,
+    /// The expert count, looked up at the first expert tensor as the
+    /// converter does.
+    count: Option<u64>,
+    keys: &'static [&'static str],
+    prefix: &'static str,
+    projs: &'static [(&'static str, &'static str)],
     pending: BTreeMap<u64, Block>,
 }
 
 impl Experts {
-    fn new(hp: &Hparams) -> Result<Experts, ToGgufError> {
-        let count = match hp.arch {
-            Arch::Qwen2Moe => u64::from(hp.require_u32(&["num_local_experts", "num_experts"])?),
-            _ => 0,
+    fn new(hp: &Hparams) -> Experts {
+        let (prefix, projs) = expert_projs(hp.arch);
+        let keys: &'static [&'static str] = match hp.arch {
+            Arch::Qwen2Moe => &["num_local_experts", "num_experts"],
+            _ => &["num_local_experts"],
         };
-        Ok(Experts {
-            count,
+        Experts {
+            count: None,
+            keys,
+            prefix,
+            projs,
             pending: BTreeMap::new(),
-        })
+        }
     }
 
     fn add(
         &mut self,
-        block: u64,
-        expert: u64,
-        proj: usize,
+        hp: &Hparams,
+        (block, expert, proj): (u64, u64, usize),
         name: &str,
         shape: &[u64],
         out: &mut Vec<LlmTensor>,
     ) -> Result<(), ToGgufError> {
-        if expert >= self.count {
+        let count = match self.count {
+            Some(n) => n,
+            None => u64::from(hp.require_u32(self.keys)?),
+        };
+        self.count = Some(count);
+        if expert >= count {
             return Err(bad(
-                "num_experts",
-                format!("is {}, but tensor {name:?} is expert {expert}", self.count),
+                self.keys[0],
+                format!("is {count}, but tensor {name:?} is expert {expert}"),
             ));
         }
         let got = self.pending.entry(block).or_default();
         got.insert((expert, proj), (name.to_string(), shape.to_vec()));
-        if (got.len() as u64) < self.count * 3 {
+        if (got.len() as u64) < count * 3 {
             return Ok(());
         }
         let got = self.pending.remove(&block).unwrap_or_default();
-        for (p, (_, gguf)) in EXPERT_PROJS.iter().enumerate() {
+        for (p, (_, gguf)) in self.projs.iter().enumerate() {
             let members: Vec<&(String, Vec<u64>)> =
-                (0..self.count).filter_map(|e| got.get(&(e, p))).collect();
+                (0..count).filter_map(|e| got.get(&(e, p))).collect();
             let first = &members[0].1;
             if let Some(odd) = members.iter().find(|m| &m.1 != first) {
                 return Err(ToGgufError::BadTensor {
@@ -284,7 +320,7 @@ impl Experts {
                     ),
                 });
             }
-            let mut shape = vec![self.count];
+            let mut shape = vec![count];
             shape.extend_from_slice(first);
             let sources = members.iter().map(|m| m.0.clone()).collect();
             out.push(tensor(
@@ -301,20 +337,17 @@ impl Experts {
         let Some((&block, got)) = self.pending.iter().next() else {
             return Ok(());
         };
-        let missing: Vec<String> = (0..self.count)
-            .flat_map(|e| (0..3).map(move |p| (e, p)))
+        let count = self.count.unwrap_or(0);
+        let (prefix, projs) = (self.prefix, self.projs);
+        let missing: Vec<String> = (0..count)
+            .flat_map(|e| (0..projs.len()).map(move |p| (e, p)))
             .filter(|k| !got.contains_key(k))
             .take(4)
-            .map(|(e, p)| {
-                format!(
-                    "model.layers.{block}.mlp.experts.{e}.{}.weight",
-                    EXPERT_PROJS[p].0
-                )
-            })
+            .map(|(e, p)| format!("model.layers.{block}.{prefix}{e}.{}.weight", projs[p].0))
             .collect();
         Err(ToGgufError::MissingExperts {
             block,
-            experts: self.count,
+            experts: count,
             missing: missing.join(", "),
         })
     }

@@ -665,3 +665,44 @@ proptest::proptest! {
         let _ = spm::pieces(&bytes);
     }
 }
+
+/// Mixtral (llama architecture): experts stacked w1, w2, w3 as
+/// ffn_gate_exps, ffn_down_exps, ffn_up_exps, the router in F32, q/k rows
+/// permuted, no key_length (MixtralConfig leaves head_dim empty).
+#[test]
+fn mixtral_matches_the_converter() {
+    let view: Json = serde_json::from_str(&text(&llm().join("to_gguf/mixtral.json"))).unwrap();
+    let tensors: Vec<(String, Vec<u64>)> = view["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let shape = s[1].as_array().unwrap().iter().map(|d| d.as_u64().unwrap());
+            (s[0].as_str().unwrap().to_string(), shape.collect())
+        })
+        .collect();
+    let config = llm().join("to_gguf/mixtral.config.json");
+    let ours = plan(
+        &config,
+        &llm().join("llama"),
+        &tensors,
+        "mixtral",
+        file_type::MOSTLY_Q8_0,
+    );
+    same_as_view("mixtral.json", &ours);
+    let down = ours
+        .tensors
+        .iter()
+        .find(|t| t.name == "blk.0.ffn_down_exps.weight")
+        .unwrap();
+    let want: Vec<String> = (0..4)
+        .map(|e| format!("model.layers.0.block_sparse_moe.experts.{e}.w2.weight"))
+        .collect();
+    assert_eq!(down.source, LlmSource::Stack(want));
+    let q = ours
+        .tensors
+        .iter()
+        .find(|t| t.name == "blk.1.attn_q.weight")
+        .unwrap();
+    assert_eq!(q.permute_heads, Some(4));
+}
