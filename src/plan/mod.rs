@@ -17,6 +17,7 @@ pub(crate) mod output;
 pub(crate) mod pack;
 pub mod quantize;
 pub mod quantizer;
+pub mod to_gguf;
 mod types;
 
 use std::collections::BTreeMap;
