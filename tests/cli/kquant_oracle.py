@@ -49,7 +49,7 @@ def rows():
     rng = np.random.default_rng(20261202)
     out = []
     for scale in (1.0, 0.02, 1e-3, 300.0, 3e4):
-        out += [rng.standard_normal(ROW) * scale for _ in range(48)]
+        out += [rng.standard_normal(ROW) * scale for _ in range(160)]
     out += [rng.standard_t(df, ROW) * 0.05 for df in (1, 2, 3) for _ in range(32)]
     for _ in range(48):
         r = rng.standard_normal(ROW) * 0.02

@@ -23,6 +23,8 @@ mod q4_k;
 mod q6_k;
 mod round;
 #[cfg(test)]
+mod scalar_tests;
+#[cfg(test)]
 mod tests;
 
 pub use self::error::KQuantError;

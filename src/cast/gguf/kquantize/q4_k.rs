@@ -13,105 +13,145 @@
 use super::round::{nearest_int, to_f16};
 
 /// Values per sub-block, and the largest 4-bit code.
-const SUB: usize = 32;
-const NMAX: u8 = 15;
+pub(super) const SUB: usize = 32;
+pub(super) const NMAX: u8 = 15;
 /// The search: `nstep + 1` reciprocal scales `(rmin + rdelta * is + nmax) /
 /// (max - min)`, as quantize_row_q4_K_ref passes them.
-const RMIN: f32 = -1.0;
-const RDELTA: f32 = 0.1;
-const NSTEP: i32 = 20;
+pub(super) const RMIN: f32 = -1.0;
+pub(super) const RDELTA: f32 = 0.1;
+pub(super) const NSTEP: i32 = 20;
 
 /// The 4-bit code of `x` at reciprocal scale `iscale` above `min`.
 #[inline(always)]
-fn code(iscale: f32, x: f32, min: f32) -> u8 {
+pub(super) fn code(iscale: f32, x: f32, min: f32) -> u8 {
     nearest_int(iscale * (x - min)).clamp(0, i32::from(NMAX)) as u8
 }
 
-/// `make_qkx2_quants` for one sub-block: fills `l` with codes and returns
-/// `(scale, -min)`, `min <= 0` the offset the codes start from.
-fn fit_sub_block(x: &[f32; SUB], w: &[f32; SUB], l: &mut [u8; SUB]) -> (f32, f32) {
+/// Sub-blocks per block: the search runs on all eight at once, one lane
+/// each (`[f32; LANES]` arrays the compiler turns into vector registers).
+/// Each lane does exactly the scalar search's operations in its order, so
+/// the result is the same bit for bit (tests.rs keeps the scalar
+/// `make_qkx2_quants` and compares); only the branches become selects.
+pub(super) const LANES: usize = 8;
+pub(super) type Lanes = [f32; LANES];
+
+/// `f(k)` for every lane.
+#[inline(always)]
+fn each<T>(f: impl FnMut(usize) -> T) -> [T; LANES] {
+    std::array::from_fn(f)
+}
+
+/// `make_qkx2_quants` on the eight sub-blocks at once: `x[i][k]` is value
+/// `i` of sub-block `k`, `w` its weight. Fills `l` the same way with codes
+/// and returns each sub-block's `(scale, -min)`.
+pub(super) fn fit_sub_blocks(
+    x: &[Lanes; SUB],
+    w: &[Lanes; SUB],
+    l: &mut [[u8; LANES]; SUB],
+) -> (Lanes, Lanes) {
     let (mut min, mut max) = (x[0], x[0]);
     let mut sum_w = w[0];
-    let mut sum_x = sum_w * x[0];
+    let mut sum_x = each(|k| sum_w[k] * x[0][k]);
     for i in 1..SUB {
-        if x[i] < min {
-            min = x[i];
+        for k in 0..LANES {
+            min[k] = if x[i][k] < min[k] { x[i][k] } else { min[k] };
+            max[k] = if x[i][k] > max[k] { x[i][k] } else { max[k] };
+            sum_w[k] += w[i][k];
+            sum_x[k] += w[i][k] * x[i][k];
         }
-        if x[i] > max {
-            max = x[i];
-        }
-        sum_w += w[i];
-        sum_x += w[i] * x[i];
     }
-    if min > 0.0 {
-        min = 0.0;
-    }
-    if max == min {
-        *l = [0; SUB];
-        return (0.0, -min);
-    }
+    let mut min = each(|k| if min[k] > 0.0 { 0.0 } else { min[k] });
+    let (flat, flat_min) = (each(|k| max[k] == min[k]), min);
     let nmax = f32::from(NMAX);
-    let iscale = nmax / (max - min);
-    let mut scale = 1.0 / iscale;
-    let mut best_error = 0.0f32;
+    let iscale = each(|k| nmax / (max[k] - min[k]));
+    let mut scale = each(|k| 1.0 / iscale[k]);
+    let mut best_error = [0.0f32; LANES];
     for i in 0..SUB {
-        l[i] = code(iscale, x[i], min);
-        let diff = scale * f32::from(l[i]) + min - x[i];
-        best_error += w[i] * (diff * diff);
+        for k in 0..LANES {
+            l[i][k] = code(iscale[k], x[i][k], min[k]);
+            let diff = scale[k] * f32::from(l[i][k]) + min[k] - x[i][k];
+            best_error[k] += w[i][k] * (diff * diff);
+        }
     }
-    let mut laux = [0u8; SUB];
+    let mut laux = [[0u8; LANES]; SUB];
     for is in 0..=NSTEP {
-        let iscale = (RMIN + RDELTA * is as f32 + nmax) / (max - min);
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
+        let step = RMIN + RDELTA * is as f32 + nmax;
+        // `min` moves when a candidate wins, as in ggml: so does the range.
+        let iscale = each(|k| step / (max[k] - min[k]));
+        let (mut sum_l, mut sum_l2, mut sum_xl) =
+            ([0.0f32; LANES], [0.0f32; LANES], [0.0f32; LANES]);
         for i in 0..SUB {
-            laux[i] = code(iscale, x[i], min);
-            let lf = f32::from(laux[i]);
-            sum_l += w[i] * lf;
-            sum_l2 += w[i] * lf * lf;
-            sum_xl += w[i] * lf * x[i];
+            for k in 0..LANES {
+                laux[i][k] = code(iscale[k], x[i][k], min[k]);
+                let lf = f32::from(laux[i][k]);
+                sum_l[k] += w[i][k] * lf;
+                sum_l2[k] += w[i][k] * lf * lf;
+                sum_xl[k] += w[i][k] * lf * x[i][k];
+            }
         }
-        let det = sum_w * sum_l2 - sum_l * sum_l;
-        if det > 0.0 {
-            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
-            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
-            if this_min > 0.0 {
-                this_min = 0.0;
-                this_scale = sum_xl / sum_l2;
+        let det = each(|k| sum_w[k] * sum_l2[k] - sum_l[k] * sum_l[k]);
+        let fit_min = each(|k| (sum_l2[k] * sum_x[k] - sum_l[k] * sum_xl[k]) / det[k]);
+        let this_min = each(|k| if fit_min[k] > 0.0 { 0.0 } else { fit_min[k] });
+        let this_scale = each(|k| {
+            if fit_min[k] > 0.0 {
+                sum_xl[k] / sum_l2[k]
+            } else {
+                (sum_w[k] * sum_xl[k] - sum_x[k] * sum_l[k]) / det[k]
             }
-            let mut cur_error = 0.0f32;
-            for i in 0..SUB {
-                let diff = this_scale * f32::from(laux[i]) + this_min - x[i];
-                cur_error += w[i] * (diff * diff);
+        });
+        let mut cur_error = [0.0f32; LANES];
+        for i in 0..SUB {
+            for k in 0..LANES {
+                let diff = this_scale[k] * f32::from(laux[i][k]) + this_min[k] - x[i][k];
+                cur_error[k] += w[i][k] * (diff * diff);
             }
-            if cur_error < best_error {
-                *l = laux;
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
+        }
+        // A lane takes the candidate where the scalar search would have.
+        let take = each(|k| det[k] > 0.0 && cur_error[k] < best_error[k]);
+        for i in 0..SUB {
+            for k in 0..LANES {
+                l[i][k] = if take[k] { laux[i][k] } else { l[i][k] };
+            }
+        }
+        for k in 0..LANES {
+            if take[k] {
+                best_error[k] = cur_error[k];
+                scale[k] = this_scale[k];
+                min[k] = this_min[k];
             }
         }
     }
-    (scale, -min)
+    // A flat sub-block returned early in the scalar search: codes 0, scale 0.
+    for k in 0..LANES {
+        if flat[k] {
+            scale[k] = 0.0;
+            min[k] = flat_min[k];
+            for li in l.iter_mut() {
+                li[k] = 0;
+            }
+        }
+    }
+    (scale, each(|k| -min[k]))
 }
 
 /// Quantizes 256 values into one 144-byte block: f16 `d` and `dmin`, twelve
 /// bytes of packed 6-bit scales and mins, then 128 bytes of nibbles (byte
 /// `32 * c + i` holds values `64 * c + i` low and `64 * c + 32 + i` high).
 pub(super) fn block(x: &[f32; 256], out: &mut [u8; 144]) {
-    let mut l = [0u8; 256];
-    let mut scales = [0f32; 8];
-    let mut mins = [0f32; 8];
+    let xt: [Lanes; SUB] = std::array::from_fn(|i| each(|k| x[SUB * k + i]));
+    let mut sum_x2 = [0.0f32; LANES];
+    for xi in &xt {
+        for k in 0..LANES {
+            sum_x2[k] += xi[k] * xi[k];
+        }
+    }
+    let av_x = each(|k| (sum_x2[k] / SUB as f32).sqrt());
+    let w: [Lanes; SUB] = std::array::from_fn(|i| each(|k| av_x[k] + xt[i][k].abs()));
+    let mut lt = [[0u8; LANES]; SUB];
+    let (scales, mins) = fit_sub_blocks(&xt, &w, &mut lt);
+    let mut l: [u8; 256] = std::array::from_fn(|j| lt[j % SUB][j / SUB]);
     let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
     for j in 0..8 {
-        let xs: &[f32; SUB] = x[SUB * j..SUB * (j + 1)].try_into().unwrap();
-        let mut sum_x2 = 0.0f32;
-        for &v in xs {
-            sum_x2 += v * v;
-        }
-        let av_x = (sum_x2 / SUB as f32).sqrt();
-        let w: [f32; SUB] = std::array::from_fn(|i| av_x + xs[i].abs());
-        let ls: &mut [u8; SUB] = (&mut l[SUB * j..SUB * (j + 1)]).try_into().unwrap();
-        (scales[j], mins[j]) = fit_sub_block(xs, &w, ls);
         if scales[j] > max_scale {
             max_scale = scales[j];
         }

@@ -11,64 +11,94 @@
 use super::round::{nearest_int, to_f16};
 
 /// Values per sub-block, and the code offset (codes are -32..=31, stored +32).
-const SUB: usize = 16;
-const NMAX: i32 = 32;
+pub(super) const SUB: usize = 16;
+pub(super) const NMAX: i32 = 32;
 /// ggml's GROUP_MAX_EPS: a sub-block (or block) whose largest magnitude is
 /// under this is all zeros.
-const GROUP_MAX_EPS: f32 = 1e-15;
+pub(super) const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// The signed code of `x` at reciprocal scale `iscale`.
 #[inline(always)]
-fn code(iscale: f32, x: f32) -> i32 {
+pub(super) fn code(iscale: f32, x: f32) -> i32 {
     nearest_int(iscale * x).clamp(-NMAX, NMAX - 1)
 }
 
-/// The weighted sums of one candidate reciprocal scale: `(sum w x l,
-/// sum w l^2)` with `w = x^2`.
+/// Sub-blocks per block: the search runs on all sixteen at once, one lane
+/// each, every lane doing the scalar search's operations in its order
+/// (tests.rs keeps the scalar `make_qx_quants` and compares).
+pub(super) const LANES: usize = 16;
+pub(super) type Lanes = [f32; LANES];
+
+/// `f(k)` for every lane.
 #[inline(always)]
-fn sums(iscale: f32, x: &[f32; SUB]) -> (f32, f32) {
-    let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
-    for &v in x {
-        let l = code(iscale, v) as f32;
-        let w = v * v;
-        sumlx += w * v * l;
-        suml2 += w * l * l;
-    }
-    (sumlx, suml2)
+fn each<T>(f: impl FnMut(usize) -> T) -> [T; LANES] {
+    std::array::from_fn(f)
 }
 
-/// `make_qx_quants(16, 32, x, l, 1, NULL)`: fills `l` with codes + 32 and
-/// returns the sub-block's (signed) scale.
-fn fit_sub_block(x: &[f32; SUB], l: &mut [u8]) -> f32 {
-    let (mut max, mut amax) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
+/// `make_qx_quants(16, 32, x, l, 1, NULL)` on the sixteen sub-blocks at
+/// once: `x[i][k]` is value `i` of sub-block `k`. Fills `l` with codes + 32
+/// and returns each sub-block's (signed) scale.
+pub(super) fn fit_sub_blocks(x: &[Lanes; SUB], l: &mut [[u8; LANES]; SUB]) -> Lanes {
+    let (mut max, mut amax) = ([0.0f32; LANES], [0.0f32; LANES]);
+    for xi in x {
+        for k in 0..LANES {
+            let big = xi[k].abs() > amax[k];
+            amax[k] = if big { xi[k].abs() } else { amax[k] };
+            max[k] = if big { xi[k] } else { max[k] };
         }
     }
-    if amax < GROUP_MAX_EPS {
-        l.fill(0);
-        return 0.0;
-    }
-    let fill = |l: &mut [u8], iscale: f32| {
-        for (c, &v) in l.iter_mut().zip(x) {
-            *c = (code(iscale, v) + NMAX) as u8;
+    // One candidate: its codes into `laux`, and `(sum w x l, sum w l^2)`
+    // with `w = x^2`.
+    let candidate = |iscale: &Lanes, laux: &mut [[u8; LANES]; SUB]| {
+        let (mut sumlx, mut suml2) = ([0.0f32; LANES], [0.0f32; LANES]);
+        for i in 0..SUB {
+            for k in 0..LANES {
+                let c = code(iscale[k], x[i][k]);
+                laux[i][k] = (c + NMAX) as u8;
+                let (v, lf) = (x[i][k], c as f32);
+                let w = v * v;
+                sumlx[k] += w * v * lf;
+                suml2[k] += w * lf * lf;
+            }
         }
+        (sumlx, suml2)
     };
-    let iscale = -(NMAX as f32) / max;
-    fill(l, iscale);
-    let (sumlx, suml2) = sums(iscale, x);
+    let iscale = each(|k| -(NMAX as f32) / max[k]);
+    let (sumlx, suml2) = candidate(&iscale, l);
     // C's `suml2 ? a : b`: NaN counts as true.
-    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
-    let mut best = scale * sumlx;
+    let mut scale = each(|k| {
+        if suml2[k] != 0.0 {
+            sumlx[k] / suml2[k]
+        } else {
+            0.0
+        }
+    });
+    let mut best = each(|k| scale[k] * sumlx[k]);
+    let mut laux = [[0u8; LANES]; SUB];
     for is in (-9..=9).filter(|&is| is != 0) {
-        let iscale = -(NMAX as f32 + 0.1 * is as f32) / max;
-        let (sumlx, suml2) = sums(iscale, x);
-        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
-            fill(l, iscale);
-            scale = sumlx / suml2;
-            best = scale * sumlx;
+        let step = -(NMAX as f32 + 0.1 * is as f32);
+        let iscale = each(|k| step / max[k]);
+        let (sumlx, suml2) = candidate(&iscale, &mut laux);
+        let take = each(|k| suml2[k] > 0.0 && sumlx[k] * sumlx[k] > best[k] * suml2[k]);
+        for i in 0..SUB {
+            for k in 0..LANES {
+                l[i][k] = if take[k] { laux[i][k] } else { l[i][k] };
+            }
+        }
+        for k in 0..LANES {
+            if take[k] {
+                scale[k] = sumlx[k] / suml2[k];
+                best[k] = scale[k] * sumlx[k];
+            }
+        }
+    }
+    // An all-zero sub-block returned early in the scalar search.
+    for k in 0..LANES {
+        if amax[k] < GROUP_MAX_EPS {
+            scale[k] = 0.0;
+            for li in l.iter_mut() {
+                li[k] = 0;
+            }
         }
     }
     scale
@@ -77,15 +107,15 @@ fn fit_sub_block(x: &[f32; SUB], l: &mut [u8]) -> f32 {
 /// Quantizes 256 values into one 210-byte block: 128 bytes of low nibbles,
 /// 64 bytes of high crumbs, 16 int8 scales, then the f16 `d`.
 pub(super) fn block(x: &[f32; 256], out: &mut [u8; 210]) {
-    let mut l = [0u8; 256];
-    let mut scales = [0f32; 16];
+    let xt: [Lanes; SUB] = std::array::from_fn(|i| each(|k| x[SUB * k + i]));
+    let mut lt = [[0u8; LANES]; SUB];
+    let scales = fit_sub_blocks(&xt, &mut lt);
+    let mut l: [u8; 256] = std::array::from_fn(|j| lt[j % SUB][j / SUB]);
     let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
-    for (ib, s) in scales.iter_mut().enumerate() {
-        let xs: &[f32; SUB] = x[SUB * ib..SUB * (ib + 1)].try_into().unwrap();
-        *s = fit_sub_block(xs, &mut l[SUB * ib..SUB * (ib + 1)]);
+    for s in scales {
         if s.abs() > max_abs_scale {
             max_abs_scale = s.abs();
-            max_scale = *s;
+            max_scale = s;
         }
     }
     if max_abs_scale < GROUP_MAX_EPS {

@@ -8,7 +8,7 @@ use super::*;
 use crate::cast::gguf::dequantize_blocks;
 
 /// Deterministic normal-ish values (xorshift, sum of four uniforms).
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+pub(super) fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut s = seed | 1;
     let mut uniform = move || {
         s ^= s << 13;
