@@ -61,12 +61,19 @@ fn main() -> Result<(), KQuantError> {
             }
             black_box(&out);
             best = best.min(t.elapsed().as_secs_f64());
+            if let (Some(c0), Some(c1)) = (c, cpu_ns()) {
+                best_cpu = best_cpu.min((c1 - c0) as f64 / 1e9);
+            }
         }
         let mb = (VALUES * 4) as f64 / 1e6;
+        let cpu = if best_cpu.is_finite() {
+            format!(", {:.1} MB/s of CPU time", mb / best_cpu)
+        } else {
+            String::new()
+        };
         println!(
-            "{name}: {:.1} MB/s of f32 input ({mb:.1} MB in {:.3} s, one thread)",
-            mb / best,
-            best
+            "{name}: {:.1} MB/s of f32 input ({mb:.1} MB in {best:.3} s, one thread){cpu}",
+            mb / best
         );
     }
     Ok(())
