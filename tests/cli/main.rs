@@ -24,6 +24,7 @@ mod gguf_inspect;
 mod gguf_llm;
 mod hostile;
 mod inspect;
+mod kquant;
 mod layouts;
 mod loaders;
 mod parts;

@@ -20,6 +20,7 @@
 
 mod blocks;
 mod f16;
+pub mod kquantize;
 mod kquants;
 mod legacy;
 mod permute;
