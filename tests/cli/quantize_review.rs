@@ -470,3 +470,56 @@ fn the_default_block_spelled_out_is_the_same_plan() {
     assert_eq!(id(&a), id(&b));
     assert!(id(&a).is_string());
 }
+
+#[test]
+fn validate_against_compares_plain_fp8_outputs_with_their_quantization() {
+    // A plain `--quantize fp8` output was refused as "F8_E4M3 but the
+    // source's is BF16, which reshard does not cast".
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    model(&src, "BF16", 1000.0, &[]);
+    for (scheme, dtype) in [("fp8", "F8_E4M3"), ("fp8-e5m2", "F8_E5M2")] {
+        for single_file in [false, true] {
+            let dst = match single_file {
+                true => dir.path().join(format!("{scheme}.safetensors")),
+                false => dir.path().join(scheme),
+            };
+            convert(&src, &dst, &["--quantize", scheme]).success();
+            let out = stdout_of(&validate_against(&dst, &src).success());
+            assert!(
+                out.contains(&format!("2 of them compared with the source quantized again ({scheme}: codes, clamped and rounded, no scales)")),
+                "{scheme}: {out}"
+            );
+            assert!(out.contains("relative RMS"), "{scheme}: {out}");
+            // One code changed: validate names the weight and element.
+            let shard = match single_file {
+                true => dst.clone(),
+                false => dst.join("model.safetensors"),
+            };
+            let bytes = std::fs::read(&shard).unwrap();
+            let (_, codes) = if single_file {
+                let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+                let t = st.tensor(WEIGHT).unwrap();
+                assert_eq!(format!("{:?}", t.dtype()), dtype);
+                (String::new(), t.data().to_vec())
+            } else {
+                tensor_bytes(&dst, WEIGHT)
+            };
+            let at = bytes
+                .windows(codes.len())
+                .position(|w| w == codes.as_slice())
+                .unwrap()
+                + 7;
+            let mut bytes = bytes;
+            bytes[at] ^= 0x01;
+            std::fs::write(&shard, &bytes).unwrap();
+            let _ = std::fs::remove_file(dst.join("reshard.json"));
+            let out = stdout_of(&validate_against(&dst, &src).code(1));
+            assert!(
+                out.contains(WEIGHT)
+                    && out.contains(&format!("quantized to {dtype} at element 7")),
+                "{scheme}: {out}"
+            );
+        }
+    }
+}
