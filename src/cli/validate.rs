@@ -418,9 +418,13 @@ pub fn render(r: &ValidateReport) -> String {
             }
         );
         if let (Some(scheme), Some(q)) = (a.quantize_scheme, &a.quality) {
+            let what = match scheme.recipe(reshard::plan::quantize::DEFAULT_BLOCK) {
+                Some(_) => "codes, scales, companions",
+                None => "codes, clamped and rounded, no scales",
+            };
             let _ = writeln!(
                 o,
-                "  {} of them compared with the source quantized again ({}: codes, scales, companions)",
+                "  {} of them compared with the source quantized again ({}: {what})",
                 a.quantized_compared,
                 scheme.name()
             );

@@ -89,6 +89,18 @@ pub fn convert_to_file(
     reporter: &dyn Reporter,
     cancel: &AtomicBool,
 ) -> Result<ConvertSummary, ConvertError> {
+    if let Some(scheme) = options.plan.quantize.filter(|s| s.needs_config()) {
+        return Err(file_dst(
+            file,
+            format!(
+                "a DST ending in .safetensors holds the weights only, and --quantize {} needs \
+                 config.json beside them: its quantization_config is where transformers and \
+                 vLLM read the scheme; name a folder as DST, or use --quantize fp8-scaled for \
+                 one file",
+                scheme.name()
+            ),
+        ));
+    }
     let ck = one_weight_set(source, file)?;
     check_target(file, ck, options.overwrite)?;
     let staging = staging_dir(file)?;

@@ -481,13 +481,21 @@ pub fn rewritten_config(
 fn with_quantization_config(config: &str, q: &serde_json::Value) -> Result<String, String> {
     let keys: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(config).map_err(|e| format!("not a JSON object: {e}"))?;
-    if keys.contains_key("quantization_config") || keys.contains_key("compression_config") {
+    // `null` is what transformers writes for "not quantized"
+    // (`PretrainedConfig.to_dict` of a model without one): it is replaced.
+    let claims = |key: &str| keys.get(key).is_some_and(|v| !v.is_null());
+    if claims("quantization_config") || claims("compression_config") {
         return Err("it already has a quantization_config; the output cannot claim two".into());
     }
     let members = crate::format::json_edit::members(config).ok_or("not a JSON object")?;
+    let empty = |m: &crate::format::json_edit::Member| {
+        matches!(m.key.as_str(), "quantization_config" | "compression_config")
+    };
+    let config = crate::format::json_edit::without_members(config, &members, empty);
+    let members = crate::format::json_edit::members(&config).ok_or("not a JSON object")?;
     let value = serde_json::to_string_pretty(q).map_err(|e| e.to_string())?;
     let mut out =
-        crate::format::json_edit::with_member(config, &members, "quantization_config", &value);
+        crate::format::json_edit::with_member(&config, &members, "quantization_config", &value);
     if !out.ends_with('\n') {
         out.push('\n');
     }

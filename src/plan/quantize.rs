@@ -68,6 +68,13 @@ impl QuantizeScheme {
         QuantizeScheme::Fp8Block,
     ];
 
+    /// True for the layouts whose loaders read the scheme from
+    /// `config.json`'s `quantization_config` (compressed-tensors,
+    /// FineGrainedFP8): they need a folder output.
+    pub fn needs_config(self) -> bool {
+        matches!(self, QuantizeScheme::Fp8Channel | QuantizeScheme::Fp8Block)
+    }
+
     /// The dtype quantized weights are stored in.
     pub fn dtype(self) -> Dtype {
         match self {

@@ -15,16 +15,19 @@
 use super::options::ValidateOptions;
 use std::collections::HashMap;
 
+use super::against_fp8::{plain_difference, plain_scheme};
 use super::against_quantized::Requantized;
 use super::compare::{first_difference, stream_difference, too_big_buffers, Buffers, Sides};
 use super::ledger::CommitLedger;
 use super::report::{AgainstReport, Failure, ValidateReport};
 use super::ValidateError;
 use crate::cast::dequant::DequantStream;
+use crate::cast::quantize::QualityReport;
 use crate::cast::{self, OverflowPolicy};
 use crate::format::read::SourceReader;
 use crate::format::{self, Checkpoint, Tensor};
 use crate::plan::order::{sort_indices, Order};
+use crate::plan::quantize::QuantizeScheme;
 use crate::plan::{PlanOptions, PlannedTensor};
 use crate::quant::Scheme;
 
@@ -159,6 +162,9 @@ pub fn compare(
     for &i in quant.iter().flat_map(|q| &q.extras) {
         folded.insert(source.tensors[i].name.as_str());
     }
+    // Weights written by a plain `--quantize fp8*`: their scheme (the last
+    // seen; one output holds one) and error figures.
+    let mut plain: Option<(QuantizeScheme, QualityReport)> = None;
     let names: Vec<&str> = ck.tensors.iter().map(|t| t.name.as_str()).collect();
     for i in sort_indices(&names, Order::Forward) {
         if validate.cancel.is_set() {
@@ -242,6 +248,19 @@ pub fn compare(
             )));
             continue;
         }
+        if let Some(scheme) = plain_scheme(theirs.dtype, out.dtype) {
+            match plain_difference(&src_reader, theirs, &out_reader, out, bufs)? {
+                Err(reason) => report.fail(mismatch(reason)),
+                Ok(q) => {
+                    let (s, quality) = plain.get_or_insert_with(|| (scheme, Default::default()));
+                    *s = scheme;
+                    quality.add(&out.name, &q);
+                }
+            }
+            summary.tensors_compared += 1;
+            summary.quantized_compared += 1;
+            continue;
+        }
         if theirs.dtype != out.dtype
             && !matches!(cast::target_for(theirs.dtype, out.dtype), Ok(Some(_)))
         {
@@ -277,6 +296,9 @@ pub fn compare(
     if let Some(r) = requant {
         summary.quantize_scheme = Some(r.scheme);
         summary.quality = Some(r.quality);
+    } else if let Some((scheme, quality)) = plain {
+        summary.quantize_scheme = Some(scheme);
+        summary.quality = Some(quality);
     }
     report.against = Some(summary);
     Ok(())

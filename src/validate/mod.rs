@@ -42,6 +42,7 @@ pub(crate) mod error;
 pub(crate) mod integrity;
 // Top: the ways of loading, each over the same ledger, and the budget child.
 pub(crate) mod against;
+mod against_fp8;
 mod against_gguf;
 mod against_quantized;
 pub mod budget;

@@ -470,3 +470,137 @@ fn the_default_block_spelled_out_is_the_same_plan() {
     assert_eq!(id(&a), id(&b));
     assert!(id(&a).is_string());
 }
+
+#[test]
+fn validate_against_compares_plain_fp8_outputs_with_their_quantization() {
+    // A plain `--quantize fp8` output was refused as "F8_E4M3 but the
+    // source's is BF16, which reshard does not cast".
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    model(&src, "BF16", 1000.0, &[]);
+    for (scheme, dtype) in [("fp8", "F8_E4M3"), ("fp8-e5m2", "F8_E5M2")] {
+        for single_file in [false, true] {
+            let dst = match single_file {
+                true => dir.path().join(format!("{scheme}.safetensors")),
+                false => dir.path().join(scheme),
+            };
+            convert(&src, &dst, &["--quantize", scheme]).success();
+            let out = stdout_of(&validate_against(&dst, &src).success());
+            assert!(
+                out.contains(&format!("2 of them compared with the source quantized again ({scheme}: codes, clamped and rounded, no scales)")),
+                "{scheme}: {out}"
+            );
+            assert!(out.contains("relative RMS"), "{scheme}: {out}");
+            // One code changed: validate names the weight and element.
+            let shard = match single_file {
+                true => dst.clone(),
+                false => dst.join("model.safetensors"),
+            };
+            let bytes = std::fs::read(&shard).unwrap();
+            let (_, codes) = if single_file {
+                let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+                let t = st.tensor(WEIGHT).unwrap();
+                assert_eq!(format!("{:?}", t.dtype()), dtype);
+                (String::new(), t.data().to_vec())
+            } else {
+                tensor_bytes(&dst, WEIGHT)
+            };
+            let at = bytes
+                .windows(codes.len())
+                .position(|w| w == codes.as_slice())
+                .unwrap()
+                + 7;
+            let mut bytes = bytes;
+            bytes[at] ^= 0x01;
+            std::fs::write(&shard, &bytes).unwrap();
+            let _ = std::fs::remove_file(dst.join("reshard.json"));
+            let out = stdout_of(&validate_against(&dst, &src).code(1));
+            assert!(
+                out.contains(WEIGHT) && out.contains(&format!("quantized to {dtype} at element 7")),
+                "{scheme}: {out}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_null_quantization_config_is_replaced_not_refused() {
+    // transformers writes `"quantization_config": null` for a model that
+    // is not quantized; it was refused as "already has one".
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    model(&src, "BF16", 0.5, &[]);
+    std::fs::write(
+        src.join("config.json"),
+        "{\n  \"model_type\": \"llama\",\n  \"quantization_config\": null,\n  \"rope_theta\": 500000.0\n}\n",
+    )
+    .unwrap();
+    for scheme in ["fp8-channel", "fp8-block"] {
+        let dst = dir.path().join(scheme);
+        convert(&src, &dst, &["--quantize", scheme]).success();
+        let text = std::fs::read_to_string(dst.join("config.json")).unwrap();
+        assert_eq!(text.matches("quantization_config").count(), 1, "{text}");
+        assert!(text.contains("\"rope_theta\": 500000.0"), "{text}");
+        let config: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(config["quantization_config"].is_object(), "{text}");
+        validate_against(&dst, &src).success();
+    }
+    // A real one is still refused.
+    std::fs::write(
+        src.join("config.json"),
+        "{\"model_type\": \"llama\", \"quantization_config\": {\"quant_method\": \"fp8\"}}",
+    )
+    .unwrap();
+    let dst = dir.path().join("again");
+    let out = convert(&src, &dst, &["--quantize", "fp8-channel"]).code(2);
+    assert!(stderr_of(&out).contains("already has a quantization_config"));
+    assert!(!dst.exists());
+}
+
+#[test]
+fn config_schemes_into_one_file_say_the_file_is_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    model(&src, "BF16", 0.5, &[]);
+    for scheme in ["fp8-channel", "fp8-block"] {
+        let dst = dir.path().join(format!("{scheme}.safetensors"));
+        let out = convert(&src, &dst, &["--quantize", scheme]).code(2);
+        let err = stderr_of(&out);
+        assert!(
+            err.contains("a DST ending in .safetensors holds the weights only")
+                && err.contains("name a folder as DST")
+                && !err.contains("not part of the source"),
+            "{scheme}: {err}"
+        );
+        assert!(!dst.exists());
+        assert!(!dir
+            .path()
+            .join(format!(".{scheme}.safetensors.reshard"))
+            .exists());
+    }
+}
+
+#[test]
+fn quantizing_nothing_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    model(&src, "BF16", 0.5, &[]);
+    let warning = "warning: --quantize fp8-scaled quantizes no weight";
+    let dst = dir.path().join("dry");
+    let out = convert(
+        &src,
+        &dst,
+        &["--quantize", "fp8-scaled", "--keep", "*", "--dry-run"],
+    );
+    assert!(stdout_of(&out.success()).contains(warning));
+    let dst = dir.path().join("out");
+    let out = convert(&src, &dst, &["--quantize", "fp8-scaled", "--keep", "*"]).success();
+    assert!(stderr_of(&out).contains(warning), "{}", stderr_of(&out));
+    let out = convert(
+        &src,
+        &dir.path().join("some"),
+        &["--quantize", "fp8-scaled"],
+    )
+    .success();
+    assert!(!stderr_of(&out).contains("warning:"), "{}", stderr_of(&out));
+}

@@ -110,6 +110,14 @@ pub(super) fn print_notes(s: &ConvertSummary, folder: &str) {
             reshard::names::escape(to)
         );
     }
+    if let Some(warning) = s
+        .manifest
+        .quantized
+        .as_ref()
+        .and_then(|q| super::render::nothing_quantized(q.scheme, q.tensors))
+    {
+        eprintln!("{warning}");
+    }
     for name in &s.copied_as_is {
         eprintln!("note: copied as is (a weight file outside any converted folder, not converted): {folder}{name}");
     }

@@ -90,6 +90,24 @@ fn render_quantized(o: &mut String, q: &reshard::plan::quantize::QuantizeRecord)
     for k in &q.kept {
         let _ = writeln!(o, "  {}  ({})", escape(&k.tensor), k.because.describe());
     }
+    if let Some(warning) = nothing_quantized(q.scheme, q.tensors) {
+        let _ = writeln!(o, "{warning}");
+    }
+}
+
+/// The warning for a `--quantize` that quantizes nothing (`--keep '*'`, a
+/// `--quantize-only` that matches no Linear weight): the output is then
+/// an unquantized copy, which the user did not ask for.
+pub(super) fn nothing_quantized(
+    scheme: reshard::plan::quantize::QuantizeScheme,
+    tensors: usize,
+) -> Option<String> {
+    (tensors == 0).then(|| {
+        format!(
+            "warning: --quantize {} quantizes no weight: --keep, --quantize-only and the keep rules leave none of the model's Linear weights; the output is not quantized and carries no quantization_config",
+            scheme.name()
+        )
+    })
 }
 
 /// A GGUF source: what each GGML type becomes, the names and rows.
