@@ -77,3 +77,12 @@ impl OutputArgs {
         Printer::new(self.json)
     }
 }
+
+/// `one` when `n` is 1, else `many`: "1 shard", "2 shards", "0 shards".
+pub fn plural<'a>(n: impl TryInto<u64>, one: &'a str, many: &'a str) -> &'a str {
+    if n.try_into().ok() == Some(1) {
+        one
+    } else {
+        many
+    }
+}

@@ -38,7 +38,10 @@ impl Bar {
 
 impl Reporter for Bar {
     fn start(&self, bytes: u64) {
+        // A new run on the same bar (validate's weight sets, one after
+        // another) starts from zero, visible again after the last finish.
         self.bar.set_length(bytes);
+        self.bar.reset();
     }
     fn advance(&self, bytes: u64) {
         self.bar.inc(bytes);
