@@ -418,9 +418,15 @@ fn hashing_each_fill_gives_the_whole_file_digest_on_both_paths() {
                     let t = &c.tensors[i];
                     hash_raw(device.as_mut(), &raw, &file, &mut check, t.offset()).unwrap();
                     let alloc = device.alloc(t.len).unwrap();
-                    let streamed =
-                        stream_tensor(&reader, t, device.as_mut(), Some(alloc), &mut check)
-                            .unwrap();
+                    let streamed = stream_tensor(
+                        &reader,
+                        t,
+                        device.as_mut(),
+                        Some(alloc),
+                        &mut check,
+                        &Progress::default(),
+                    )
+                    .unwrap();
                     let start = t.offset() as usize;
                     let want = xxh3_64(&whole[start..start + t.len as usize]);
                     let in_place = matches!(via, Via::InPlace);
@@ -457,7 +463,15 @@ fn a_tensor_without_an_allocation_is_hashed_through_staging() {
     let mut device = CpuDevice::new(staging_len(64 << 20, &c));
     device.prepare().unwrap();
     let mut check = ShardCheck::new(None);
-    let streamed = stream_tensor(&reader, t, &mut device, None, &mut check).unwrap();
+    let streamed = stream_tensor(
+        &reader,
+        t,
+        &mut device,
+        None,
+        &mut check,
+        &Progress::default(),
+    )
+    .unwrap();
     let start = t.offset() as usize;
     assert_eq!(
         streamed,
