@@ -362,8 +362,11 @@ pub fn render(r: &ValidateReport) -> String {
     };
     let _ = writeln!(
         o,
-        "{}: {} tensors in {} files, {checks}",
-        r.path, r.tensors, r.files
+        "{}: {} tensors in {} {}, {checks}",
+        r.path,
+        r.tensors,
+        r.files,
+        plural(r.files, "file", "files")
     );
     if let Some(e) = &r.emulation {
         let _ = writeln!(
@@ -399,10 +402,11 @@ pub fn render(r: &ValidateReport) -> String {
         let rate = s.bytes as f64 / s.seconds.max(1e-9) / 1e9;
         let _ = writeln!(
             o,
-            "  {}  {:>10}  {:>4} tensors  {:.3} s  {rate:.2} GB/s",
+            "  {}  {:>10}  {:>4} {:<7}  {:.3} s  {rate:.2} GB/s",
             s.file,
             human(s.bytes),
             s.tensors,
+            plural(s.tensors, "tensor", "tensors"),
             s.seconds
         );
     }

@@ -28,10 +28,11 @@ pub fn render_plan(plan: &Plan, window: u64) -> String {
         };
         let _ = writeln!(
             o,
-            "  {}  {:>10}  {:>4} tensors  {blocks}",
+            "  {}  {:>10}  {:>4} {:<7}  {blocks}",
             s.file,
             human(s.data_len),
-            s.tensors.len()
+            s.tensors.len(),
+            plural(s.tensors.len(), "tensor", "tensors")
         );
     }
     if let Some(index) = &plan.index_file {
