@@ -44,7 +44,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     } else if let Some(lines) = &lines {
         printer::text(&render_tensors(lines))?;
     } else if args.quiet {
-        printer::text(&findings_only(&summary.path, &summary.findings))?;
+        printer::text(&printer::findings_only(&summary.path, &summary.findings))?;
     } else {
         printer::text(&render_summary(&summary))?;
     }
@@ -79,7 +79,7 @@ fn run_layout(args: &Args) -> anyhow::Result<Option<ExitStatus>> {
                 "." => s.path.clone(),
                 rel => format!("{}/{rel}", s.path.trim_end_matches('/')),
             };
-            o.push_str(&findings_only(&path, &c.summary.findings));
+            o.push_str(&printer::findings_only(&path, &c.summary.findings));
         }
         printer::text(&o)?;
     } else {
@@ -125,15 +125,6 @@ fn run_layout(args: &Args) -> anyhow::Result<Option<ExitStatus>> {
     } else {
         ExitStatus::Ok
     }))
-}
-
-/// `-q`: one `PATH: finding` line per finding.
-pub(super) fn findings_only<T: std::fmt::Display>(path: &str, findings: &[T]) -> String {
-    let mut o = String::new();
-    for f in findings {
-        let _ = writeln!(o, "{}: {f}", escape(path));
-    }
-    o
 }
 
 fn render_summary(s: &Summary) -> String {

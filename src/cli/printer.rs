@@ -86,3 +86,13 @@ pub fn plural<'a>(n: impl TryInto<u64>, one: &'a str, many: &'a str) -> &'a str 
         many
     }
 }
+
+/// inspect's `-q`: one `PATH: finding` line per finding.
+pub fn findings_only<T: std::fmt::Display>(path: &str, findings: &[T]) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    for f in findings {
+        let _ = writeln!(o, "{}: {f}", reshard::names::escape(path));
+    }
+    o
+}
