@@ -103,7 +103,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     for rel in &sets {
         let src = source.set_dir(rel);
         let dst = layouts::join_rel(&args.dst, rel);
-        let options = args.load.options(Some(src));
+        let show = !(args.quiet || args.options.no_progress || args.print.json);
+        let options = reshard::validate::ValidateOptions {
+            progress: reshard::validate::Progress::new(std::sync::Arc::new(Bar::new(show))),
+            ..args.load.options(Some(src))
+        };
         let report = validate_with_budget(&dst, &options)
             .with_context(|| format!("cannot validate {}", dst.display()))?;
         if !args.print.json && (!args.quiet || !report.passed) {

@@ -61,6 +61,10 @@ fn validate_draws_progress_on_a_terminal_only() {
     assert!(!hidden.contains("KiB"), "{hidden:?}");
     let quiet = on_a_terminal(&[&args[..], &["-q"]].concat()).unwrap();
     assert!(!quiet.contains("KiB"), "{quiet:?}");
+    // `convert --validate` draws the same bar for its validation.
+    let dst = tmp.path().join("again").display().to_string();
+    let convert = on_a_terminal(&["convert", src_s.as_str(), dst.as_str(), "--validate"]).unwrap();
+    assert!(convert.contains("/855.25 KiB"), "{convert:?}");
 }
 
 #[test]
