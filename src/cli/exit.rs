@@ -27,7 +27,8 @@ pub fn report(err: &anyhow::Error) -> ExitStatus {
         return ExitStatus::Ok;
     }
     let mut stderr = std::io::stderr().lock();
-    let _ = writeln!(stderr, "error: {err}");
+    let label = super::printer::paint_stderr("error", super::printer::Colour::Bad);
+    let _ = writeln!(stderr, "{label}: {err}");
     for cause in err.chain().skip(1) {
         let _ = writeln!(stderr, "caused by: {cause}");
     }

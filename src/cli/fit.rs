@@ -14,7 +14,7 @@ use reshard::format::{self, Dtype};
 use reshard::plan::PlanOptions;
 use reshard::units::{human, ByteSize};
 
-use super::printer::{self, plural};
+use super::printer::{self, paint, plural, Colour};
 use super::ExitStatus;
 
 #[derive(Debug, clap::Args)]
@@ -518,11 +518,12 @@ fn render_verdict(r: &FitReport) -> String {
             .collect();
     }
     if r.fits {
-        "fits\n".into()
+        format!("{}\n", paint("fits", Colour::Good))
     } else if short.is_empty() {
-        "does not fit\n".into()
+        format!("{}\n", paint("does not fit", Colour::Bad))
     } else {
-        format!("does not fit: {}\n", short.join(", "))
+        let verdict = paint("does not fit", Colour::Bad);
+        format!("{verdict}: {}\n", short.join(", "))
     }
 }
 

@@ -14,7 +14,7 @@ use reshard::validate::{
     self, DeviceSpec, Loader, Progress, SetReport, ValidateOptions, ValidateReport,
 };
 
-use super::printer::{self, plural};
+use super::printer::{self, paint, plural, Colour};
 use super::progress::Bar;
 use super::ExitStatus;
 
@@ -492,10 +492,11 @@ pub fn render(r: &ValidateReport) -> String {
 pub fn render_verdict(r: &ValidateReport) -> String {
     let mut o = String::new();
     if r.passed {
-        let _ = writeln!(o, "passed");
+        let _ = writeln!(o, "{}", paint("passed", Colour::Good));
     } else {
         let n = r.failures.len();
-        let _ = writeln!(o, "FAILED: {n} {}", plural(n, "problem", "problems"));
+        let failed = paint("FAILED", Colour::Bad);
+        let _ = writeln!(o, "{failed}: {n} {}", plural(n, "problem", "problems"));
         for f in &r.failures {
             let _ = writeln!(o, "  - {f}");
         }

@@ -12,15 +12,26 @@ use crate::common::*;
 /// wrote there (stdout is sent to /dev/null). `None` where `script` is
 /// missing.
 fn on_a_terminal(args: &[&str]) -> Option<String> {
+    terminal_output(&format!("{} >/dev/null", command_line(args)))
+}
+
+/// `reshard ARGS` as one `sh` command line.
+fn command_line(args: &[&str]) -> String {
     let exe = assert_cmd::cargo::cargo_bin("reshard");
     let mut line = quote(&exe.display().to_string());
     for a in args {
         line.push(' ');
         line.push_str(&quote(a));
     }
-    line.push_str(" >/dev/null");
+    line
+}
+
+/// What the `sh` command `line` writes to the terminal `script` gives it.
+fn terminal_output(line: &str) -> Option<String> {
     let out = std::process::Command::new("script")
-        .args(["-qec", &line, "/dev/null"])
+        // A CI runner's TERM may be `dumb`, which turns colour off.
+        .env("TERM", "xterm")
+        .args(["-qec", line, "/dev/null"])
         .output()
         .ok()?;
     if !out.status.success() {
@@ -303,4 +314,37 @@ fn completions_are_printed_for_each_shell() {
     }
     let bad = reshard().args(["completions", "tcsh"]).output().unwrap();
     assert_eq!(bad.status.code(), Some(2));
+}
+
+#[test]
+fn verdicts_and_errors_are_coloured_on_a_terminal_unless_no_color() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = converted(tmp.path());
+    let out_s = out.display().to_string();
+    let missing = tmp.path().join("missing").display().to_string();
+    let validate = command_line(&["validate", out_s.as_str(), "-q"]);
+    let inspect = command_line(&["inspect", missing.as_str()]);
+    let Some(coloured) = terminal_output(&format!(
+        "env -u NO_COLOR {validate}; env -u NO_COLOR {inspect}"
+    )) else {
+        eprintln!("skipped: `script` is not available");
+        return;
+    };
+    assert!(coloured.contains("\x1b[1;32mpassed\x1b[0m"), "{coloured:?}");
+    assert!(
+        coloured.contains("\x1b[1;31merror\x1b[0m: cannot inspect"),
+        "{coloured:?}"
+    );
+    let plain = terminal_output(&format!("NO_COLOR=1 {validate}; NO_COLOR=1 {inspect}")).unwrap();
+    assert!(!plain.contains('\x1b'), "{plain:?}");
+    assert!(plain.contains("passed"), "{plain:?}");
+    // Piped: never coloured.
+    let piped = reshard()
+        .arg("validate")
+        .arg(&out)
+        .arg("-q")
+        .env_remove("NO_COLOR")
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&piped.stdout), "passed\n");
 }
