@@ -113,3 +113,24 @@ impl Command {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// clap's own checks of the whole command line (a short flag used
+    /// twice, a `requires` naming no argument), which otherwise fire only
+    /// when that subcommand is parsed.
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn json_is_known_before_the_command_runs() {
+        let cli = Cli::try_parse_from(["reshard", "inspect", "x", "--json"]).unwrap();
+        assert!(cli.command.json());
+        let cli = Cli::try_parse_from(["reshard", "fit", "x", "-q"]).unwrap();
+        assert!(!cli.command.json());
+    }
+}
