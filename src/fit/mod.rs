@@ -574,9 +574,12 @@ fn recommend(
     } else {
         &[None]
     };
+    let sizes = candidate_sizes(ck);
+    // Shards past the checkpoint's own size are no less change than its own.
+    let own = sizes.first().map_or(u64::MAX, |s| s.0);
     let mut tried: Vec<(u64, String, Option<Dtype>, Vec<Loader>)> = Vec::new();
     for &dtype in dtypes {
-        for (size, arg) in candidate_sizes(ck) {
+        for (size, arg) in sizes.iter().cloned() {
             let options = PlanOptions {
                 max_shard_size: size,
                 dtype,
@@ -607,13 +610,19 @@ fn recommend(
         .copied()
         .filter(|l| !reshard_fixes.contains(l))
         .collect();
-    // Most loaders fitting, then no cast, then the largest shards; on a
-    // full tie the earliest tried (a standard size before the what-if).
+    // Most loaders fitting, then no cast, then the largest shards up to the
+    // checkpoint's own; on a full tie the earliest tried (a candidate
+    // before the what-if, so a what-if that merges shards is not advised).
     let best = tried
         .into_iter()
         .enumerate()
         .max_by_key(|(i, (size, _, dtype, fits))| {
-            (fits.len(), dtype.is_none(), *size, std::cmp::Reverse(*i))
+            (
+                fits.len(),
+                dtype.is_none(),
+                (*size).min(own),
+                std::cmp::Reverse(*i),
+            )
         })
         .map(|(_, t)| t)
         .filter(|(_, _, _, fits)| fits.len() > today.fitting_host().len())

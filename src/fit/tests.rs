@@ -601,3 +601,22 @@ fn candidates_start_at_the_sources_own_shard_size_and_go_down_to_16_mib() {
     assert_eq!(size_arg(5_000_000_000), "5GB");
     assert_eq!(size_arg(1234), "1234B");
 }
+
+#[test]
+fn a_what_if_that_merges_shards_is_not_what_is_recommended() {
+    // Per-shard needs 2 x 6 GiB + 0.5 GiB today. The what-if asks for
+    // 6.5 GiB shards: repacked by whole blocks they are at most 5 GiB, as
+    // with the source's own 6 GiB, so both make the same loaders fit; the
+    // larger what-if must not win on its size.
+    let mut o = options();
+    o.what_if = Some(PlanOptions {
+        max_shard_size: 6 * GIB + GIB / 2,
+        ..PlanOptions::default()
+    });
+    let r = fit(&llama(), windows(10 * GIB, GIB, Some(16 * GIB)), &o).unwrap();
+    let rec = r.recommendation.unwrap();
+    let asked = r.what_if.as_ref().unwrap();
+    assert_eq!(asked.fitting_host(), rec.fits, "the same loaders fit");
+    assert!(rec.max_shard_size <= 6 * GIB, "{rec:?}");
+    assert_eq!(rec.max_shard_size_arg, "6GiB");
+}
