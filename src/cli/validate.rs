@@ -128,11 +128,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     if let Some(loader) = args.loader {
         return run_python(&args, loader);
     }
-    if let Some(status) = run_layout(&args)? {
+    // One bar for whichever of the two runs: a weight set at a time, or
+    // the plain model.
+    let progress = args.progress();
+    if let Some(status) = run_layout(&args, progress.clone())? {
         return Ok(status);
     }
     let options = ValidateOptions {
-        progress: args.progress(),
+        progress,
         ..args.to_options()
     };
     let report = validate::validate_with_budget(&args.path, &options)
@@ -162,9 +165,9 @@ struct LayoutReport {
 /// A pipeline or sentence-transformers folder (as `convert` writes it):
 /// each weight set validated on its own, as its library loads it, against
 /// the same set of `--against` when given. `None` for a plain model.
-fn run_layout(args: &Args) -> anyhow::Result<Option<ExitStatus>> {
+fn run_layout(args: &Args, progress: Progress) -> anyhow::Result<Option<ExitStatus>> {
     let options = ValidateOptions {
-        progress: args.progress(),
+        progress,
         ..args.to_options()
     };
     let Some((layout, components)) = validate::validate_sets(&args.path, &options)
