@@ -40,6 +40,15 @@ struct MergeArgs {
     quiet: bool,
 }
 
+impl Args {
+    /// Whether `--json` was given.
+    pub fn json(&self) -> bool {
+        match &self.command {
+            Command::Merge(m) => m.print.json,
+        }
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     match args.command {
         Command::Merge(args) => run_merge(args),

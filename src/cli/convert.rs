@@ -15,7 +15,7 @@ mod args;
 mod layout;
 mod render;
 
-pub use self::args::{parse_block, Args, ConvertArgs, QuantizeArg};
+pub use self::args::{parse_block, parse_shard_size, Args, ConvertArgs, QuantizeArg};
 use self::layout::{dry_run, print_notes, render_components, run_split};
 use self::render::render_summary;
 
@@ -31,8 +31,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     }
     // A folder is read as a layout (its weight sets and the rest of its
     // tree); a file is one checkpoint. `batch` converts through the same.
-    let source = ConvertSource::open(&args.src)
-        .with_context(|| format!("cannot convert {}", args.src.display()))?;
+    let source = ConvertSource::open(&args.src).with_context(|| {
+        let models = models_below(&args.src);
+        if models.is_empty() {
+            return format!("cannot convert {}", args.src.display());
+        }
+        format!(
+            "cannot convert {}: it is a folder of models ({}), not one; `reshard batch {} --out {}` converts each of them",
+            args.src.display(),
+            models.join(", "),
+            reshard::platform::shell_quote(&args.src.display().to_string()),
+            reshard::platform::shell_quote(&args.dst.display().to_string()),
+        )
+    })?;
     if args.dry_run {
         return dry_run(&args, &source, &options);
     }
@@ -92,7 +103,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     for rel in &sets {
         let src = source.set_dir(rel);
         let dst = layouts::join_rel(&args.dst, rel);
-        let options = args.load.options(Some(src));
+        let show = !(args.quiet || args.options.no_progress || args.print.json);
+        let options = reshard::validate::ValidateOptions {
+            progress: reshard::validate::Progress::new(std::sync::Arc::new(Bar::new(show))),
+            ..args.load.options(Some(src))
+        };
         let report = validate_with_budget(&dst, &options)
             .with_context(|| format!("cannot validate {}", dst.display()))?;
         if !args.print.json && (!args.quiet || !report.passed) {
@@ -113,6 +128,37 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     } else {
         ExitStatus::CheckFailed
     })
+}
+
+/// The first few subfolders of `dir` that hold a checkpoint (or a pipeline
+/// or sentence-transformers model): when SRC itself holds none, the user
+/// likely meant `batch`. Only the folder's own entries are looked at, so a
+/// mistyped SRC such as `~` costs no walk.
+fn models_below(dir: &std::path::Path) -> Vec<String> {
+    const SHOWN: usize = 3;
+    const LOOKED_AT: usize = 64;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.path().is_dir())
+        .take(LOOKED_AT)
+        .filter(|e| {
+            let p = e.path();
+            p.join("model_index.json").is_file()
+                || p.join("modules.json").is_file()
+                || reshard::format::open(&p).is_ok()
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    if names.len() > SHOWN {
+        let more = names.len() - SHOWN;
+        names.truncate(SHOWN);
+        names.push(format!("{more} more"));
+    }
+    names
 }
 
 /// Whether DST names one file (`NAME.safetensors`) rather than a folder;

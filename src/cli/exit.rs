@@ -27,11 +27,29 @@ pub fn report(err: &anyhow::Error) -> ExitStatus {
         return ExitStatus::Ok;
     }
     let mut stderr = std::io::stderr().lock();
-    let _ = writeln!(stderr, "error: {err}");
+    let label = super::printer::paint_stderr("error", super::printer::Colour::Bad);
+    let _ = writeln!(stderr, "{label}: {err}");
     for cause in err.chain().skip(1) {
         let _ = writeln!(stderr, "caused by: {cause}");
     }
     ExitStatus::Error
+}
+
+/// Under `--json`: the error as [`report`] shows it on stderr, and as one
+/// JSON object on stdout, so that a script reading stdout always gets
+/// JSON: `{"error": "...", "causes": ["...", ...], "exit": 2}`.
+pub fn report_json(err: &anyhow::Error) -> ExitStatus {
+    let status = report(err);
+    if is_broken_pipe(err) {
+        return status;
+    }
+    let value = serde_json::json!({
+        "error": err.to_string(),
+        "causes": err.chain().skip(1).map(|c| c.to_string()).collect::<Vec<_>>(),
+        "exit": status.code(),
+    });
+    let _ = super::printer::json(&value);
+    status
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {

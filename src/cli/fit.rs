@@ -14,7 +14,8 @@ use reshard::format::{self, Dtype};
 use reshard::plan::PlanOptions;
 use reshard::units::{human, ByteSize};
 
-use super::{printer, ExitStatus};
+use super::printer::{self, paint, plural, Colour};
+use super::ExitStatus;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -27,7 +28,7 @@ pub struct Args {
     #[arg(long, value_name = "DTYPE")]
     dtype: Option<Dtype>,
     /// What if the checkpoint were converted with this --max-shard-size?
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", value_parser = crate::cli::convert::parse_shard_size)]
     max_shard_size: Option<ByteSize>,
     /// What if its Linear weights were quantized with this --quantize
     /// scheme? (Bytes, host commit and VRAM of the stored FP8 output.)
@@ -38,6 +39,10 @@ pub struct Args {
     block: Option<[u64; 2]>,
     #[command(flatten)]
     pub print: crate::cli::printer::OutputArgs,
+    /// Print only the verdict and the advice (the lines after the tables)
+    /// and errors.
+    #[arg(short, long)]
+    quiet: bool,
 }
 
 /// The machine and loaders to judge; shared by `fit` and `batch --mode fit`.
@@ -204,6 +209,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         .with_context(|| format!("cannot judge {}", args.path.display()))?;
     if args.print.json {
         printer::json(&report)?;
+    } else if args.quiet {
+        let mut o = render_verdict(&report);
+        render_advice(&mut o, &report);
+        printer::text(&o)?;
     } else {
         let mut path = args.path.display().to_string();
         if let Some(what) = composite {
@@ -362,13 +371,14 @@ fn render_scenario(o: &mut String, label: &str, s: &Scenario, os: Os) {
     let z = &s.sizes;
     let _ = writeln!(
         o,
-        "{label}{}: {} shards, sum(S) {}, max(S) {}, sum(T) {}, max(T) {}",
+        "{label}{}: {} {}, sum(S) {}, max(S) {}, sum(T) {}, max(T) {}",
         if s.format == format::Format::Gguf {
             " (gguf)"
         } else {
             ""
         },
         s.shard_count,
+        plural(s.shard_count, "shard", "shards"),
         human(z.shard_sum),
         human(z.shard_max),
         human(z.tensor_sum),
@@ -489,6 +499,34 @@ fn render_side_by_side(o: &mut String, r: &FitReport, w: &Scenario) {
     }
 }
 
+/// `fits`, or `does not fit: ` and the judged loaders that do not (in the
+/// what-if scenario when there is one): `-q`'s first line.
+fn render_verdict(r: &FitReport) -> String {
+    let judged = r.what_if.as_ref().unwrap_or(&r.today);
+    let mut short: Vec<&str> = judged
+        .loaders
+        .iter()
+        .filter(|l| !l.fits)
+        .map(|l| l.loader.name())
+        .collect();
+    if short.is_empty() {
+        // Then it fails because a loader named cannot read it.
+        short = judged
+            .not_applicable
+            .iter()
+            .map(|n| n.loader.name())
+            .collect();
+    }
+    if r.fits {
+        format!("{}\n", paint("fits", Colour::Good))
+    } else if short.is_empty() {
+        format!("{}\n", paint("does not fit", Colour::Bad))
+    } else {
+        let verdict = paint("does not fit", Colour::Bad);
+        format!("{verdict}: {}\n", short.join(", "))
+    }
+}
+
 fn render_advice(o: &mut String, r: &FitReport) {
     let judged = r.what_if.as_ref().unwrap_or(&r.today);
     if r.today.loaders.is_empty() {
@@ -522,7 +560,7 @@ fn render_advice(o: &mut String, r: &FitReport) {
             names.join(", ")
         );
     } else if r.today.loaders.iter().any(|l| l.host_shortfall > 0) {
-        let _ = writeln!(o, "no conversion among the candidates (5GB to 256MiB shards, bf16 for f32) makes more loaders fit");
+        let _ = writeln!(o, "no conversion among the candidates (the checkpoint's own shard size down to 16MiB, bf16 for f32, and any what-if asked) makes more loaders fit");
     }
     for l in &r.not_helped_by_resharding {
         let why = match l {

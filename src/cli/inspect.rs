@@ -43,6 +43,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         })?;
     } else if let Some(lines) = &lines {
         printer::text(&render_tensors(lines))?;
+    } else if args.quiet {
+        printer::text(&printer::findings_only(&summary.path, &summary.findings))?;
     } else {
         printer::text(&render_summary(&summary))?;
     }
@@ -70,6 +72,16 @@ fn run_layout(args: &Args) -> anyhow::Result<Option<ExitStatus>> {
         .with_context(|| format!("cannot inspect {}", args.path.display()))?;
     if args.print.json {
         printer::json(&s)?;
+    } else if args.quiet {
+        let mut o = String::new();
+        for c in &s.components {
+            let path = match c.path.as_str() {
+                "." => s.path.clone(),
+                rel => format!("{}/{rel}", s.path.trim_end_matches('/')),
+            };
+            o.push_str(&printer::findings_only(&path, &c.summary.findings));
+        }
+        printer::text(&o)?;
     } else {
         let mut o = format!("{}: {}\n", escape(&s.path), s.kind.describe());
         for note in &s.notes {

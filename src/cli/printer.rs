@@ -77,3 +77,59 @@ impl OutputArgs {
         Printer::new(self.json)
     }
 }
+
+/// `one` when `n` is 1, else `many`: "1 shard", "2 shards", "0 shards".
+pub fn plural<'a>(n: impl TryInto<u64>, one: &'a str, many: &'a str) -> &'a str {
+    if n.try_into().ok() == Some(1) {
+        one
+    } else {
+        many
+    }
+}
+
+/// inspect's `-q`: one `PATH: finding` line per finding.
+pub fn findings_only<T: std::fmt::Display>(path: &str, findings: &[T]) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    for f in findings {
+        let _ = writeln!(o, "{}: {f}", reshard::names::escape(path));
+    }
+    o
+}
+
+/// A colour for a verdict or an error label.
+#[derive(Debug, Clone, Copy)]
+pub enum Colour {
+    Good,
+    Bad,
+}
+
+/// Whether to colour what goes to `stream`: it is a terminal, and neither
+/// `NO_COLOR` (any non-empty value, <https://no-color.org>) nor
+/// `TERM=dumb` asks for plain text.
+fn colour_on(stream: &impl std::io::IsTerminal) -> bool {
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    let dumb = std::env::var_os("TERM").is_some_and(|t| t == "dumb");
+    stream.is_terminal() && !no_color && !dumb
+}
+
+fn paint_if(on: bool, s: &str, c: Colour) -> String {
+    if !on {
+        return s.to_string();
+    }
+    let code = match c {
+        Colour::Good => "32",
+        Colour::Bad => "31",
+    };
+    format!("\x1b[1;{code}m{s}\x1b[0m")
+}
+
+/// `s` in colour `c` when stdout takes colour ([`colour_on`]).
+pub fn paint(s: &str, c: Colour) -> String {
+    paint_if(colour_on(&std::io::stdout()), s, c)
+}
+
+/// `s` in colour `c` when stderr takes colour ([`colour_on`]).
+pub fn paint_stderr(s: &str, c: Colour) -> String {
+    paint_if(colour_on(&std::io::stderr()), s, c)
+}

@@ -4,7 +4,7 @@
 
 use std::io::IsTerminal;
 
-use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressFinish, ProgressStyle};
 use reshard::batch::{BatchReporter, Model, ModelResult};
 use reshard::exec::Reporter;
 
@@ -27,7 +27,10 @@ pub struct Bar {
 impl Bar {
     /// A bar that draws only when `show` and stderr is a terminal.
     pub fn new(show: bool) -> Bar {
-        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
+        // Cleared however the run ends: an error leaves no stale bar above
+        // its message.
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden())
+            .with_finish(ProgressFinish::AndClear);
         if visible(show) {
             bar.set_draw_target(ProgressDrawTarget::stderr());
         }
@@ -38,7 +41,10 @@ impl Bar {
 
 impl Reporter for Bar {
     fn start(&self, bytes: u64) {
+        // A new run on the same bar (validate's weight sets, one after
+        // another) starts from zero, visible again after the last finish.
         self.bar.set_length(bytes);
+        self.bar.reset();
     }
     fn advance(&self, bytes: u64) {
         self.bar.inc(bytes);

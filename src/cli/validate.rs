@@ -10,9 +10,12 @@ use reshard::format::layout::LayoutKind;
 use reshard::names::escape;
 use reshard::units::{human, ByteSize, TimeSpan};
 use reshard::validate::python::{self, PythonLoader, PythonOptions, PythonReport};
-use reshard::validate::{self, DeviceSpec, Loader, SetReport, ValidateOptions, ValidateReport};
+use reshard::validate::{
+    self, DeviceSpec, Loader, Progress, SetReport, ValidateOptions, ValidateReport,
+};
 
-use super::printer;
+use super::printer::{self, paint, plural, Colour};
+use super::progress::Bar;
 use super::ExitStatus;
 
 #[derive(Debug, clap::Args)]
@@ -57,6 +60,15 @@ pub struct Args {
     loader_timeout: TimeSpan,
     #[command(flatten)]
     pub print: crate::cli::printer::OutputArgs,
+    /// Print only the verdict (`passed`, or `FAILED` and each problem) and
+    /// errors.
+    #[arg(short, long)]
+    quiet: bool,
+    /// Hide the progress bar (it is drawn on stderr, only when stderr is a
+    /// terminal; never with --json or -q, nor under --commit-budget, whose
+    /// load runs in a child process).
+    #[arg(long)]
+    no_progress: bool,
 }
 
 /// How to load: shared by `validate`, `convert --validate` and
@@ -92,6 +104,7 @@ impl LoadArgs {
             against,
             emulate: None,
             cancel: reshard::validate::Cancel::new(super::cancel::on_ctrl_c()),
+            progress: Progress::default(),
         }
     }
 }
@@ -103,19 +116,37 @@ impl Args {
             ..self.load.options(self.against.clone())
         }
     }
+
+    /// The bar the load draws, when one is drawn at all.
+    fn progress(&self) -> Progress {
+        let show = !(self.quiet || self.no_progress || self.print.json);
+        Progress::new(std::sync::Arc::new(Bar::new(show)))
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     if let Some(loader) = args.loader {
         return run_python(&args, loader);
     }
-    if let Some(status) = run_layout(&args)? {
+    // One bar for whichever of the two runs: a weight set at a time, or
+    // the plain model.
+    let progress = args.progress();
+    if let Some(status) = run_layout(&args, progress.clone())? {
         return Ok(status);
     }
-    let options = args.to_options();
+    let options = ValidateOptions {
+        progress,
+        ..args.to_options()
+    };
     let report = validate::validate_with_budget(&args.path, &options)
         .with_context(|| format!("cannot validate {}", args.path.display()))?;
-    args.print.printer().result(&report, || render(&report))?;
+    args.print.printer().result(&report, || {
+        if args.quiet {
+            render_verdict(&report)
+        } else {
+            render(&report)
+        }
+    })?;
     Ok(if report.passed {
         ExitStatus::Ok
     } else {
@@ -134,8 +165,12 @@ struct LayoutReport {
 /// A pipeline or sentence-transformers folder (as `convert` writes it):
 /// each weight set validated on its own, as its library loads it, against
 /// the same set of `--against` when given. `None` for a plain model.
-fn run_layout(args: &Args) -> anyhow::Result<Option<ExitStatus>> {
-    let Some((layout, components)) = validate::validate_sets(&args.path, &args.to_options())
+fn run_layout(args: &Args, progress: Progress) -> anyhow::Result<Option<ExitStatus>> {
+    let options = ValidateOptions {
+        progress,
+        ..args.to_options()
+    };
+    let Some((layout, components)) = validate::validate_sets(&args.path, &options)
         .with_context(|| format!("cannot validate {}", args.path.display()))?
     else {
         return Ok(None);
@@ -149,25 +184,37 @@ fn run_layout(args: &Args) -> anyhow::Result<Option<ExitStatus>> {
             components,
         })?;
     } else {
-        let mut o = format!(
-            "{}: {}, {} weight sets, each validated on its own\n",
-            escape(&args.path.display().to_string()),
-            layout.kind.describe(),
-            components.len()
-        );
-        for c in &components {
+        let mut o = if args.quiet {
+            String::new()
+        } else {
+            format!(
+                "{}: {}, {} weight sets, each validated on its own\n",
+                escape(&args.path.display().to_string()),
+                layout.kind.describe(),
+                components.len()
+            )
+        };
+        for c in components
+            .iter()
+            .filter(|c| !args.quiet || !c.report.passed)
+        {
             let _ = writeln!(o, "\n[{}]", escape(&c.component));
-            o.push_str(&render(&c.report));
+            if args.quiet {
+                o.push_str(&render_verdict(&c.report));
+            } else {
+                o.push_str(&render(&c.report));
+            }
         }
         let failed: Vec<&str> = components
             .iter()
             .filter(|c| !c.report.passed)
             .map(|c| c.component.as_str())
             .collect();
+        let gap = if o.is_empty() { "" } else { "\n" };
         if failed.is_empty() {
-            let _ = writeln!(o, "\nall {} weight sets passed", components.len());
+            let _ = writeln!(o, "{gap}all {} weight sets passed", components.len());
         } else {
-            let _ = writeln!(o, "\nfailed: {}", failed.join(", "));
+            let _ = writeln!(o, "{gap}failed: {}", failed.join(", "));
         }
         printer::text(&o)?;
     }
@@ -198,9 +245,16 @@ fn run_python(args: &Args, loader: PythonLoader) -> anyhow::Result<ExitStatus> {
     let cancel = super::cancel::on_ctrl_c();
     let report = python::run(&args.path, &options, cancel)
         .with_context(|| format!("cannot validate {}", args.path.display()))?;
-    args.print
-        .printer()
-        .result(&report, || render_python(&report))?;
+    args.print.printer().result(&report, || {
+        let text = render_python(&report);
+        if args.quiet {
+            // The verdict is the last line.
+            let last = text.lines().last().unwrap_or_default();
+            format!("{last}\n")
+        } else {
+            text
+        }
+    })?;
     Ok(if report.passed {
         ExitStatus::Ok
     } else {
@@ -311,15 +365,19 @@ pub fn render(r: &ValidateReport) -> String {
     };
     let _ = writeln!(
         o,
-        "{}: {} tensors in {} files, {checks}",
-        r.path, r.tensors, r.files
+        "{}: {} tensors in {} {}, {checks}",
+        r.path,
+        r.tensors,
+        r.files,
+        plural(r.files, "file", "files")
     );
     if let Some(e) = &r.emulation {
         let _ = writeln!(
             o,
-            "emulating {}: {} shards, sum(S) {}, max(S) {}, predicted peak {}",
+            "emulating {}: {} {}, sum(S) {}, max(S) {}, predicted peak {}",
             e.loader,
             e.shards,
+            plural(e.shards, "shard", "shards"),
             human(e.sum_shards),
             human(e.max_shard),
             human(e.predicted_peak)
@@ -347,10 +405,11 @@ pub fn render(r: &ValidateReport) -> String {
         let rate = s.bytes as f64 / s.seconds.max(1e-9) / 1e9;
         let _ = writeln!(
             o,
-            "  {}  {:>10}  {:>4} tensors  {:.3} s  {rate:.2} GB/s",
+            "  {}  {:>10}  {:>4} {:<7}  {:.3} s  {rate:.2} GB/s",
             s.file,
             human(s.bytes),
             s.tensors,
+            plural(s.tensors, "tensor", "tensors"),
             s.seconds
         );
     }
@@ -431,10 +490,20 @@ pub fn render(r: &ValidateReport) -> String {
             o.push_str(&crate::cli::quality::render_quality(q));
         }
     }
+    o.push_str(&render_verdict(r));
+    o
+}
+
+/// `passed`, or `FAILED: N problems` and one line per problem: all that
+/// `-q` prints.
+pub fn render_verdict(r: &ValidateReport) -> String {
+    let mut o = String::new();
     if r.passed {
-        let _ = writeln!(o, "passed");
+        let _ = writeln!(o, "{}", paint("passed", Colour::Good));
     } else {
-        let _ = writeln!(o, "FAILED: {} problems", r.failures.len());
+        let n = r.failures.len();
+        let failed = paint("FAILED", Colour::Bad);
+        let _ = writeln!(o, "{failed}: {n} {}", plural(n, "problem", "problems"));
         for f in &r.failures {
             let _ = writeln!(o, "  - {f}");
         }

@@ -23,13 +23,49 @@ use crate::plan::{OutputFormat, Plan, PlanError, PlanOptions, ShardPlan};
 pub use self::loader::{DEFAULT_BASELINE, DEFAULT_CUDA_OVERHEAD, DEFAULT_WINDOW};
 
 /// Shard sizes the recommendation tries, largest (least change) first.
-pub const CANDIDATE_SHARD_SIZES: [(u64, &str); 5] = [
+/// Only those below the checkpoint's largest shard are tried, beside its
+/// own shard size ([`candidate_sizes`]): larger shards never lower a peak.
+pub const CANDIDATE_SHARD_SIZES: [(u64, &str); 9] = [
     (5_000_000_000, "5GB"),
     (2 << 30, "2GiB"),
     (1 << 30, "1GiB"),
     (512 << 20, "512MiB"),
     (256 << 20, "256MiB"),
+    (128 << 20, "128MiB"),
+    (64 << 20, "64MiB"),
+    (32 << 20, "32MiB"),
+    (16 << 20, "16MiB"),
 ];
+
+/// The shard sizes [`recommend`] tries on `ck`, largest first: the
+/// checkpoint's own (its largest shard's tensor bytes, rounded up to a
+/// whole MiB or GiB), then each of [`CANDIDATE_SHARD_SIZES`] below it.
+/// Merging shards is never the least change: every loader's peak grows
+/// or stays with the shard size.
+pub fn candidate_sizes(ck: &Checkpoint) -> Vec<(u64, String)> {
+    let mut per_file = vec![0u64; ck.files.len()];
+    for t in &ck.tensors {
+        if let Some(f) = per_file.get_mut(t.file) {
+            *f = f.saturating_add(t.len);
+        }
+    }
+    let largest = per_file.into_iter().max().unwrap_or(0).max(1);
+    let (unit, name) = if largest > 1 << 30 {
+        (1u64 << 30, "GiB")
+    } else {
+        (1 << 20, "MiB")
+    };
+    let units = largest.div_ceil(unit);
+    let own = units.saturating_mul(unit);
+    let mut sizes = vec![(own, format!("{units}{name}"))];
+    sizes.extend(
+        CANDIDATE_SHARD_SIZES
+            .iter()
+            .filter(|(size, _)| *size < own)
+            .map(|&(size, arg)| (size, arg.to_string())),
+    );
+    sizes
+}
 
 /// Why a fit cannot be judged.
 #[derive(Debug, thiserror::Error)]
@@ -495,7 +531,12 @@ pub fn fit(ck: &Checkpoint, machine: Machine, options: &FitOptions) -> Result<Fi
         // no conversion reshard makes helps them.
         (None, host_short)
     } else {
-        recommend(ck, &today, &ctx, &options.path)?
+        let asked = options
+            .what_if
+            .as_ref()
+            .zip(what_if.as_ref())
+            .filter(|(o, _)| o.quantize.is_none());
+        recommend(ck, &today, asked, &ctx, &options.path)?
     };
     Ok(FitReport {
         machine,
@@ -510,13 +551,17 @@ pub fn fit(ck: &Checkpoint, machine: Machine, options: &FitOptions) -> Result<Fi
     })
 }
 
-/// Tries every candidate shard size, at the source dtype and (for f32/f64
-/// sources) at bf16, and keeps the one that makes the most loaders fit,
-/// preferring no cast, then the largest shards. `None` when none beats the
-/// checkpoint as it is.
+/// Tries every candidate shard size ([`candidate_sizes`]) at the source
+/// dtype and (for f32/f64 sources) at bf16, and the what-if conversion
+/// asked for, and keeps the least change among those that make the most
+/// loaders fit: no cast before a cast, then the largest shards. `None` when
+/// none beats the checkpoint as it is. The second value: the loaders no
+/// conversion without a cast makes fit (the what-if included, so the
+/// advice never contradicts its own table).
 fn recommend(
     ck: &Checkpoint,
     today: &Scenario,
+    asked: Option<(&PlanOptions, &Scenario)>,
     ctx: &Context<'_>,
     path: &str,
 ) -> Result<(Option<Recommendation>, Vec<Loader>), FitError> {
@@ -529,25 +574,59 @@ fn recommend(
     } else {
         &[None]
     };
-    // The loaders that read the checkpoint (and what convert writes).
-    let judged: Vec<Loader> = today.loaders.iter().map(|l| l.loader).collect();
-    let mut best: Option<(usize, Recommendation)> = None;
-    let mut reshard_fixes: Vec<Loader> = today.fitting_host();
+    let sizes = candidate_sizes(ck);
+    // Shards past the checkpoint's own size are no less change than its own.
+    let own = sizes.first().map_or(u64::MAX, |s| s.0);
+    let mut tried: Vec<(u64, String, Option<Dtype>, Vec<Loader>)> = Vec::new();
     for &dtype in dtypes {
-        for (size, arg) in CANDIDATE_SHARD_SIZES {
+        for (size, arg) in sizes.iter().cloned() {
             let options = PlanOptions {
                 max_shard_size: size,
                 dtype,
                 ..PlanOptions::default()
             };
             let s = Scenario::of_plan(&sized_plan(ck, &options)?, ctx);
-            let fits = s.fitting_host();
-            if dtype.is_none() {
-                reshard_fixes.extend(fits.iter().copied());
-            }
-            if best.as_ref().is_some_and(|(n, _)| *n >= fits.len()) {
-                continue;
-            }
+            tried.push((size, arg, dtype, s.fitting_host()));
+        }
+    }
+    if let Some((o, s)) = asked {
+        tried.push((
+            o.max_shard_size,
+            size_arg(o.max_shard_size),
+            o.dtype,
+            s.fitting_host(),
+        ));
+    }
+    // The loaders that read the checkpoint (and what convert writes).
+    let judged: Vec<Loader> = today.loaders.iter().map(|l| l.loader).collect();
+    let mut reshard_fixes: Vec<Loader> = today.fitting_host();
+    for (_, _, dtype, fits) in &tried {
+        if dtype.is_none() {
+            reshard_fixes.extend(fits.iter().copied());
+        }
+    }
+    let unhelped = judged
+        .iter()
+        .copied()
+        .filter(|l| !reshard_fixes.contains(l))
+        .collect();
+    // Most loaders fitting, then no cast, then the largest shards up to the
+    // checkpoint's own; on a full tie the earliest tried (a candidate
+    // before the what-if, so a what-if that merges shards is not advised).
+    let best = tried
+        .into_iter()
+        .enumerate()
+        .max_by_key(|(i, (size, _, dtype, fits))| {
+            (
+                fits.len(),
+                dtype.is_none(),
+                (*size).min(own),
+                std::cmp::Reverse(*i),
+            )
+        })
+        .map(|(_, t)| t)
+        .filter(|(_, _, _, fits)| fits.len() > today.fitting_host().len())
+        .map(|(size, arg, dtype, fits)| {
             let mut command = format!(
                 "reshard convert {} OUT --max-shard-size {arg}",
                 crate::platform::shell_quote(path)
@@ -560,26 +639,36 @@ fn recommend(
                 .copied()
                 .filter(|l| !fits.contains(l))
                 .collect();
-            let rec = Recommendation {
+            Recommendation {
                 max_shard_size: size,
-                max_shard_size_arg: arg.into(),
+                max_shard_size_arg: arg,
                 dtype,
                 command,
                 fits,
                 still_not_fitting,
-            };
-            best = Some((rec.fits.len(), rec));
-        }
-    }
-    let unhelped = judged
-        .iter()
-        .copied()
-        .filter(|l| !reshard_fixes.contains(l))
-        .collect();
-    let best = best
-        .filter(|(n, _)| *n > today.fitting_host().len())
-        .map(|b| b.1);
+            }
+        });
     Ok((best, unhelped))
+}
+
+/// `--max-shard-size` as one would type `bytes`: `64MiB`, `5GB`, or the
+/// number of bytes with a `B` when no unit divides it.
+fn size_arg(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 6] = [
+        (1 << 30, "GiB"),
+        (1_000_000_000, "GB"),
+        (1 << 20, "MiB"),
+        (1_000_000, "MB"),
+        (1 << 10, "KiB"),
+        (1_000, "KB"),
+    ];
+    UNITS
+        .iter()
+        .find(|(unit, _)| bytes > 0 && bytes.is_multiple_of(*unit))
+        .map_or_else(
+            || format!("{bytes}B"),
+            |(unit, name)| format!("{}{name}", bytes / unit),
+        )
 }
 
 #[cfg(test)]

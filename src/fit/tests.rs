@@ -246,8 +246,11 @@ fn strict_overcommit_also_checks_commit() {
 #[test]
 fn recommends_the_largest_shards_that_fit_the_most_loaders() {
     // Commit limit 11 GiB, 16 GiB GPU. Today pread (4.6 GiB), full-read
-    // (6.5 GiB) and reshard fit; per-shard needs 2 x 6 GiB + 0.5 GiB. 5GB
-    // shards (max(S) <= 4.66 GiB): per-shard fits (<= 9.9 GiB).
+    // (6.5 GiB) and reshard fit; per-shard needs 2 x 6 GiB + 0.5 GiB.
+    // The largest candidate is the source's own size, 6 GiB (its largest
+    // shard's tensor bytes): repacked in layer order without splitting a
+    // block, embed + 2 blocks make 5 GiB, so per-shard fits (2 x 5 GiB +
+    // 0.5 GiB + 8 MiB).
     // transformers-v5-mmap and diffusers need at least sum(S) + max(S) +
     // cuda > 11 GiB whatever the shard size.
     let r = fit(&llama(), windows(10 * GIB, GIB, Some(16 * GIB)), &options()).unwrap();
@@ -260,11 +263,12 @@ fn recommends_the_largest_shards_that_fit_the_most_loaders() {
         ]
     );
     let rec = r.recommendation.unwrap();
-    assert_eq!(rec.max_shard_size_arg, "5GB");
+    assert_eq!(rec.max_shard_size_arg, "6GiB");
+    assert_eq!(rec.max_shard_size, 6 * GIB);
     assert_eq!(rec.dtype, None);
     assert_eq!(
         rec.command,
-        "reshard convert llama OUT --max-shard-size 5GB"
+        "reshard convert llama OUT --max-shard-size 6GiB"
     );
     assert_eq!(
         rec.still_not_fitting,
@@ -581,4 +585,38 @@ fn a_gguf_what_if_is_judged_by_the_loaders_of_what_convert_writes() {
     assert_eq!(out, [Loader::LlamaCpp, Loader::ComfyuiGguf]);
     // The default set: judged on what convert writes, it fits.
     assert!(r.fits);
+}
+
+#[test]
+fn candidates_start_at_the_sources_own_shard_size_and_go_down_to_16_mib() {
+    // llama(): its first file holds 6 GiB of tensors.
+    let sizes = candidate_sizes(&llama());
+    let args: Vec<&str> = sizes.iter().map(|s| s.1.as_str()).collect();
+    assert_eq!(
+        args,
+        ["6GiB", "5GB", "2GiB", "1GiB", "512MiB", "256MiB", "128MiB", "64MiB", "32MiB", "16MiB"]
+    );
+    assert!(sizes.windows(2).all(|w| w[0].0 > w[1].0));
+    assert_eq!(size_arg(64 * MIB), "64MiB");
+    assert_eq!(size_arg(5_000_000_000), "5GB");
+    assert_eq!(size_arg(1234), "1234B");
+}
+
+#[test]
+fn a_what_if_that_merges_shards_is_not_what_is_recommended() {
+    // Per-shard needs 2 x 6 GiB + 0.5 GiB today. The what-if asks for
+    // 6.5 GiB shards: repacked by whole blocks they are at most 5 GiB, as
+    // with the source's own 6 GiB, so both make the same loaders fit; the
+    // larger what-if must not win on its size.
+    let mut o = options();
+    o.what_if = Some(PlanOptions {
+        max_shard_size: 6 * GIB + GIB / 2,
+        ..PlanOptions::default()
+    });
+    let r = fit(&llama(), windows(10 * GIB, GIB, Some(16 * GIB)), &o).unwrap();
+    let rec = r.recommendation.unwrap();
+    let asked = r.what_if.as_ref().unwrap();
+    assert_eq!(asked.fitting_host(), rec.fits, "the same loaders fit");
+    assert!(rec.max_shard_size <= 6 * GIB, "{rec:?}");
+    assert_eq!(rec.max_shard_size_arg, "6GiB");
 }

@@ -99,6 +99,9 @@ pub fn compare(
             report,
             &mut summary,
         )?;
+        validate
+            .progress
+            .advance(ck.tensors.iter().fold(0u64, |a, t| a.saturating_add(t.len)));
         report.against = Some(summary);
         return Ok(());
     }
@@ -172,6 +175,8 @@ pub fn compare(
         }
         let out = &ck.tensors[i];
         let file = ck.files[out.file].name();
+        // Counted as it starts: the comparisons below `continue` early.
+        validate.progress.advance(out.len);
         if let Some(&(codes, scale, scheme)) = dense.get(out.name.as_str()) {
             if codes.dtype != out.dtype || codes.name != out.name {
                 let Ok(bufs) = bufs.as_mut() else {

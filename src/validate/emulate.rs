@@ -32,7 +32,7 @@ use crate::write::digest::xxh3_64;
 
 use super::integrity::{Expected, ShardCheck};
 use super::ledger::CommitLedger;
-use super::options::{Cancel, Loader};
+use super::options::{Loader, ValidateOptions};
 use super::report::{EmulationReport, Failure, ShardTiming, ValidateReport};
 use super::ValidateError;
 use crate::fit::loader::{self as model, LoadParams, Os, Pattern, ShardHold, Sizes};
@@ -73,7 +73,7 @@ pub fn run(
     order: &[usize],
     loader: Loader,
     expect: &Expected<'_>,
-    cancel: Cancel,
+    options: &ValidateOptions,
     ledger: &mut CommitLedger,
     report: &mut ValidateReport,
 ) -> Result<(), ValidateError> {
@@ -117,6 +117,7 @@ pub fn run(
     for &file in order {
         let started = Instant::now();
         let source = &ck.files[file];
+        options.progress.shard_started(&source.name());
         let io = |e: std::io::Error| ValidateError::Io {
             what: format!("read {}", source.path.display()),
             source: e,
@@ -150,7 +151,7 @@ pub fn run(
         let mut pos = 0u64;
         for &i in &tensors {
             crate::write::failpoint::named("emulate");
-            if cancel.is_set() {
+            if options.cancel.is_set() {
                 return Err(ValidateError::Interrupted {
                     path: ck.dir.clone(),
                 });
@@ -202,6 +203,7 @@ pub fn run(
             expect.check_tensor(ck, i, xxh3_64(data), &mut report.failures);
             cursor += if storage.is_some() { len } else { 0 };
             bytes_loaded += t.len;
+            options.progress.advance(t.len);
             count += 1;
         }
         match &held {

@@ -52,6 +52,9 @@ pub(crate) fn run(
     let expect = integrity::Expected::new(&ck, manifest.as_ref(), &mut report.failures);
     integrity::check_files(&ck.dir, manifest.as_ref(), &mut report.failures);
     let order = own::shard_order(&ck);
+    let read = ck.tensors.iter().fold(0u64, |a, t| a.saturating_add(t.len));
+    let passes = if options.against.is_some() { 2 } else { 1 };
+    options.progress.start(read.saturating_mul(passes));
 
     match options.emulate {
         Some(Loader::Reshard) => return Err(ValidateError::EmulateReshard),
@@ -64,15 +67,7 @@ pub(crate) fn run(
                 });
             }
             before_load(ledger)?;
-            emulate::run(
-                &ck,
-                &order,
-                loader,
-                &expect,
-                options.cancel,
-                ledger,
-                &mut report,
-            )?;
+            emulate::run(&ck, &order, loader, &expect, options, ledger, &mut report)?;
         }
         None => {
             let mut device =
@@ -127,6 +122,7 @@ pub(crate) fn run(
             path: path.to_path_buf(),
         });
     }
+    options.progress.finish();
     report.commit = Some(ledger.figures());
     report.finish(options);
     Ok(report)

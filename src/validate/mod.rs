@@ -57,7 +57,7 @@ pub use self::budget::validate_with_budget;
 pub use self::error::ValidateError;
 pub use self::ledger::{CommitFigures, CommitLedger};
 pub use self::load::validate;
-pub use self::options::{Cancel, DeviceSpec, Loader, ValidateOptions, DEFAULT_STAGING};
+pub use self::options::{Cancel, DeviceSpec, Loader, Progress, ValidateOptions, DEFAULT_STAGING};
 pub use self::own::shard_order;
 pub use self::report::{Failure, Placement, ShardTiming, ValidateReport};
 pub use self::sets::{validate_sets, SetReport};

@@ -7,8 +7,11 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+
+use crate::exec::Reporter;
 
 /// Default size of the one staging buffer every byte goes through.
 pub const DEFAULT_STAGING: u64 = crate::fit::loader::DEFAULT_WINDOW;
@@ -69,6 +72,64 @@ pub struct ValidateOptions {
     /// which the parent kills instead.
     #[serde(skip)]
     pub cancel: Cancel,
+    /// Where the bytes read are reported as they pass (the CLI's bar).
+    /// Not sent to the budget child: under a commit budget nothing is
+    /// reported until the child ends.
+    #[serde(skip)]
+    pub progress: Progress,
+}
+
+/// The caller's [`Reporter`], or none. Like [`Cancel`], not part of what
+/// is checked. The load reports, in order: [`Reporter::start`] with every
+/// byte it will read (the tensors, twice with `--against`: the output's
+/// and the source's comparison), [`Reporter::advance`] as they are read,
+/// then [`Reporter::finish`].
+#[derive(Clone, Default)]
+pub struct Progress(Option<Arc<dyn Reporter + Send>>);
+
+impl Progress {
+    pub fn new(reporter: Arc<dyn Reporter + Send>) -> Progress {
+        Progress(Some(reporter))
+    }
+
+    pub fn start(&self, bytes: u64) {
+        if let Some(r) = &self.0 {
+            r.start(bytes);
+        }
+    }
+
+    pub fn advance(&self, bytes: u64) {
+        if let Some(r) = &self.0 {
+            r.advance(bytes);
+        }
+    }
+
+    pub fn shard_started(&self, file: &str) {
+        if let Some(r) = &self.0 {
+            r.shard_started(file);
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(r) = &self.0 {
+            r.finish();
+        }
+    }
+}
+
+impl PartialEq for Progress {
+    fn eq(&self, _: &Progress) -> bool {
+        true
+    }
+}
+
+impl Eq for Progress {}
+
+impl fmt::Debug for Progress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = if self.0.is_some() { "reporter" } else { "none" };
+        write!(f, "Progress({what})")
+    }
 }
 
 /// The caller's cancel flag (Ctrl-C), or none. It is not part of what is
@@ -114,6 +175,7 @@ impl Default for ValidateOptions {
             against: None,
             emulate: None,
             cancel: Cancel::default(),
+            progress: Progress::default(),
         }
     }
 }

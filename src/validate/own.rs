@@ -39,7 +39,7 @@ use super::device::{staging_len, Device, DeviceError};
 use super::integrity::{Expected, ShardCheck};
 use super::ledger::CommitLedger;
 use super::report::{BlockPlacement, Failure, Placement, ShardTiming, ValidateReport, VramFit};
-use super::{ValidateError, ValidateOptions};
+use super::{Progress, ValidateError, ValidateOptions};
 use crate::format::read::SourceReader;
 use crate::format::{Checkpoint, DataRef, FormatError};
 use crate::plan::order::{block_of, sort_indices, Order};
@@ -140,6 +140,7 @@ pub fn run(
     for &file in order {
         let started = Instant::now();
         let name = ck.files[file].name();
+        options.progress.shard_started(&name);
         let mut tensors: Vec<usize> = (0..ck.tensors.len())
             .filter(|&i| ck.tensors[i].file == file)
             .collect();
@@ -227,8 +228,8 @@ pub fn run(
                 report.device_bytes = cumulative;
                 report.device_peak_held = report.device_peak_held.max(device.held());
             }
-            let streamed =
-                stream_tensor(&reader, t, device, alloc, &mut check).map_err(|e| match e {
+            let streamed = stream_tensor(&reader, t, device, alloc, &mut check, &options.progress)
+                .map_err(|e| match e {
                     ValidateError::Cuda { reason } => ValidateError::Cuda {
                         reason: format!("shard {name}, tensor {:?}: {reason}", t.name),
                     },
@@ -370,6 +371,7 @@ fn stream_tensor(
     device: &mut dyn Device,
     alloc: Option<usize>,
     check: &mut ShardCheck<'_>,
+    progress: &Progress,
 ) -> Result<Streamed, ValidateError> {
     let cap = device.staging().map_err(device_err)?.len();
     let fill = device.fill_len(cap).clamp(1, cap.max(1));
@@ -395,6 +397,7 @@ fn stream_tensor(
             }
             reader.read_chunk(t, &mut stream, piece)?;
             hash_fill(check, &mut hash, piece);
+            progress.advance(piece.len() as u64);
             done += piece.len() as u64;
         }
         return Ok(Streamed {
@@ -414,6 +417,7 @@ fn stream_tensor(
                 hash_fill(check, &mut hash, bytes)
             })
             .map_err(device_err)?;
+        progress.advance(n as u64);
         done += n as u64;
     }
     Ok(Streamed {

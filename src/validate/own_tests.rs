@@ -418,9 +418,15 @@ fn hashing_each_fill_gives_the_whole_file_digest_on_both_paths() {
                     let t = &c.tensors[i];
                     hash_raw(device.as_mut(), &raw, &file, &mut check, t.offset()).unwrap();
                     let alloc = device.alloc(t.len).unwrap();
-                    let streamed =
-                        stream_tensor(&reader, t, device.as_mut(), Some(alloc), &mut check)
-                            .unwrap();
+                    let streamed = stream_tensor(
+                        &reader,
+                        t,
+                        device.as_mut(),
+                        Some(alloc),
+                        &mut check,
+                        &Progress::default(),
+                    )
+                    .unwrap();
                     let start = t.offset() as usize;
                     let want = xxh3_64(&whole[start..start + t.len as usize]);
                     let in_place = matches!(via, Via::InPlace);
@@ -457,7 +463,15 @@ fn a_tensor_without_an_allocation_is_hashed_through_staging() {
     let mut device = CpuDevice::new(staging_len(64 << 20, &c));
     device.prepare().unwrap();
     let mut check = ShardCheck::new(None);
-    let streamed = stream_tensor(&reader, t, &mut device, None, &mut check).unwrap();
+    let streamed = stream_tensor(
+        &reader,
+        t,
+        &mut device,
+        None,
+        &mut check,
+        &Progress::default(),
+    )
+    .unwrap();
     let start = t.offset() as usize;
     assert_eq!(
         streamed,
@@ -474,4 +488,60 @@ fn staging_is_capped_by_the_largest_tensor() {
     let c = ck(&[("a", 10_000, 0)]);
     assert_eq!(staging_len(64 << 20, &c), 12_288);
     assert_eq!(staging_len(100, &c), 4096);
+}
+
+/// Records what a [`crate::exec::Reporter`] is told.
+#[derive(Default)]
+struct Counting {
+    total: std::sync::atomic::AtomicU64,
+    advanced: std::sync::atomic::AtomicU64,
+    advances: std::sync::atomic::AtomicU64,
+    finished: std::sync::atomic::AtomicBool,
+}
+
+impl crate::exec::Reporter for Counting {
+    fn start(&self, bytes: u64) {
+        self.total.store(bytes, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn advance(&self, bytes: u64) {
+        self.advanced
+            .fetch_add(bytes, std::sync::atomic::Ordering::SeqCst);
+        self.advances
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn finish(&self) {
+        self.finished
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn progress_counts_every_byte_read_on_each_path() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    converted("tiny-llama", &out);
+    let against = fixture("tiny-llama");
+    for (against, passes) in [(None, 1), (Some(against), 2)] {
+        let full_read = Some(crate::validate::Loader::FullRead);
+        for (staging, emulate) in [(64 << 20, None), (4096, None), (64 << 20, full_read)] {
+            let counting = std::sync::Arc::new(Counting::default());
+            let options = ValidateOptions {
+                staging,
+                emulate,
+                against: against.clone(),
+                progress: crate::validate::Progress::new(counting.clone()),
+                ..ValidateOptions::default()
+            };
+            let report = crate::validate::validate(&out, &options).unwrap();
+            assert!(report.passed, "{:?}", report.failures);
+            assert!(report.bytes_loaded > 0);
+            let total = counting.total.load(SeqCst);
+            assert_eq!(total, passes * report.bytes_loaded, "staging {staging}");
+            assert_eq!(counting.advanced.load(SeqCst), total, "staging {staging}");
+            // A bar that moves: more than one report per pass.
+            assert!(counting.advances.load(SeqCst) > passes);
+            assert!(counting.finished.load(SeqCst));
+        }
+    }
 }

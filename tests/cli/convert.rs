@@ -110,7 +110,7 @@ fn every_fixture_converts_bit_exact_at_several_shard_sizes() {
             convert(
                 &fixture(name),
                 &dst,
-                &["--max-shard-size", &limit.to_string()],
+                &["--max-shard-size", &format!("{limit}B")],
             )
             .success();
             assert_matches_expected(&dst, name);

@@ -23,7 +23,7 @@ struct Example {
 const EXAMPLES: &[Example] = &[
     Example {
         page: "README.md",
-        first: "reshard convert examples/tiny-llama out/tiny-llama --max-shard-size 100KB",
+        first: "reshard fit examples/tiny-llama --os windows --ram 8GiB --pagefile 2GiB -q",
         setup: readme,
     },
     Example {

@@ -424,7 +424,11 @@ fn fit_fixture_recommends_bf16_for_f32() {
         .contains(&json!("transformers-v5-mmap")));
     let out = reshard().arg("fit").arg(&path).args(args).output().unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("--max-shard-size 5GB --dtype bf16"), "{text}");
+    // Its shards hold under 1 MiB each: the cast keeps them, merges none.
+    assert!(
+        text.contains("--max-shard-size 1MiB --dtype bf16"),
+        "{text}"
+    );
     assert!(
         text.contains("the smaller dtype in the command above does (BF16)"),
         "{text}"
@@ -582,4 +586,159 @@ fn a_gguf_what_if_is_judged_as_the_safetensors_convert_writes() {
     assert_eq!(w["format"], "safetensors");
     assert!(row_names(w).contains(&"transformers-v5-pread"));
     assert!(!row_names(w).contains(&"llama.cpp"));
+}
+
+/// A 302 MiB f32 model in three shards of 25 x 4 MiB + 703 KiB (sparse):
+/// the case where fit used to advise `--max-shard-size 5GB --dtype bf16`.
+fn model_302_mib(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut weight_map = serde_json::Map::new();
+    for s in 0..3u64 {
+        let file = format!("model-{:05}-of-00003.safetensors", s + 1);
+        let mut header = serde_json::Map::new();
+        let mut offset = 0u64;
+        let mut add =
+            |name: String, shape: Vec<u64>, header: &mut serde_json::Map<String, Value>| {
+                let len = shape.iter().product::<u64>() * 4;
+                header.insert(
+                    name.clone(),
+                    json!({"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len]}),
+                );
+                offset += len;
+                weight_map.insert(name, json!(file));
+            };
+        for i in 0..25 {
+            add(
+                format!("model.layers.{}.mlp.weight", s * 25 + i),
+                vec![1024, 1024],
+                &mut header,
+            );
+        }
+        add(
+            format!("model.layers.{}.norm.weight", s * 25),
+            vec![180_000],
+            &mut header,
+        );
+        let mut text = serde_json::to_vec(&Value::Object(header)).unwrap();
+        while !text.len().is_multiple_of(8) {
+            text.push(b' ');
+        }
+        let path = dir.join(&file);
+        write_safetensors_raw(&path, &text, &[]);
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(8 + text.len() as u64 + offset).unwrap();
+    }
+    let index = json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+}
+
+#[test]
+fn fit_advice_is_the_least_change_and_never_merges_shards() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m302");
+    model_302_mib(&dir);
+    // Windows, 500 MiB commit limit: per-shard-mmap needs sum(T) + 2 x
+    // max(S) + 8 MiB = 302 + 2 x 100.7 + 8 MiB today; 64 MiB shards
+    // bring it to about 302 + 2 x 64 + 8 = 438 MiB, no cast needed.
+    let machine = [
+        "--os",
+        "windows",
+        "--commit-limit",
+        "500MiB",
+        "--baseline",
+        "0",
+    ];
+    let args = [&machine[..], &["--loader", "per-shard-mmap"]].concat();
+    let (r, code) = fit_json(&dir, &args);
+    assert_eq!(code, 1);
+    let rec = &r["recommendation"];
+    assert_eq!(
+        rec["dtype"],
+        Value::Null,
+        "a cast is not the least change: {rec}"
+    );
+    assert_eq!(rec["max_shard_size_arg"], "64MiB", "{rec}");
+    assert_eq!(r["not_helped_by_resharding"], json!([]));
+    // Every loader judged: bf16 makes more fit, and keeps the shards' own
+    // size (101 MiB) instead of merging them into one 5GB file.
+    let (r, _) = fit_json(&dir, &machine);
+    let rec = &r["recommendation"];
+    assert_eq!(rec["dtype"], "BF16", "{rec}");
+    assert_eq!(rec["max_shard_size_arg"], "101MiB", "{rec}");
+    assert!(rec["max_shard_size"].as_u64().unwrap() <= 101 * MIB);
+}
+
+#[test]
+fn fit_advice_agrees_with_its_what_if_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m302");
+    model_302_mib(&dir);
+    // 380 MiB: 16 MiB shards make per-shard-mmap fit (302 + 2 x 16 + 8
+    // MiB), which no candidate of 256 MiB or more did.
+    let args = [
+        "--os",
+        "windows",
+        "--commit-limit",
+        "380MiB",
+        "--baseline",
+        "0",
+        "--loader",
+        "per-shard-mmap",
+        "--max-shard-size",
+        "16MiB",
+    ];
+    let (r, code) = fit_json(&dir, &args);
+    assert_eq!(code, 0, "the what-if fits");
+    assert_eq!(loader(&r["what_if"], "per-shard-mmap")["fits"], true);
+    assert_eq!(r["not_helped_by_resharding"], json!([]));
+    let rec = &r["recommendation"];
+    assert_eq!(rec["dtype"], Value::Null, "{rec}");
+    assert!(rec["fits"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("per-shard-mmap")));
+    let out = reshard().arg("fit").arg(&dir).args(args).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains("resharding cannot make it fit"), "{text}");
+    assert!(text.contains("now fits"), "{text}");
+}
+
+#[test]
+fn fit_quiet_prints_the_verdict_and_advice_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m302");
+    model_302_mib(&dir);
+    let args = [
+        "--os",
+        "windows",
+        "--commit-limit",
+        "500MiB",
+        "--baseline",
+        "0",
+    ];
+    let out = reshard()
+        .arg("fit")
+        .arg(&dir)
+        .args(args)
+        .arg("-q")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with("does not fit: per-shard-mmap, diffusers\n"),
+        "{text}"
+    );
+    assert!(text.contains("recommended: reshard convert"), "{text}");
+    assert!(!text.contains("machine"), "{text}");
+    assert!(!text.contains("as it is"), "{text}");
+    let out = reshard()
+        .arg("fit")
+        .arg(fixture("tiny-llama"))
+        .args(["--os", "linux", "--ram", "64GiB", "-q"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("fits\n"), "{text}");
 }

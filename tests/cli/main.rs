@@ -38,4 +38,5 @@ mod quantize_scaled;
 mod readers;
 mod snapshots;
 mod touch;
+mod user_facing;
 mod validate;

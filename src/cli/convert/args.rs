@@ -52,8 +52,9 @@ pub struct Args {
 pub struct ConvertArgs {
     /// Largest shard (tensor bytes). IEC units (KiB, MiB, GiB) are powers of
     /// 1024; SI units (KB, MB, GB) are powers of 1000, as Hugging Face uses.
-    /// [default: 1GiB; a GGUF diffusion model: one file]
-    #[arg(long, value_name = "SIZE")]
+    /// A bare number under 1 MiB is refused: write its unit (10GB, or 10B
+    /// for bytes). [default: 1GiB; a GGUF diffusion model: one file]
+    #[arg(long, value_name = "SIZE", value_parser = parse_shard_size)]
     pub max_shard_size: Option<ByteSize>,
     #[command(flatten)]
     pub layout: LayoutArgs,
@@ -144,6 +145,25 @@ fn parse_dtype(s: &str) -> Result<Dtype, String> {
         )),
         _ => Err(format!("{s:?}: --dtype takes bf16, f16, f32 or f64")),
     }
+}
+
+/// Bare numbers under this are taken for a forgotten unit.
+const BARE_SHARD_SIZE_MIN: u64 = 1 << 20;
+
+/// `--max-shard-size` (convert's, batch's and fit's): a size, where a bare
+/// number under 1 MiB is refused as a forgotten unit (`10` is 10 bytes,
+/// which puts every tensor in a shard of its own; 10GB was meant).
+pub fn parse_shard_size(s: &str) -> Result<ByteSize, String> {
+    let size: ByteSize = s
+        .parse()
+        .map_err(|e: reshard::units::BadSize| e.to_string())?;
+    let t = s.trim();
+    if t.bytes().all(|b| b.is_ascii_digit() || b == b'.') && size.bytes() < BARE_SHARD_SIZE_MIN {
+        return Err(format!(
+            "{t:?} has no unit, so it is {t} bytes, which puts every tensor in a shard of its own: did you mean {t}GB? (write {t}B if you mean bytes)"
+        ));
+    }
+    Ok(size)
 }
 
 /// `--block ROWSxCOLS` (or one number for square blocks).

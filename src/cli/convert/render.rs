@@ -8,12 +8,15 @@ use reshard::names::escape;
 use reshard::plan::Plan;
 use reshard::units::human;
 
+use crate::cli::printer::plural;
+
 pub fn render_plan(plan: &Plan, window: u64) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "plan: {} shards, {} of tensors, {} tensors",
+        "plan: {} {}, {} of tensors, {} tensors",
         plan.shards.len(),
+        plural(plan.shards.len(), "shard", "shards"),
         human(plan.total_size),
         plan.layer_order.len()
     );
@@ -25,10 +28,11 @@ pub fn render_plan(plan: &Plan, window: u64) -> String {
         };
         let _ = writeln!(
             o,
-            "  {}  {:>10}  {:>4} tensors  {blocks}",
+            "  {}  {:>10}  {:>4} {:<7}  {blocks}",
             s.file,
             human(s.data_len),
-            s.tensors.len()
+            s.tensors.len(),
+            plural(s.tensors.len(), "tensor", "tensors")
         );
     }
     if let Some(index) = &plan.index_file {
@@ -160,8 +164,10 @@ pub fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
     if s.up_to_date && s.refreshed_files.is_empty() {
         let _ = writeln!(
             o,
-            "{} is up to date ({} shards); nothing written",
-            s.dst, s.shards
+            "{} is up to date ({} {}); nothing written",
+            s.dst,
+            s.shards,
+            plural(s.shards, "shard", "shards")
         );
         return o;
     }
@@ -169,9 +175,10 @@ pub fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
         let names: Vec<_> = s.refreshed_files.iter().map(|n| escape(n)).collect();
         let _ = writeln!(
             o,
-            "{} is up to date ({} shards); refreshed {} file{} changed in the source: {}",
+            "{} is up to date ({} {}); refreshed {} file{} changed in the source: {}",
             s.dst,
             s.shards,
+            plural(s.shards, "shard", "shards"),
             names.len(),
             if names.len() == 1 { "" } else { "s" },
             names.join(", ")
@@ -215,8 +222,9 @@ pub fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
     if s.resumed_shards > 0 {
         let _ = writeln!(
             o,
-            "resumed: kept {} shards an earlier run had finished",
-            s.resumed_shards
+            "resumed: kept {} {} an earlier run had finished",
+            s.resumed_shards,
+            plural(s.resumed_shards, "shard", "shards")
         );
     }
     for sh in &s.manifest.shards {

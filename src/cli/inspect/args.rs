@@ -17,6 +17,10 @@ pub struct Args {
     /// Exit 1 when there are findings.
     #[arg(long)]
     pub strict: bool,
+    /// Print only the findings, one `PATH: finding` line each (nothing
+    /// when there are none), and errors.
+    #[arg(short, long, conflicts_with = "tensors")]
+    pub quiet: bool,
     /// Order of the tensor list.
     #[arg(long, value_enum, default_value = "forward")]
     pub order: OrderArg,

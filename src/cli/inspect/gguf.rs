@@ -35,6 +35,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitStatus> {
         })?;
     } else if let Some(lines) = &lines {
         printer::text(&render_tensors(lines))?;
+    } else if args.quiet {
+        printer::text(&printer::findings_only(&summary.path, &summary.findings))?;
     } else {
         printer::text(&render(&summary))?;
     }
