@@ -43,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             eprintln!("note: source: {finding}");
         }
         for note in source.notes() {
-            eprintln!("note: {note}");
+            eprintln!("note: {}", reshard::names::escape(&note.to_string()));
         }
         if to_file && args.src.is_dir() {
             eprintln!("note: a DST ending in .safetensors gets the weights only: config.json, the tokenizer and the other files stay behind (name a folder to keep them)");

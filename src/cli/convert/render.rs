@@ -143,7 +143,8 @@ pub fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
         let _ = writeln!(
             o,
             "{} is up to date ({} shards); nothing written",
-            s.dst, s.shards
+            escape(&s.dst),
+            s.shards
         );
         return o;
     }
@@ -152,7 +153,7 @@ pub fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
         let _ = writeln!(
             o,
             "{} is up to date ({} shards); refreshed {} file{} changed in the source: {}",
-            s.dst,
+            escape(&s.dst),
             s.shards,
             names.len(),
             if names.len() == 1 { "" } else { "s" },
@@ -165,7 +166,7 @@ pub fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
             o,
             "copied {} files to {} (no weights in this folder)",
             s.manifest.copied_files.len(),
-            s.dst
+            escape(&s.dst)
         );
         return o;
     }
@@ -176,7 +177,7 @@ pub fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
         s.shards,
         if s.shards == 1 { "" } else { "s" },
         human(s.bytes_written),
-        s.dst,
+        escape(&s.dst),
         s.seconds,
         human(s.peak_buffer_bytes),
         human(s.window)
