@@ -418,9 +418,15 @@ fn hashing_each_fill_gives_the_whole_file_digest_on_both_paths() {
                     let t = &c.tensors[i];
                     hash_raw(device.as_mut(), &raw, &file, &mut check, t.offset()).unwrap();
                     let alloc = device.alloc(t.len).unwrap();
-                    let streamed =
-                        stream_tensor(&reader, t, device.as_mut(), Some(alloc), &mut check)
-                            .unwrap();
+                    let streamed = stream_tensor(
+                        &reader,
+                        t,
+                        device.as_mut(),
+                        Some(alloc),
+                        &mut check,
+                        Cancel::default(),
+                    )
+                    .unwrap();
                     let start = t.offset() as usize;
                     let want = xxh3_64(&whole[start..start + t.len as usize]);
                     let in_place = matches!(via, Via::InPlace);
@@ -457,7 +463,8 @@ fn a_tensor_without_an_allocation_is_hashed_through_staging() {
     let mut device = CpuDevice::new(staging_len(64 << 20, &c));
     device.prepare().unwrap();
     let mut check = ShardCheck::new(None);
-    let streamed = stream_tensor(&reader, t, &mut device, None, &mut check).unwrap();
+    let streamed =
+        stream_tensor(&reader, t, &mut device, None, &mut check, Cancel::default()).unwrap();
     let start = t.offset() as usize;
     assert_eq!(
         streamed,
@@ -467,6 +474,33 @@ fn a_tensor_without_an_allocation_is_hashed_through_staging() {
         }
     );
     assert_eq!(device.held(), 0);
+}
+
+/// Ctrl-C was looked at between tensors only, so one tensor of many GB
+/// was read to its end first: it is looked at before every fill, on both
+/// paths.
+#[test]
+fn ctrl_c_stops_a_tensor_between_fills() {
+    static PRESSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("model.safetensors");
+    let fill = CpuDevice::new(0).fill_len(usize::MAX) as u64;
+    write_safetensors(&file, &[2 * fill + 3]);
+    let c = crate::format::open(dir.path()).unwrap();
+    let reader = SourceReader::open(&c).unwrap();
+    let t = &c.tensors[0];
+    for in_place in [false, true] {
+        let mut device = CpuDevice::new(staging_len(64 << 20, &c));
+        device.prepare().unwrap();
+        let alloc = in_place.then(|| device.alloc(t.len).unwrap());
+        let mut check = ShardCheck::new(None);
+        let cancel = Cancel::new(&PRESSED);
+        let got = stream_tensor(&reader, t, &mut device, alloc, &mut check, cancel);
+        assert!(
+            matches!(got, Err(ValidateError::Interrupted { ref path }) if path == &file),
+            "in place {in_place}: {got:?}"
+        );
+    }
 }
 
 #[test]
