@@ -196,7 +196,7 @@ impl SourceReader {
         gather_limit: usize,
     ) -> Result<TensorBytes, FormatError> {
         let elem = (tensor.dtype.bits() / 8).max(1);
-        if pos > tensor.len || pos % elem != 0 {
+        if pos > tensor.len || !pos.is_multiple_of(elem) {
             return Err(FormatError::BadData {
                 path: self.paths[tensor.file].clone(),
                 tensor: tensor.name.clone(),
