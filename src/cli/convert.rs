@@ -68,7 +68,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         print_notes(&summary, "");
         for c in &summary.components {
             for finding in &c.findings {
-                eprintln!("note: source: {}: {finding}", c.path);
+                let path = reshard::names::escape(&c.path).into_owned();
+                eprintln!("note: source: {path}: {finding}");
             }
             print_notes(&c.summary, &format!("{}/", c.path));
         }
