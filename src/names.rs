@@ -33,6 +33,19 @@ pub fn escape(name: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Text made to be printed (a rendered report, an error chain) as it may
+/// reach a terminal: [`escape`] on everything but its own line breaks, so
+/// an escape sequence or carriage return from a name cannot drive the
+/// terminal. A newline inside a name is not told apart from the text's own
+/// here: renderers escape names themselves with [`escape`].
+pub fn escape_text(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(|c| c != '\n' && needs_escape(c)) {
+        return Cow::Borrowed(text);
+    }
+    let lines: Vec<Cow<'_, str>> = text.split('\n').map(escape).collect();
+    Cow::Owned(lines.join("\n"))
+}
+
 /// Why Windows cannot hold `name` as a file or folder name, or `None`:
 /// CON, PRN, AUX, NUL, COM0-COM9, LPT0-LPT9 (also COM¹²³ and LPT¹²³) and
 /// CONIN$, CONOUT$ are devices, in any case and with any extension
@@ -223,5 +236,12 @@ mod tests {
         assert_eq!(escape("a\x1b[31mb\n"), "a\\u{1b}[31mb\\n");
         assert_eq!(escape("w\u{202e}txt"), "w\\u{202e}txt");
         assert_eq!(escape("poids.é"), "poids.é");
+    }
+
+    #[test]
+    fn text_keeps_its_line_breaks_and_escapes_the_rest() {
+        assert!(matches!(escape_text("a\nb\n"), Cow::Borrowed("a\nb\n")));
+        assert_eq!(escape_text("a\x1b[2J\nb\r\n"), "a\\u{1b}[2J\nb\\r\n");
+        assert_eq!(escape_text("x\u{9b}31m\t"), "x\\u{9b}31m\\t");
     }
 }

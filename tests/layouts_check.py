@@ -5,6 +5,8 @@ the libraries that load them (tests/cli/layouts.rs drives it).
                                    2_Dense module saved as pytorch_model.bin)
                                    and DIR/sd (a sharded StableDiffusionPipeline),
                                    prints {"minilm": PATH} (the packaged model)
+    layouts_check.py build-sd DIR  writes DIR/sd only (needs no
+                                   sentence-transformers)
     layouts_check.py compare JSON  JSON: a list of {"kind": "st"|"sd",
                                    "src": .., "dst": .., "exact": bool};
                                    prints one line per check, exits 1 on a
@@ -166,6 +168,9 @@ def check_sd(src, dst, exact):
 
 def main():
     cmd, arg = sys.argv[1], sys.argv[2]
+    if cmd == "build-sd":
+        build_sd(os.path.join(arg, "sd"))
+        return 0
     if cmd == "build":
         build_st(os.path.join(arg, "st"))
         build_sd(os.path.join(arg, "sd"))

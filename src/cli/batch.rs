@@ -13,6 +13,7 @@ use reshard::batch::{
     self, Balance, BatchOptions, BatchReport, Listing, Mode, ModelResult, Part, Selection,
 };
 use reshard::exec::WindowPool;
+use reshard::names::escape;
 use reshard::units::human;
 
 use super::convert::ConvertArgs;
@@ -199,7 +200,7 @@ fn render_listing(l: &Listing) -> String {
     let width = l
         .models
         .iter()
-        .map(|m| m.model.name.len())
+        .map(|m| escape(&m.model.name).chars().count())
         .max()
         .unwrap_or(0)
         .max(5);
@@ -213,13 +214,13 @@ fn render_listing(l: &Listing) -> String {
         let _ = writeln!(
             o,
             "{:<width$}  {part:>5}  {:>10}  {}",
-            m.model.name,
+            escape(&m.model.name),
             human(m.bytes),
-            m.model.output.display()
+            escape(&m.model.output.display().to_string())
         );
     }
     for s in &l.skipped {
-        let _ = writeln!(o, "skipped {}: {}", s.name, s.reason);
+        let _ = writeln!(o, "skipped {}: {}", escape(&s.name), escape(&s.reason));
     }
     let _ = writeln!(
         o,
@@ -236,7 +237,11 @@ fn render_plan(p: &PartPlan) -> String {
     let width = p
         .parts
         .iter()
-        .flat_map(|part| part.models.iter().map(|m| m.name.len() + 2))
+        .flat_map(|part| {
+            part.models
+                .iter()
+                .map(|m| escape(&m.name).chars().count() + 2)
+        })
         .max()
         .unwrap_or(0)
         .max(6);
@@ -265,7 +270,7 @@ fn render_plan(p: &PartPlan) -> String {
             let _ = writeln!(
                 o,
                 "  {:<w$}  {:>6}  {:>10}",
-                m.name,
+                escape(&m.name),
                 "",
                 human(m.bytes),
                 w = width - 2
@@ -298,7 +303,12 @@ fn render_report(r: &BatchReport, quiet: bool) -> String {
         .iter()
         .filter(|m| !quiet || m.status == batch::Status::Failed)
         .collect();
-    let width = shown.iter().map(|m| m.name.len()).max().unwrap_or(0).max(5);
+    let width = shown
+        .iter()
+        .map(|m| escape(&m.name).chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(5);
     if !shown.is_empty() {
         let _ = writeln!(
             o,
@@ -308,7 +318,7 @@ fn render_report(r: &BatchReport, quiet: bool) -> String {
     }
     for m in shown {
         let status = match &m.reason {
-            Some(reason) => format!("{}: {reason}", m.status),
+            Some(reason) => format!("{}: {}", m.status, escape(reason)),
             None if m.resumed_shards > 0 => {
                 format!("{} (resumed, kept {} shards)", m.status, m.resumed_shards)
             }
@@ -317,12 +327,12 @@ fn render_report(r: &BatchReport, quiet: bool) -> String {
         let _ = writeln!(
             o,
             "{:<width$}  {:>10}  {:>8.2}  {status}",
-            m.name,
+            escape(&m.name),
             human(m.bytes),
             m.seconds
         );
         for note in &m.notes {
-            let _ = writeln!(o, "  note: {note}");
+            let _ = writeln!(o, "  note: {}", escape(note));
         }
         if let Some(line) = verify_line(m) {
             let _ = writeln!(o, "  {line}");

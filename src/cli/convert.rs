@@ -54,7 +54,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             eprintln!("note: source: {finding}");
         }
         for note in source.notes() {
-            eprintln!("note: {note}");
+            eprintln!("note: {}", reshard::names::escape(&note.to_string()));
         }
         if to_file && args.src.is_dir() {
             eprintln!("note: a DST ending in .safetensors gets the weights only: config.json, the tokenizer and the other files stay behind (name a folder to keep them)");
@@ -79,7 +79,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         print_notes(&summary, "");
         for c in &summary.components {
             for finding in &c.findings {
-                eprintln!("note: source: {}: {finding}", c.path);
+                let path = reshard::names::escape(&c.path).into_owned();
+                eprintln!("note: source: {path}: {finding}");
             }
             print_notes(&c.summary, &format!("{}/", c.path));
         }

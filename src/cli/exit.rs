@@ -26,11 +26,14 @@ pub fn report(err: &anyhow::Error) -> ExitStatus {
     if is_broken_pipe(err) {
         return ExitStatus::Ok;
     }
+    // A message is one line of its own: a newline or escape in it comes from
+    // a name (a folder, a tensor) and is shown escaped, never raw.
+    let shown = |e: &dyn std::fmt::Display| reshard::names::escape(&e.to_string()).into_owned();
     let mut stderr = std::io::stderr().lock();
     let label = super::printer::paint_stderr("error", super::printer::Colour::Bad);
-    let _ = writeln!(stderr, "{label}: {err}");
+    let _ = writeln!(stderr, "{label}: {}", shown(err));
     for cause in err.chain().skip(1) {
-        let _ = writeln!(stderr, "caused by: {cause}");
+        let _ = writeln!(stderr, "caused by: {}", shown(cause));
     }
     ExitStatus::Error
 }

@@ -6,15 +6,23 @@ use std::io::Write;
 
 use serde::Serialize;
 
-/// Prints `value` as pretty JSON followed by a newline.
+/// Prints `value` as pretty JSON followed by a newline. JSON escapes its
+/// own control characters inside strings, so it is written as it is.
 pub fn json<T: Serialize>(value: &T) -> anyhow::Result<()> {
     let mut s = serde_json::to_string_pretty(value)?;
     s.push('\n');
-    text(&s)
+    raw(&s)
 }
 
-/// Prints text as it is.
+/// Prints rendered text, control characters other than its line breaks
+/// escaped (`names::escape_text`): a name read from disk holding a terminal
+/// escape never reaches the terminal raw, whichever renderer forgot it.
 pub fn text(s: &str) -> anyhow::Result<()> {
+    raw(&reshard::names::escape_text(s))
+}
+
+/// Prints machine output (JSON lines) as it is.
+pub fn raw(s: &str) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     out.write_all(s.as_bytes())?;
     out.flush()?;

@@ -7,6 +7,7 @@ use std::io::IsTerminal;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressFinish, ProgressStyle};
 use reshard::batch::{BatchReporter, Model, ModelResult};
 use reshard::exec::Reporter;
+use reshard::names::escape;
 
 const BYTES_TEMPLATE: &str = "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}";
 const JOB_TEMPLATE: &str = "  {prefix:24!} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} {msg}";
@@ -50,7 +51,7 @@ impl Reporter for Bar {
         self.bar.inc(bytes);
     }
     fn shard_started(&self, file: &str) {
-        self.bar.set_message(file.to_string());
+        self.bar.set_message(escape(file).into_owned());
     }
     fn finish(&self) {
         self.bar.finish_and_clear();
@@ -87,13 +88,13 @@ impl BatchReporter for MultiBar {
     fn model_started(&self, model: &Model) -> Box<dyn Reporter + '_> {
         let bar = self.multi.add(ProgressBar::new(0));
         bar.set_style(style(JOB_TEMPLATE));
-        bar.set_prefix(model.name.clone());
+        bar.set_prefix(escape(&model.name).into_owned());
         Box::new(Bar { bar })
     }
 
     fn model_done(&self, result: &ModelResult) {
         self.overall.inc(1);
         self.overall
-            .set_message(format!("{}: {}", result.name, result.status));
+            .set_message(format!("{}: {}", escape(&result.name), result.status));
     }
 }

@@ -327,7 +327,7 @@ pub fn render_python(r: &PythonReport) -> String {
 /// The hidden entry of the budget child process.
 pub fn run_child() -> ExitStatus {
     let json = validate::budget::child_main();
-    match printer::text(&format!("{json}\n")) {
+    match printer::raw(&format!("{json}\n")) {
         Ok(()) => ExitStatus::Ok,
         Err(_) => ExitStatus::Error,
     }

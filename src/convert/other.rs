@@ -525,7 +525,11 @@ pub fn copy(
         };
         match (f.name.as_str(), config) {
             ("config.json", Some(rewritten)) => write_atomic(&dir, name, rewritten.as_bytes())?,
-            _ => copy_atomic(&f.path, &dir, name)?,
+            _ => {
+                if !copy_atomic(&f.path, &dir, name, cancel)? {
+                    return Err(crate::exec::ExecError::Interrupted.into());
+                }
+            }
         }
         copied.push(f.name.clone());
     }

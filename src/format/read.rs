@@ -184,6 +184,38 @@ impl SourceReader {
         }
     }
 
+    /// [`SourceReader::tensor_bytes_gathered`] from byte `pos` of the
+    /// tensor's row-major bytes on, whatever its layout: a strided view
+    /// starts at the element `pos` falls on (which must be a whole element),
+    /// without reading what comes before; a deflated entry is inflated from
+    /// its start and its first `pos` bytes dropped.
+    pub fn tensor_bytes_from(
+        &self,
+        tensor: &Tensor,
+        pos: u64,
+        gather_limit: usize,
+    ) -> Result<TensorBytes, FormatError> {
+        let elem = (tensor.dtype.bits() / 8).max(1);
+        if pos > tensor.len || !pos.is_multiple_of(elem) {
+            return Err(FormatError::BadData {
+                path: self.paths[tensor.file].clone(),
+                tensor: tensor.name.clone(),
+                reason: format!(
+                    "a read from byte {pos} is not at an element of its {} bytes",
+                    tensor.len
+                ),
+            });
+        }
+        let mut bytes = self.tensor_bytes_gathered(tensor, gather_limit);
+        match &mut bytes.inner {
+            Inner::Range(r) => r.pos += pos,
+            Inner::Strided(s) => s.seek_elem(pos / elem),
+            Inner::Deflated { skip, .. } => *skip += pos,
+        }
+        bytes.remaining -= pos;
+        Ok(bytes)
+    }
+
     /// Reads `buf.len()` bytes at byte `pos` of a tensor stored contiguously
     /// (plain or GGML blocks), naming the file and tensor when they are not
     /// there. Random access for readers that take rows out of order.

@@ -83,7 +83,7 @@ pub fn compare(
         let chunk = usize::try_from(staging)
             .unwrap_or(MAX_CHUNK)
             .clamp(4096, MAX_CHUNK);
-        let mut bufs = Buffers::new(chunk).map_err(too_big_buffers)?;
+        let mut bufs = Buffers::new(chunk, validate.cancel).map_err(too_big_buffers)?;
         let sides = Sides {
             source: &source,
             src_reader: &src_reader,
@@ -108,7 +108,7 @@ pub fn compare(
     let chunk = usize::try_from(staging)
         .unwrap_or(MAX_CHUNK)
         .clamp(4096, MAX_CHUNK);
-    let mut bufs = Buffers::new(chunk);
+    let mut bufs = Buffers::new(chunk, validate.cancel);
     let committed = ledger.sample();
     if let Err(needed) = bufs {
         let budget = report.commit_budget;

@@ -48,6 +48,7 @@ pub(super) fn plain_difference(
     let mut quality = QuantQuality::default();
     let mut done = 0u64;
     while done < numel {
+        bufs.poll(out_reader, out)?;
         let n = usize::try_from(numel - done)
             .unwrap_or(usize::MAX)
             .min(per_chunk);

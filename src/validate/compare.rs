@@ -4,29 +4,46 @@
 //! decoded GGUF tensor).
 
 use super::device::try_zeroed;
-use super::ValidateError;
+use super::{Cancel, ValidateError};
 use crate::cast::dequant::ChunkStream;
 use crate::cast::{self, OverflowPolicy};
 use crate::format::read::{SourceReader, TensorBytes};
 use crate::format::{Checkpoint, Tensor};
 
-/// Source chunk, its cast, output chunk.
+/// Source chunk, its cast, output chunk; and the Ctrl-C flag every chunk
+/// streamed through them polls (a tensor of many GB is many chunks).
 pub(super) struct Buffers {
     pub source: Vec<u8>,
     pub cast: Vec<u8>,
     pub output: Vec<u8>,
+    pub cancel: Cancel,
 }
 
 impl Buffers {
     /// Three zeroed buffers of `chunk` bytes, or the bytes that could not
     /// be had.
-    pub(super) fn new(chunk: usize) -> Result<Buffers, u64> {
+    pub(super) fn new(chunk: usize, cancel: Cancel) -> Result<Buffers, u64> {
         let get = || try_zeroed(chunk).map_err(|_| chunk as u64);
         Ok(Buffers {
             source: get()?,
             cast: get()?,
             output: get()?,
+            cancel,
         })
+    }
+
+    /// `Interrupted` once Ctrl-C was pressed, naming the output's file.
+    pub(super) fn poll(
+        &self,
+        out_reader: &SourceReader,
+        out: &Tensor,
+    ) -> Result<(), ValidateError> {
+        if self.cancel.is_set() {
+            return Err(ValidateError::Interrupted {
+                path: out_reader.file(out.file).1.to_path_buf(),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -48,6 +65,7 @@ pub(super) fn stream_difference(
             source: try_zeroed(len).map_err(|_| too_big(out))?,
             cast: Vec::new(),
             output: try_zeroed(len).map_err(|_| too_big(out))?,
+            cancel: bufs.cancel,
         };
         *bufs = bigger;
     }
@@ -56,6 +74,7 @@ pub(super) fn stream_difference(
     let out_elem = (out.dtype.bits() / 8).max(1) as usize;
     let want_len = out.len;
     while !stream.is_done() {
+        bufs.poll(out_reader, out)?;
         let chunk = stream.fill(&mut bufs.source)?;
         if done + chunk.len as u64 > want_len {
             return Ok(Some(format!("holds {want_len} bytes, fewer than {what}")));
@@ -124,6 +143,7 @@ pub(super) fn first_difference(
     let mut out_stream: TensorBytes = out_reader.tensor_bytes(out);
     let mut done = 0u64;
     while done < numel {
+        bufs.poll(out_reader, out)?;
         let n = usize::try_from(numel - done)
             .unwrap_or(usize::MAX)
             .min(per_chunk);
@@ -144,4 +164,35 @@ pub(super) fn first_difference(
         done += n as u64;
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--against` looked at Ctrl-C between tensors only: one tensor of
+    /// many GB was compared to its end first. Each chunk looks now.
+    #[test]
+    fn ctrl_c_stops_a_comparison_between_chunks() {
+        static PRESSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        let header = serde_json::json!({"t": {"dtype": "U8", "shape": [10_000], "data_offsets": [0, 10_000]}});
+        crate::format::safetensors::write_test_file(&path, &header, &[&[7u8; 10_000]]);
+        let ck = crate::format::open(dir.path()).unwrap();
+        let reader = SourceReader::open(&ck).unwrap();
+        let t = &ck.tensors[0];
+        for cancel in [Cancel::default(), Cancel::new(&PRESSED)] {
+            let mut bufs = Buffers::new(4096, cancel).unwrap();
+            let got = first_difference(&reader, t, &reader, t, &mut bufs, OverflowPolicy::Error);
+            match got {
+                Ok(None) => assert!(!cancel.is_set()),
+                Err(ValidateError::Interrupted { path: p }) => {
+                    assert!(cancel.is_set());
+                    assert_eq!(p, path);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
 }

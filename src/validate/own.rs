@@ -39,7 +39,7 @@ use super::device::{staging_len, Device, DeviceError};
 use super::integrity::{Expected, ShardCheck};
 use super::ledger::CommitLedger;
 use super::report::{BlockPlacement, Failure, Placement, ShardTiming, ValidateReport, VramFit};
-use super::{Progress, ValidateError, ValidateOptions};
+use super::{Cancel, Progress, ValidateError, ValidateOptions};
 use crate::format::read::SourceReader;
 use crate::format::{Checkpoint, DataRef, FormatError};
 use crate::plan::order::{block_of, sort_indices, Order};
@@ -228,13 +228,21 @@ pub fn run(
                 report.device_bytes = cumulative;
                 report.device_peak_held = report.device_peak_held.max(device.held());
             }
-            let streamed = stream_tensor(&reader, t, device, alloc, &mut check, &options.progress)
-                .map_err(|e| match e {
-                    ValidateError::Cuda { reason } => ValidateError::Cuda {
-                        reason: format!("shard {name}, tensor {:?}: {reason}", t.name),
-                    },
-                    e => e,
-                })?;
+            let streamed = stream_tensor(
+                &reader,
+                t,
+                device,
+                alloc,
+                &mut check,
+                &options.progress,
+                options.cancel,
+            )
+            .map_err(|e| match e {
+                ValidateError::Cuda { reason } => ValidateError::Cuda {
+                    reason: format!("shard {name}, tensor {:?}: {reason}", t.name),
+                },
+                e => e,
+            })?;
             expect.check_tensor(ck, i, streamed.xxh3, &mut report.failures);
             if let Some(h) = alloc.filter(|_| !streamed.in_place) {
                 let readback = device.readback_hash(h, t.len);
@@ -372,7 +380,17 @@ fn stream_tensor(
     alloc: Option<usize>,
     check: &mut ShardCheck<'_>,
     progress: &Progress,
+    cancel: Cancel,
 ) -> Result<Streamed, ValidateError> {
+    // Polled before every fill: one tensor can be many GB.
+    let poll = || {
+        if cancel.is_set() {
+            return Err(ValidateError::Interrupted {
+                path: reader.file(t.file).1.to_path_buf(),
+            });
+        }
+        Ok(())
+    };
     let cap = device.staging().map_err(device_err)?.len();
     let fill = device.fill_len(cap).clamp(1, cap.max(1));
     let mut stream = reader.tensor_bytes(t);
@@ -389,6 +407,7 @@ fn stream_tensor(
             })?;
         let mut done = 0u64;
         for piece in memory.chunks_mut(fill) {
+            poll()?;
             // Ask for this fill and the next as one request, so a cold
             // file streams from the disk while this one is hashed.
             if let crate::format::DataRef::Contiguous { offset } = t.data {
@@ -407,6 +426,7 @@ fn stream_tensor(
     }
     let mut done = 0u64;
     while done < t.len {
+        poll()?;
         let staging = device.staging().map_err(device_err)?;
         let n = usize::try_from(t.len - done)
             .unwrap_or(usize::MAX)

@@ -425,6 +425,7 @@ fn hashing_each_fill_gives_the_whole_file_digest_on_both_paths() {
                         Some(alloc),
                         &mut check,
                         &Progress::default(),
+                        Cancel::default(),
                     )
                     .unwrap();
                     let start = t.offset() as usize;
@@ -470,6 +471,7 @@ fn a_tensor_without_an_allocation_is_hashed_through_staging() {
         None,
         &mut check,
         &Progress::default(),
+        Cancel::default(),
     )
     .unwrap();
     let start = t.offset() as usize;
@@ -481,6 +483,41 @@ fn a_tensor_without_an_allocation_is_hashed_through_staging() {
         }
     );
     assert_eq!(device.held(), 0);
+}
+
+/// Ctrl-C was looked at between tensors only, so one tensor of many GB
+/// was read to its end first: it is looked at before every fill, on both
+/// paths.
+#[test]
+fn ctrl_c_stops_a_tensor_between_fills() {
+    static PRESSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("model.safetensors");
+    let fill = CpuDevice::new(0).fill_len(usize::MAX) as u64;
+    write_safetensors(&file, &[2 * fill + 3]);
+    let c = crate::format::open(dir.path()).unwrap();
+    let reader = SourceReader::open(&c).unwrap();
+    let t = &c.tensors[0];
+    for in_place in [false, true] {
+        let mut device = CpuDevice::new(staging_len(64 << 20, &c));
+        device.prepare().unwrap();
+        let alloc = in_place.then(|| device.alloc(t.len).unwrap());
+        let mut check = ShardCheck::new(None);
+        let cancel = Cancel::new(&PRESSED);
+        let got = stream_tensor(
+            &reader,
+            t,
+            &mut device,
+            alloc,
+            &mut check,
+            &Progress::default(),
+            cancel,
+        );
+        assert!(
+            matches!(got, Err(ValidateError::Interrupted { ref path }) if path == &file),
+            "in place {in_place}: {got:?}"
+        );
+    }
 }
 
 #[test]

@@ -295,7 +295,11 @@ pub fn run(
     options: &PythonOptions,
     cancel: &AtomicBool,
 ) -> Result<PythonReport, PythonError> {
-    let ck = format::open(path)?;
+    // What the loader will hold: a pipeline or sentence-transformers folder
+    // as all its weight sets together (the same sizes fit judges), so the
+    // prediction covers the whole load and such a folder is not refused as
+    // holding no checkpoint of its own.
+    let (ck, _) = format::layout::open_as_loaded(path)?;
     let shards: Vec<u64> = ck.files.iter().map(|f| f.size).collect();
     let sizes = Sizes::new(&shards, ck.tensors.iter().map(|t| t.len));
     let os = Os::current();

@@ -19,6 +19,7 @@ pub mod scope;
 pub(crate) mod shard;
 
 pub use self::atomic::{
-    copy_atomic, create_temp, remove_stale_temps, sync_dir, temp_path, write_atomic, TEMP_SUFFIX,
+    copy_atomic, create_temp, remove_stale_temps, sync_dir, temp_path, write_atomic, COPY_CHUNK,
+    TEMP_SUFFIX,
 };
 pub use self::error::WriteError;

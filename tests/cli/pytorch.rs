@@ -117,8 +117,24 @@ impl Pickle {
         shape: &[i64],
         strides: &[i64],
     ) -> &mut Pickle {
+        self.tensor_of(name, "FloatStorage", key, numel, offset, shape, strides)
+    }
+    /// [`Pickle::tensor`] of a storage type other than F32
+    /// (`Float8_e4m3fnStorage`, `BFloat16Storage`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn tensor_of(
+        &mut self,
+        name: &str,
+        storage_type: &str,
+        key: &str,
+        numel: i64,
+        offset: i64,
+        shape: &[i64],
+        strides: &[i64],
+    ) -> &mut Pickle {
         self.str(name).op(b"ctorch._utils\n_rebuild_tensor_v2\n((");
-        self.str("storage").op(b"ctorch\nFloatStorage\n");
+        self.str("storage")
+            .op(format!("ctorch\n{storage_type}\n").as_bytes());
         self.str(key).str("cpu").int(numel).op(b"tQ").int(offset);
         self.ints(shape).ints(strides);
         self.op(b"\x89ccollections\nOrderedDict\n)RtR")

@@ -15,6 +15,13 @@ use crate::quant::Scheme;
 /// overhead beside the window whatever the row's width.
 const SCALE_SEGMENT: u64 = 16 << 10;
 
+/// Largest storage span of a strided scale view (a transposed scale in a
+/// `.bin`) read into memory at once, beside the segment: the scales of a
+/// real FP8 weight (128 x 128 blocks) are tens of KiB, so each segment is
+/// gathered from one read instead of one read per scale. A larger view is
+/// read one element at a time.
+const SCALE_GATHER: usize = 256 << 10;
+
 /// The output chunk [`DequantStream::fill`] wrote: `buf[start..start + len]`,
 /// from `read` bytes of the weight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,7 +124,7 @@ impl<'a> DequantStream<'a> {
             weight,
             scale,
             weights: reader.tensor_bytes_gathered(weight, 0),
-            scales: reader.tensor_bytes_gathered(scale, 0),
+            scales: reader.tensor_bytes_gathered(scale, SCALE_GATHER),
             scheme: scheme.clone(),
             to,
             policy,
@@ -269,15 +276,16 @@ impl DequantStream<'_> {
         ) {
             self.reader.read_tensor_at(self.scale, at, &mut bytes)?;
         } else {
-            if at < self.scales_pos {
-                self.scales = self.reader.tensor_bytes_gathered(self.scale, 0);
-                self.scales_pos = 0;
-            }
-            let mut skip = [0u8; 4096];
-            while self.scales_pos < at {
-                let n = (at - self.scales_pos).min(skip.len() as u64) as usize;
-                self.read_scales(&mut skip[..n])?;
-                self.scales_pos += n as u64;
+            // A strided view (a transposed scale in a `.bin`) is entered at
+            // the segment's first element, not read again from its start
+            // each time a block row is met again: that made its reads grow
+            // with the square of the rows. A deflated entry still inflates
+            // from its start, as it must.
+            if at != self.scales_pos {
+                self.scales = self
+                    .reader
+                    .tensor_bytes_from(self.scale, at, SCALE_GATHER)?;
+                self.scales_pos = at;
             }
             self.read_scales(&mut bytes)?;
             self.scales_pos += bytes.len() as u64;

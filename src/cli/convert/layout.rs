@@ -119,7 +119,8 @@ pub(super) fn print_notes(s: &ConvertSummary, folder: &str) {
         eprintln!("{warning}");
     }
     for name in &s.copied_as_is {
-        eprintln!("note: copied as is (a weight file outside any converted folder, not converted): {folder}{name}");
+        let name = reshard::names::escape(&format!("{folder}{name}")).into_owned();
+        eprintln!("note: copied as is (a weight file outside any converted folder, not converted): {name}");
     }
 }
 

@@ -165,7 +165,7 @@ pub fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
         let _ = writeln!(
             o,
             "{} is up to date ({} {}); nothing written",
-            s.dst,
+            escape(&s.dst),
             s.shards,
             plural(s.shards, "shard", "shards")
         );
@@ -176,7 +176,7 @@ pub fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
         let _ = writeln!(
             o,
             "{} is up to date ({} {}); refreshed {} file{} changed in the source: {}",
-            s.dst,
+            escape(&s.dst),
             s.shards,
             plural(s.shards, "shard", "shards"),
             names.len(),
@@ -190,7 +190,7 @@ pub fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
             o,
             "copied {} files to {} (no weights in this folder)",
             s.manifest.copied_files.len(),
-            s.dst
+            escape(&s.dst)
         );
         return o;
     }
@@ -201,7 +201,7 @@ pub fn render_summary(s: &ConvertSummary, verbose: bool) -> String {
         s.shards,
         if s.shards == 1 { "" } else { "s" },
         human(s.bytes_written),
-        s.dst,
+        escape(&s.dst),
         s.seconds,
         human(s.peak_buffer_bytes),
         human(s.window)

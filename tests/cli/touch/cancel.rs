@@ -79,3 +79,41 @@ fn ctrl_c_during_convert_validate_stops_the_validation() {
     let status = interrupt_at(cmd, "validate", &tmp.path().join("go2"));
     assert_eq!(status, Some(2));
 }
+
+/// One large mirrored file (a data set sample, training logs) was copied
+/// whole after Ctrl-C: the flag was looked at between files only. It is
+/// now looked at between chunks of one file, whose temp file goes.
+#[test]
+fn ctrl_c_while_copying_one_large_other_file_stops_within_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = copy_fixture("tiny-llama", tmp.path());
+    // Two and a bit copy chunks (16 MiB each), sparse where it can be.
+    let big = std::fs::File::create(src.join("training_notes.txt")).unwrap();
+    big.set_len(2 * (16 << 20) + 1).unwrap();
+    drop(big);
+    let dst = tmp.path().join("out");
+    let status = interrupt_at(
+        convert_cmd(&src, &dst, &[]),
+        "copy-chunk",
+        &tmp.path().join("go"),
+    );
+    assert_eq!(status, Some(2));
+    assert!(!dst.join("reshard.json").exists(), "committed");
+    assert!(
+        !dst.join("training_notes.txt").exists(),
+        "copied whole after Ctrl-C"
+    );
+    let temps: Vec<_> = std::fs::read_dir(&dst)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".reshard-tmp"))
+        .collect();
+    assert!(temps.is_empty(), "temp files left: {temps:?}");
+    convert(&src, &dst, &[]).success();
+    assert_eq!(
+        std::fs::metadata(dst.join("training_notes.txt"))
+            .unwrap()
+            .len(),
+        2 * (16 << 20) + 1
+    );
+}

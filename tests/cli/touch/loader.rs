@@ -163,3 +163,64 @@ fn loader_timeout_holds_when_a_worker_in_its_own_session_keeps_the_pipes_open() 
         crate::loaders::assert_all_ended(case, &pids);
     }
 }
+
+/// `validate --loader python:diffusers` on a pipeline folder (what
+/// docs/validate.md says it takes) exited 2 "no checkpoint found" before
+/// Python started: the folder holds its weights in component folders. It
+/// now loads the pipeline, predicted from all its weight sets together.
+#[test]
+fn python_diffusers_loads_a_pipeline_folder() {
+    let Some(py) = python_with("torch, transformers, diffusers") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/layouts_check.py");
+    run_python(
+        &py,
+        Program::Script(&script),
+        &[std::ffi::OsStr::new("build-sd"), tmp.path().as_os_str()],
+    );
+    let sd = tmp.path().join("sd");
+    assert!(sd.join("model_index.json").exists());
+    assert!(!sd.join("model.safetensors").exists(), "not a pipeline");
+    let out = reshard()
+        .args([
+            "validate",
+            "--loader",
+            "python:diffusers",
+            "--json",
+            "--python",
+        ])
+        .arg(&py)
+        .arg(&sd)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!("{}", String::from_utf8_lossy(&out.stderr));
+    });
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert_eq!(report["passed"], true, "{report}");
+    // Every component's weights were loaded (the library may add buffers
+    // it builds itself, such as position ids), not one folder's.
+    let stored: u64 = ["unet", "vae", "text_encoder"]
+        .iter()
+        .map(|c| {
+            let out = reshard()
+                .args(["inspect", "--json"])
+                .arg(sd.join(c))
+                .output()
+                .unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            v["tensor_count"].as_u64().unwrap()
+        })
+        .sum();
+    let loaded = report["tensors"].as_u64().unwrap();
+    assert!(
+        loaded >= stored,
+        "loaded {loaded} of {stored} tensors: {report}"
+    );
+    assert!(
+        report["prediction"]["peak_commit"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+}

@@ -12,6 +12,8 @@ mod manifests;
 mod names;
 mod scales;
 mod shrink;
+#[cfg(unix)] // Windows cannot name a folder with control characters.
+mod terminal;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

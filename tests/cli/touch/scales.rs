@@ -100,3 +100,86 @@ fn a_block_row_wider_than_a_segment_is_read_again_for_each_weight_row() {
         assert_eq!(v, scale(i as u64 % cols), "element {i}");
     }
 }
+
+/// FP8 scales stored as a strided view in a PyTorch `.bin` (a transposed
+/// scale tensor: its storage holds the columns) dequantize like
+/// contiguous ones. The view is a block row wider than one segment, met by
+/// two weight rows (`[2, 1]` blocks): each segment is entered where it
+/// starts, where the stream was once read again from the tensor's start
+/// each time a block row was met again (reads growing with the square of
+/// the rows), and `validate --against` agrees.
+#[test]
+fn transposed_scales_in_a_bin_dequantize_like_contiguous_ones() {
+    // Scales [2, 32770]: wider than a segment, and a span (256 KiB) read
+    // one scale at a time; then a small view gathered in one read.
+    dequantize_transposed_scales(4, 2 * 16_385, [2, 1]);
+    dequantize_transposed_scales(8, 12, [2, 3]);
+}
+
+/// A weight `[rows, cols]` of 1.0 codes whose `block` scales are stored
+/// transposed, converted to F32: each value is its block's scale.
+fn dequantize_transposed_scales(rows: i64, cols: i64, block: [i64; 2]) {
+    use crate::pytorch::{archive, write_bin, Pickle};
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let (scale_rows, scale_cols) = (rows / block[0], cols / block[1]);
+    let scale = |i: i64, j: i64| 2f32.powi(((i * 7 + j) % 9) as i32 - 4);
+    // Storage of the scales: the transpose, row-major.
+    let storage: Vec<u8> = (0..scale_cols)
+        .flat_map(|j| (0..scale_rows).map(move |i| (i, j)))
+        .flat_map(|(i, j)| scale(i, j).to_le_bytes())
+        .collect();
+    let name = "model.layers.0.mlp.up_proj.weight";
+    let pkl = Pickle::state_dict(|p| {
+        p.tensor_of(
+            name,
+            "Float8_e4m3fnStorage",
+            "0",
+            rows * cols,
+            0,
+            &[rows, cols],
+            &[cols, 1],
+        );
+        p.tensor(
+            &format!("{name}_scale_inv"),
+            "1",
+            scale_rows * scale_cols,
+            0,
+            &[scale_rows, scale_cols],
+            &[1, scale_rows],
+        );
+    });
+    let codes = vec![0x38u8; (rows * cols) as usize];
+    write_bin(&src, &archive(&pkl, &[("0", &codes), ("1", &storage)]));
+    let config =
+        json!({"quantization_config": {"quant_method": "fp8", "weight_block_size": block}});
+    std::fs::write(src.join("config.json"), config.to_string()).unwrap();
+    let dst = tmp.path().join("dst");
+    convert(&src, &dst, &["--dtype", "f32", "--window", "1MiB"]).success();
+    let bytes = std::fs::read(dst.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let w = st.tensor(name).unwrap();
+    assert_eq!(w.shape(), [rows as usize, cols as usize]);
+    let got: Vec<f32> = w
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    for r in 0..rows {
+        for c in 0..cols {
+            assert_eq!(
+                got[(r * cols + c) as usize],
+                scale(r / block[0], c / block[1]),
+                "row {r} column {c}"
+            );
+        }
+    }
+    reshard()
+        .arg("validate")
+        .arg(&dst)
+        .arg("--against")
+        .arg(&src)
+        .assert()
+        .success();
+}
