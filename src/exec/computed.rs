@@ -3,7 +3,7 @@
 //! executor and by `validate --against`, so both compute the same bytes.
 
 use crate::cast::dequant::{Chunk, ChunkStream, DequantError, DequantStream};
-use crate::cast::gguf::{GgufStream, RowOrder};
+use crate::cast::gguf::{EncodeStream, GgufStream, RowOrder};
 use crate::cast::quantize::QuantizeStream;
 use crate::cast::CastStats;
 use crate::cast::OverflowPolicy;
@@ -64,6 +64,16 @@ pub fn open<'a>(
             *work,
             *part,
             policy,
+        )?)),
+        TensorInput::ToGgml {
+            tensor,
+            ggml,
+            permute_heads,
+        } => Some(Box::new(EncodeStream::open(
+            reader,
+            &ck.tensors[*tensor],
+            *ggml,
+            *permute_heads,
         )?)),
         TensorInput::Constant { bytes, .. } => Some(Box::new(Constant {
             bytes: bytes.clone(),

@@ -48,6 +48,16 @@ pub enum TensorInput {
         work: Dtype,
         part: Part,
     },
+    /// Source tensor `tensor` written as GGML type `ggml` in a GGUF file
+    /// (`crate::cast::gguf::EncodeStream`): its elements to f32, then
+    /// encoded; with `permute_heads`, the rows of that many heads put in
+    /// llama.cpp's rotary order.
+    ToGgml {
+        tensor: usize,
+        ggml: crate::format::gguf::ggml::GgmlType,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        permute_heads: Option<u64>,
+    },
     /// Fixed bytes a quantized layout needs beside a weight (ComfyUI's
     /// `comfy_quant` JSON, the `scaled_fp8` marker), kept with source
     /// tensor `of`.
@@ -64,6 +74,7 @@ impl TensorInput {
             TensorInput::Dequantized { weight, .. } => weight,
             TensorInput::Gguf { tensor, .. } => tensor,
             TensorInput::Quantized { tensor, .. } => tensor,
+            TensorInput::ToGgml { tensor, .. } => tensor,
             TensorInput::Constant { of, .. } => of,
         }
     }
@@ -81,6 +92,14 @@ impl TensorInput {
         )
     }
 
+    /// The GGML type a GGUF output tensor is written in.
+    pub fn ggml(&self) -> Option<crate::format::gguf::ggml::GgmlType> {
+        match self {
+            TensorInput::ToGgml { ggml, .. } => Some(*ggml),
+            _ => None,
+        }
+    }
+
     /// True for a source tensor copied or cast as it is.
     pub fn is_source(&self) -> bool {
         matches!(self, TensorInput::Source { .. })
@@ -93,6 +112,7 @@ impl TensorInput {
             TensorInput::Source { .. }
             | TensorInput::Gguf { .. }
             | TensorInput::Quantized { .. }
+            | TensorInput::ToGgml { .. }
             | TensorInput::Constant { .. } => None,
         }
     }
@@ -102,7 +122,8 @@ impl TensorInput {
         match *self {
             TensorInput::Source { tensor }
             | TensorInput::Gguf { tensor, .. }
-            | TensorInput::Quantized { tensor, .. } => vec![tensor],
+            | TensorInput::Quantized { tensor, .. }
+            | TensorInput::ToGgml { tensor, .. } => vec![tensor],
             TensorInput::Dequantized { weight, scale, .. } => vec![weight, scale],
             TensorInput::Constant { .. } => Vec::new(),
         }

@@ -9,6 +9,7 @@ pub(crate) mod dequant;
 mod error;
 pub(crate) mod from_gguf;
 pub mod gguf;
+pub mod gguf_out;
 mod globs;
 pub(crate) mod input;
 mod names;
@@ -75,6 +76,10 @@ impl Plan {
         if options.max_shard_size == 0 {
             return Err(PlanError::ZeroShardSize);
         }
+        if options.format == OutputFormat::Gguf {
+            return gguf_out::plan(ck, options, layout);
+        }
+        gguf_out::check_scheme(options).map_err(|e| PlanError::GgufOut(Box::new(e)))?;
         let keep = keep_globs(&options.keep_dtype)?;
         let gguf = match ck.format {
             Format::Gguf => {
@@ -257,6 +262,7 @@ impl Plan {
             metadata,
             quantization: quant.record,
             gguf: gguf.map(|g| g.record),
+            gguf_out: None,
             quantized: quantizer.map(|q| q.record),
         })
     }

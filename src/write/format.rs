@@ -14,7 +14,7 @@
 //! alignment so every offset is a multiple of its element size with no
 //! holes; `"format": "pt"` in `__metadata__`, which transformers and
 //! accelerate ask for. A new format (GGUF) is one more implementation here
-//! and one more [`OutputFormat`] tag.
+//! and one more [`OutputFormat`] tag: [`super::gguf::Gguf`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -26,13 +26,14 @@ use crate::plan::{OutputFormat, Plan, PlannedTensor, ShardLayout, ShardPlan};
 pub trait ShardFormat: ShardLayout {
     /// The planner's view of this format (for [`Plan::build`]).
     fn layout(&self) -> &dyn ShardLayout;
-    /// The bytes before a shard's data section, for `shard` as planned,
-    /// written to `path` (named in errors).
+    /// The bytes before a shard's data section, for `shard` of `plan` as
+    /// planned, written to `path` (named in errors). The whole plan, since
+    /// a header may hold plan-wide data (GGUF's metadata, split counts).
     fn header_bytes(
         &self,
         path: &Path,
+        plan: &Plan,
         shard: &ShardPlan,
-        metadata: &BTreeMap<String, String>,
     ) -> Result<Vec<u8>, WriteError>;
     /// The index file's bytes, for a plan that has one.
     fn index_bytes(&self, plan: &Plan) -> Vec<u8>;
@@ -42,6 +43,7 @@ pub trait ShardFormat: ShardLayout {
 pub fn of(format: OutputFormat) -> &'static dyn ShardFormat {
     match format {
         OutputFormat::Safetensors => &Safetensors,
+        OutputFormat::Gguf => &super::gguf::Gguf,
     }
 }
 
@@ -65,7 +67,7 @@ pub fn of_plan(plan: &Plan) -> &'static dyn ShardFormat {
 pub fn check_headers(plan: &Plan) -> Result<(), WriteError> {
     let format = of_plan(plan);
     for s in &plan.shards {
-        format.header_bytes(Path::new(&s.file), s, &plan.metadata)?;
+        format.header_bytes(Path::new(&s.file), plan, s)?;
     }
     Ok(())
 }
@@ -117,10 +119,10 @@ impl ShardFormat for Safetensors {
     fn header_bytes(
         &self,
         path: &Path,
+        plan: &Plan,
         shard: &ShardPlan,
-        metadata: &BTreeMap<String, String>,
     ) -> Result<Vec<u8>, WriteError> {
-        safetensors_header(path, shard, metadata)
+        safetensors_header(path, shard, &plan.metadata)
     }
 
     fn index_bytes(&self, plan: &Plan) -> Vec<u8> {
@@ -396,12 +398,10 @@ mod tests {
         let metadata: BTreeMap<String, String> = (0..8)
             .map(|i| (format!("key{i}"), format!("value {i}")))
             .collect();
-        let first = Safetensors
-            .header_bytes(Path::new("m"), &shard(), &metadata)
+        let first = safetensors_header(Path::new("m"), &shard(), &metadata)
             .unwrap();
         for _ in 0..20 {
-            let again = Safetensors
-                .header_bytes(Path::new("m"), &shard(), &metadata)
+            let again = safetensors_header(Path::new("m"), &shard(), &metadata)
                 .unwrap();
             assert_eq!(again, first);
         }
@@ -539,8 +539,7 @@ mod tests {
         let mut metadata = Safetensors.shard_metadata(&BTreeMap::new());
         // Within the limit alone, over it once the tensor entries are added.
         metadata.insert("big".into(), "v".repeat(max - 40));
-        let err = Safetensors
-            .header_bytes(Path::new("m"), &shard(), &metadata)
+        let err = safetensors_header(Path::new("m"), &shard(), &metadata)
             .unwrap_err();
         assert!(
             matches!(&err, WriteError::HeaderTooLarge { what, .. } if what.starts_with("2 tensor entries and a __metadata__ of ")),
@@ -548,8 +547,7 @@ mod tests {
         );
         // Over it in the metadata alone: refused before any JSON is made.
         metadata.insert("bigger".into(), "v".repeat(max));
-        let err = Safetensors
-            .header_bytes(Path::new("m"), &shard(), &metadata)
+        let err = safetensors_header(Path::new("m"), &shard(), &metadata)
             .unwrap_err();
         assert!(
             err.to_string().contains("the largest is \"bigger\""),
@@ -557,15 +555,14 @@ mod tests {
         );
         metadata.remove("bigger");
         metadata.insert("big".into(), "v".repeat(max - 200));
-        let header = Safetensors.header_bytes(Path::new("m"), &shard(), &metadata);
+        let header = safetensors_header(Path::new("m"), &shard(), &metadata);
         assert!(header.unwrap().len() <= max + 8);
     }
 
     #[test]
     fn one_metadata_key_is_written_as_the_safetensors_crate_writes_it() {
         let metadata = Safetensors.shard_metadata(&BTreeMap::new());
-        let header = Safetensors
-            .header_bytes(Path::new("m"), &shard(), &metadata)
+        let header = safetensors_header(Path::new("m"), &shard(), &metadata)
             .unwrap();
         let text = String::from_utf8_lossy(&header[8..]).trim_end().to_string();
         assert_eq!(

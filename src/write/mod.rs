@@ -12,6 +12,7 @@ pub mod digest;
 mod error;
 pub(crate) mod failpoint;
 pub mod format;
+pub mod gguf;
 pub(crate) mod lock;
 pub mod manifest;
 pub(crate) mod owned;
