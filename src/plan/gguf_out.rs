@@ -112,7 +112,9 @@ pub enum GgufOutError {
     SchemeNeedsGguf { scheme: &'static str },
     #[error("--quantize {scheme} is an FP8 safetensors scheme; a .gguf DST takes --quantize q8_0, q4_0, q4_k or q6_k (or --dtype f32, f16, bf16)")]
     Fp8ToGguf { scheme: &'static str },
-    #[error("--dtype {dtype}: GGUF stores F32, F16 or BF16 (or --quantize q8_0, q4_0, q4_k, q6_k)")]
+    #[error(
+        "--dtype {dtype}: GGUF stores F32, F16 or BF16 (or --quantize q8_0, q4_0, q4_k, q6_k)"
+    )]
     Dtype { dtype: Dtype },
     #[error("the source is {what}; reshard writes GGUF from safetensors or PyTorch checkpoints (convert a GGUF to safetensors first)")]
     Source { what: &'static str },
@@ -122,7 +124,10 @@ pub enum GgufOutError {
         families: String,
     },
     #[error("the tensors look like the diffusers layout of {family} (tensor {tensor:?}); ComfyUI-GGUF reads the reference layout only: convert the original checkpoint")]
-    DiffusersLayout { family: &'static str, tensor: String },
+    DiffusersLayout {
+        family: &'static str,
+        tensor: String,
+    },
     #[error("{file}: tensor {tensor:?} is {dtype}; a GGUF output takes floating-point tensors (F32, F16, BF16, F64)")]
     NotFloat {
         file: String,
@@ -146,7 +151,9 @@ pub enum GgufOutError {
     Config { dir: String, why: String },
     #[error("cannot describe the model as GGUF")]
     Llm(#[from] to_gguf::ToGgufError),
-    #[error("GGUF tensor {tensor:?} names source tensor {source_name:?}, which the checkpoint lacks")]
+    #[error(
+        "GGUF tensor {tensor:?} names source tensor {source_name:?}, which the checkpoint lacks"
+    )]
     MissingSource { tensor: String, source_name: String },
 }
 
@@ -408,7 +415,10 @@ pub fn plan(
     layout: &dyn ShardLayout,
 ) -> Result<Plan, PlanError> {
     check_scheme(options).map_err(gguf_err)?;
-    if let Some(d) = options.dtype.filter(|d| !matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16)) {
+    if let Some(d) = options
+        .dtype
+        .filter(|d| !matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16))
+    {
         return Err(gguf_err(GgufOutError::Dtype { dtype: d }));
     }
     if ck.format == Format::Gguf {
@@ -460,7 +470,10 @@ pub fn plan(
             let (arch, outs, left_out) =
                 diffusion(ck, options, scheme, &mut fallbacks, classes).map_err(gguf_err)?;
             let kv = vec![
-                ("general.architecture".into(), Value::String(arch.as_bytes().to_vec())),
+                (
+                    "general.architecture".into(),
+                    Value::String(arch.as_bytes().to_vec()),
+                ),
                 ("general.quantization_version".into(), Value::U32(2)),
                 ("general.file_type".into(), Value::U32(file_type)),
             ];
@@ -611,10 +624,18 @@ fn diffusion(
     let present: std::collections::HashSet<&str> = stripped.iter().flatten().copied().collect();
     let family = FAMILIES
         .iter()
-        .find(|f| f.detect.iter().any(|set| set.iter().all(|k| present.contains(k))))
+        .find(|f| {
+            f.detect
+                .iter()
+                .any(|set| set.iter().all(|k| present.contains(k)))
+        })
         .ok_or_else(|| GgufOutError::UnknownArchitecture {
             architectures: classes,
-            families: FAMILIES.iter().map(|f| f.arch).collect::<Vec<_>>().join(", "),
+            families: FAMILIES
+                .iter()
+                .map(|f| f.arch)
+                .collect::<Vec<_>>()
+                .join(", "),
         })?;
     if let Some(b) = family.banned.iter().find(|b| present.contains(*b)) {
         return Err(GgufOutError::DiffusersLayout {
@@ -707,15 +728,19 @@ fn llm(
     for t in g.tensors {
         let ggml_for = |source: Dtype, fallbacks: &mut Vec<Fallback>| match (t.force_f32, scheme) {
             (true, _) => GgmlType::F32,
-            (false, Some(s)) if t.shape.len() >= 2 => quantized_type(&t.name, &t.shape, s, fallbacks),
+            (false, Some(s)) if t.shape.len() >= 2 => {
+                quantized_type(&t.name, &t.shape, s, fallbacks)
+            }
             (false, _) => float_type(options.dtype, source),
         };
         let out = match &t.source {
             LlmSource::Tensor(source) => {
-                let &i = index.get(source.as_str()).ok_or_else(|| GgufOutError::MissingSource {
-                    tensor: t.name.clone(),
-                    source_name: source.clone(),
-                })?;
+                let &i = index
+                    .get(source.as_str())
+                    .ok_or_else(|| GgufOutError::MissingSource {
+                        tensor: t.name.clone(),
+                        source_name: source.clone(),
+                    })?;
                 let s = &ck.tensors[i];
                 let ggml = ggml_for(s.dtype, fallbacks);
                 Out {

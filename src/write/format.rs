@@ -398,11 +398,9 @@ mod tests {
         let metadata: BTreeMap<String, String> = (0..8)
             .map(|i| (format!("key{i}"), format!("value {i}")))
             .collect();
-        let first = safetensors_header(Path::new("m"), &shard(), &metadata)
-            .unwrap();
+        let first = safetensors_header(Path::new("m"), &shard(), &metadata).unwrap();
         for _ in 0..20 {
-            let again = safetensors_header(Path::new("m"), &shard(), &metadata)
-                .unwrap();
+            let again = safetensors_header(Path::new("m"), &shard(), &metadata).unwrap();
             assert_eq!(again, first);
         }
         let text = String::from_utf8_lossy(&first[8..]).trim_end().to_string();
@@ -539,16 +537,14 @@ mod tests {
         let mut metadata = Safetensors.shard_metadata(&BTreeMap::new());
         // Within the limit alone, over it once the tensor entries are added.
         metadata.insert("big".into(), "v".repeat(max - 40));
-        let err = safetensors_header(Path::new("m"), &shard(), &metadata)
-            .unwrap_err();
+        let err = safetensors_header(Path::new("m"), &shard(), &metadata).unwrap_err();
         assert!(
             matches!(&err, WriteError::HeaderTooLarge { what, .. } if what.starts_with("2 tensor entries and a __metadata__ of ")),
             "{err}"
         );
         // Over it in the metadata alone: refused before any JSON is made.
         metadata.insert("bigger".into(), "v".repeat(max));
-        let err = safetensors_header(Path::new("m"), &shard(), &metadata)
-            .unwrap_err();
+        let err = safetensors_header(Path::new("m"), &shard(), &metadata).unwrap_err();
         assert!(
             err.to_string().contains("the largest is \"bigger\""),
             "{err}"
@@ -562,8 +558,7 @@ mod tests {
     #[test]
     fn one_metadata_key_is_written_as_the_safetensors_crate_writes_it() {
         let metadata = Safetensors.shard_metadata(&BTreeMap::new());
-        let header = safetensors_header(Path::new("m"), &shard(), &metadata)
-            .unwrap();
+        let header = safetensors_header(Path::new("m"), &shard(), &metadata).unwrap();
         let text = String::from_utf8_lossy(&header[8..]).trim_end().to_string();
         assert_eq!(
             text,

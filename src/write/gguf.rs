@@ -92,11 +92,20 @@ impl ShardFormat for Gguf {
         }
         if count > 1 {
             let tensors: usize = plan.shards.iter().map(|s| s.tensors.len()).sum();
-            let as_u16 = |x: usize| u16::try_from(x).map_err(|_| bad(format!("{x} files or more: gguf-split counts files in a u16")));
+            let as_u16 = |x: usize| {
+                u16::try_from(x).map_err(|_| {
+                    bad(format!(
+                        "{x} files or more: gguf-split counts files in a u16"
+                    ))
+                })
+            };
             kv.push(("split.no", Value::U16(as_u16(n)?)));
             kv.push(("split.count", Value::U16(as_u16(count)?)));
-            let tensors = i32::try_from(tensors)
-                .map_err(|_| bad(format!("{tensors} tensors: gguf-split counts them in an i32")))?;
+            let tensors = i32::try_from(tensors).map_err(|_| {
+                bad(format!(
+                    "{tensors} tensors: gguf-split counts them in an i32"
+                ))
+            })?;
             kv.push(("split.tensors.count", Value::I32(tensors)));
         }
         let mut b = Vec::new();
@@ -120,7 +129,10 @@ impl ShardFormat for Gguf {
                 b.extend_from_slice(&d.to_le_bytes());
             }
             let ggml = ggml_type(t).ok_or_else(|| {
-                bad(format!("tensor {:?} is {}, which GGUF does not store", t.name, t.dtype))
+                bad(format!(
+                    "tensor {:?} is {}, which GGUF does not store",
+                    t.name, t.dtype
+                ))
             })?;
             b.extend_from_slice(&ggml.0.to_le_bytes());
             b.extend_from_slice(&t.offset.to_le_bytes());
@@ -132,7 +144,11 @@ impl ShardFormat for Gguf {
                 path: path.to_path_buf(),
                 len: b.len() as u64,
                 max,
-                what: format!("{} tensor infos and {} metadata keys", shard.tensors.len(), kv.len()),
+                what: format!(
+                    "{} tensor infos and {} metadata keys",
+                    shard.tensors.len(),
+                    kv.len()
+                ),
             });
         }
         Ok(b)

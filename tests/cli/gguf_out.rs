@@ -227,7 +227,10 @@ fn gguf_out_split_set_reads_back_as_one_model_with_metadata_first() {
         );
         let h = header(f);
         assert_eq!(h.metadata.get("split.no"), Some(&Value::U16(n as u16)));
-        assert_eq!(h.metadata.get("split.count"), Some(&Value::U16(count as u16)));
+        assert_eq!(
+            h.metadata.get("split.count"),
+            Some(&Value::U16(count as u16))
+        );
         assert_eq!(
             h.metadata.get("split.tensors.count"),
             Some(&Value::I32(FLUX.len() as i32))
@@ -249,7 +252,12 @@ fn gguf_out_kquants_are_the_kquantize_bytes() {
     let source = write_flux(&src);
     let name = "double_blocks.0.img_attn.proj.weight";
     for (scheme, ty, quantize, bytes) in [
-        ("q4_k", GgmlType::Q4_K, quantize_q4_k as fn(&[f32], &mut [u8]) -> _, 144),
+        (
+            "q4_k",
+            GgmlType::Q4_K,
+            quantize_q4_k as fn(&[f32], &mut [u8]) -> _,
+            144,
+        ),
         ("q6_k", GgmlType::Q6_K, quantize_q6_k, 210),
     ] {
         let out = dir.path().join(format!("{scheme}.gguf"));
@@ -258,7 +266,10 @@ fn gguf_out_kquants_are_the_kquantize_bytes() {
         let t = h.tensors.iter().find(|t| t.name == name).unwrap();
         assert_eq!(t.ggml_type, ty);
         // Rows of 96 and 40 do not divide into 256: F16.
-        assert_eq!(types(&out)["double_blocks.0.img_mlp.0.weight"], GgmlType::F16);
+        assert_eq!(
+            types(&out)["double_blocks.0.img_mlp.0.weight"],
+            GgmlType::F16
+        );
         let file = std::fs::read(&out).unwrap();
         let ours = &file[t.offset as usize..][..t.len.unwrap() as usize];
         let mut want = vec![0u8; 64 * bytes];
@@ -303,7 +314,13 @@ fn gguf_out_bad_requests_exit_2_with_nothing_written() {
     write_flux(&src);
     let d = dir.path();
     let gguf = d.join("o.gguf");
-    refused(d, &src, &d.join("out"), &["--quantize", "q8_0"], "name a NAME.gguf file");
+    refused(
+        d,
+        &src,
+        &d.join("out"),
+        &["--quantize", "q8_0"],
+        "name a NAME.gguf file",
+    );
     refused(
         d,
         &src,
@@ -311,8 +328,20 @@ fn gguf_out_bad_requests_exit_2_with_nothing_written() {
         &["--quantize", "q4_k"],
         "writes GGUF blocks",
     );
-    refused(d, &src, &gguf, &["--quantize", "fp8"], "FP8 safetensors scheme");
-    refused(d, &src, &gguf, &["--dtype", "f64"], "GGUF stores F32, F16 or BF16");
+    refused(
+        d,
+        &src,
+        &gguf,
+        &["--quantize", "fp8"],
+        "FP8 safetensors scheme",
+    );
+    refused(
+        d,
+        &src,
+        &gguf,
+        &["--dtype", "f64"],
+        "GGUF stores F32, F16 or BF16",
+    );
 
     // K-quants on a model none of whose rows divide into 256.
     let narrow = d.join("narrow.safetensors");
@@ -325,7 +354,13 @@ fn gguf_out_bad_requests_exit_2_with_nothing_written() {
         }),
         &data,
     );
-    refused(d, &narrow, &gguf, &["--quantize", "q4_k"], "no tensor has rows that divide into 256-value blocks");
+    refused(
+        d,
+        &narrow,
+        &gguf,
+        &["--quantize", "q4_k"],
+        "no tensor has rows that divide into 256-value blocks",
+    );
 
     // Neither a diffusion family nor a supported LLM.
     let unknown = d.join("unknown.safetensors");
@@ -394,14 +429,23 @@ fn gguf_out_matches_gguf_py() {
     }
     let split = dir.path().join("split").join("s.gguf");
     std::fs::create_dir(split.parent().unwrap()).unwrap();
-    to_gguf(&src, &split, &["--quantize", "q8_0", "--max-shard-size", "20KB"]);
+    to_gguf(
+        &src,
+        &split,
+        &["--quantize", "q8_0", "--max-shard-size", "20KB"],
+    );
     for e in std::fs::read_dir(split.parent().unwrap()).unwrap() {
         files.push(e.unwrap().path());
     }
     let mut args = vec![src.clone()];
     args.extend(files);
     let out = run_python(&python, Program::Code(ORACLE), &args);
-    let checked: usize = out.trim().strip_prefix("checked ").unwrap().parse().unwrap();
+    let checked: usize = out
+        .trim()
+        .strip_prefix("checked ")
+        .unwrap()
+        .parse()
+        .unwrap();
     // Every tensor of the first five files, and the F32/F16 of the K-quant
     // and split files.
     assert!(checked >= 5 * FLUX.len(), "{out}");
