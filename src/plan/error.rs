@@ -64,7 +64,7 @@ pub enum PlanError {
     GgufHf(#[from] crate::plan::gguf::GgufHfError),
     /// Boxed: it holds `to_gguf`'s errors.
     #[error(transparent)]
-    GgufOut(Box<crate::plan::gguf_out::GgufOutError>),
+    GgufOut(Box<super::gguf_out_record::GgufOutError>),
     #[error("{file}: tensor {tensor:?}: {reason}")]
     GgufShape {
         file: String,

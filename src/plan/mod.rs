@@ -10,6 +10,7 @@ mod error;
 pub(crate) mod from_gguf;
 pub mod gguf;
 pub mod gguf_out;
+mod gguf_out_record;
 mod globs;
 pub(crate) mod input;
 mod names;
@@ -18,6 +19,7 @@ pub(crate) mod output;
 pub(crate) mod pack;
 pub mod quantize;
 pub mod quantizer;
+mod shards;
 pub mod to_gguf;
 mod types;
 
@@ -40,6 +42,7 @@ pub use self::types::{
 
 use self::order::{block_of, sort_indices};
 use self::pack::{pack, Item};
+use self::shards::{lay_out_shard, output_prefix};
 
 /// Refuses, unless `allow`, every planned tensor whose output is more than
 /// [`MAX_EXPANSION`] times the bytes it reads and more than
@@ -385,39 +388,4 @@ fn dedupe(ck: &Checkpoint, dedupe_tied: bool) -> (Vec<usize>, Vec<Dropped>) {
         }
     }
     (kept, dropped)
-}
-
-/// The output prefix: the source's, except PyTorch's `pytorch_model`, which
-/// Hugging Face names `model` once it is safetensors.
-fn output_prefix(ck: &Checkpoint) -> String {
-    match (ck.format, ck.prefix.as_str()) {
-        (Format::Pytorch, "pytorch_model") => "model".into(),
-        (_, "") => "model".into(),
-        (_, p) => p.to_string(),
-    }
-}
-
-/// One shard of `tensors` (in layer order) as `layout` lays it out.
-fn lay_out_shard(
-    layout: &dyn ShardLayout,
-    file: String,
-    mut tensors: Vec<PlannedTensor>,
-) -> ShardPlan {
-    let first_block = tensors
-        .iter()
-        .find_map(|t| block_of(&t.name))
-        .map(|b| b.name());
-    let last_block = tensors
-        .iter()
-        .rev()
-        .find_map(|t| block_of(&t.name))
-        .map(|b| b.name());
-    let data_len = layout.lay_out(&mut tensors);
-    ShardPlan {
-        file,
-        tensors,
-        data_len,
-        first_block,
-        last_block,
-    }
 }

@@ -180,7 +180,7 @@ pub struct Plan {
     /// chosen (`super::gguf_out`). Plans are only ever read back for
     /// their options, so this is written, never read.
     #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none")]
-    pub gguf_out: Option<super::gguf_out::GgufOut>,
+    pub gguf_out: Option<super::gguf_out_record::GgufOut>,
 }
 
 /// Which format `convert` writes.

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::format::ShardFormat;
+use super::shard_format::ShardFormat;
 use super::WriteError;
 use crate::format::gguf::ggml::GgmlType;
 use crate::format::gguf::value::{ty, Array, Value};

@@ -18,6 +18,7 @@ pub mod manifest;
 pub(crate) mod owned;
 pub mod scope;
 pub(crate) mod shard;
+mod shard_format;
 
 pub use self::atomic::{
     copy_atomic, create_temp, remove_stale_temps, sync_dir, temp_path, write_atomic, TEMP_SUFFIX,
