@@ -48,6 +48,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         for note in source.notes() {
             eprintln!("note: {note}");
         }
+        if DstKind::of(&args.dst) == DstKind::GgufFile {
+            // What the dry run lists as fallbacks, said before the run.
+            for (_, plan) in source.plans(&options).unwrap_or_default() {
+                for f in plan.gguf_out.iter().flat_map(|g| &g.fallbacks) {
+                    eprintln!(
+                        "note: {} is written as {} instead of {}: {}",
+                        reshard::names::escape(&f.tensor),
+                        f.written,
+                        f.wanted,
+                        f.why
+                    );
+                }
+            }
+        }
         if to_file && args.src.is_dir() && DstKind::of(&args.dst) == DstKind::SafetensorsFile {
             eprintln!("note: a DST ending in .safetensors gets the weights only: config.json, the tokenizer and the other files stay behind (name a folder to keep them)");
         }
