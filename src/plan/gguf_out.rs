@@ -12,10 +12,11 @@
 //!   high-precision list stay F32 (F16 for an F16 source), as convert.py
 //!   writes them; the rest take `--quantize`'s type, or `--dtype`'s, or
 //!   keep their own.
-//! - **LLMs** (`LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`
-//!   in config.json): [`super::to_gguf::llm_gguf`]'s names, metadata and
-//!   F32 rules; Llama's q/k rows permuted. MoE models (whose experts are
-//!   stacked) are refused for now.
+//! - **LLMs** (`LlamaForCausalLM`, `MistralForCausalLM`,
+//!   `MixtralForCausalLM`, `Qwen2ForCausalLM`, `Qwen2MoeForCausalLM` in
+//!   config.json): [`super::to_gguf::llm_gguf`]'s names, metadata and F32
+//!   rules; Llama's q/k rows permuted; MoE experts stacked (one
+//!   `ToGgml` input naming every expert tensor).
 //!
 //! A row (the last dimension) that is not a whole number of the scheme's
 //! blocks (32, or 256 for K-quants) falls back to F16, as llama.cpp's
@@ -186,14 +187,13 @@ const FAMILIES: &[Family] = &[
     },
 ];
 
-/// The transformers classes written through `to_gguf`, and whether
-/// reshard writes them yet.
-const LLM_CLASSES: &[(&str, bool)] = &[
-    ("LlamaForCausalLM", true),
-    ("MistralForCausalLM", true),
-    ("Qwen2ForCausalLM", true),
-    ("MixtralForCausalLM", false),
-    ("Qwen2MoeForCausalLM", false),
+/// The transformers classes written through `to_gguf`.
+const LLM_CLASSES: &[&str] = &[
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
 ];
 
 /// Refuses a `--quantize` scheme that does not fit the output format.
@@ -328,19 +328,11 @@ pub fn plan(
     let mut fallbacks = Vec::new();
     let file_type = file_type_of(options, main_dtype(ck));
     let config = read_config(ck).map_err(gguf_err)?;
-    let llm_class = config.as_ref().and_then(|(_, classes)| {
-        classes
-            .iter()
-            .find_map(|c| LLM_CLASSES.iter().find(|(name, _)| name == c))
-    });
+    let llm_class = config
+        .as_ref()
+        .is_some_and(|(_, classes)| classes.iter().any(|c| LLM_CLASSES.contains(&c.as_str())));
     let (architecture, kind, kv, outs, left_out) = match (llm_class, &config) {
-        (Some(&(class, false)), _) => {
-            return Err(gguf_err(GgufOutError::NotYet {
-                architecture: class,
-                what: "a mixture-of-experts model",
-            }))
-        }
-        (Some(_), Some((text, _))) => {
+        (true, Some((text, _))) => {
             let (arch, kv, outs) =
                 llm(ck, text, options, scheme, file_type, &mut fallbacks).map_err(gguf_err)?;
             (arch, "llm", kv, outs, Vec::new())
@@ -558,6 +550,7 @@ fn diffusion(
                 tensor: i,
                 ggml,
                 permute_heads: None,
+                stacked: Vec::new(),
             },
             source_dtype: t.dtype,
             ggml,
@@ -632,6 +625,7 @@ fn llm(
                         tensor: i,
                         ggml,
                         permute_heads: t.permute_heads,
+                        stacked: Vec::new(),
                     },
                     source_dtype: s.dtype,
                     ggml,
@@ -649,11 +643,36 @@ fn llm(
                 name: t.name,
                 shape: t.shape,
             },
-            LlmSource::Stack(_) => {
-                return Err(GgufOutError::NotYet {
-                    architecture: g.architecture.name(),
-                    what: "a mixture-of-experts model",
-                })
+            LlmSource::Stack(sources) => {
+                let mut ids = Vec::with_capacity(sources.len());
+                for source in sources {
+                    let &i =
+                        index
+                            .get(source.as_str())
+                            .ok_or_else(|| GgufOutError::MissingSource {
+                                tensor: t.name.clone(),
+                                source_name: source.clone(),
+                            })?;
+                    ids.push(i);
+                }
+                let first = *ids.first().ok_or_else(|| GgufOutError::MissingSource {
+                    tensor: t.name.clone(),
+                    source_name: "(no experts)".into(),
+                })?;
+                let s = &ck.tensors[first];
+                let ggml = ggml_for(s.dtype, fallbacks);
+                Out {
+                    input: TensorInput::ToGgml {
+                        tensor: first,
+                        ggml,
+                        permute_heads: None,
+                        stacked: ids[1..].to_vec(),
+                    },
+                    source_dtype: s.dtype,
+                    ggml,
+                    name: t.name,
+                    shape: t.shape,
+                }
             }
         };
         outs.push(out);

@@ -93,7 +93,7 @@ pub enum GgufOutError {
     Dtype { dtype: Dtype },
     #[error("the source is {what}; reshard writes GGUF from safetensors or PyTorch checkpoints (convert a GGUF to safetensors first)")]
     Source { what: &'static str },
-    #[error("cannot tell which model this is: config.json names {architectures}, and the tensor names match none of ComfyUI-GGUF's diffusion families ({families}); reshard writes GGUF for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and those families")]
+    #[error("cannot tell which model this is: config.json names {architectures}, and the tensor names match none of ComfyUI-GGUF's diffusion families ({families}); reshard writes GGUF for LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM and those families")]
     UnknownArchitecture {
         architectures: String,
         families: String,
@@ -117,11 +117,6 @@ pub enum GgufOutError {
     },
     #[error("--quantize {scheme}: no tensor has rows that divide into {block}-value blocks, so nothing would be quantized")]
     NothingQuantized { scheme: &'static str, block: u64 },
-    #[error("{architecture}: {what} is not written yet (MoE experts are stacked into one tensor per block); convert a dense model, or write safetensors")]
-    NotYet {
-        architecture: &'static str,
-        what: &'static str,
-    },
     #[error("config.json (in {dir}): {why}")]
     Config { dir: String, why: String },
     #[error("cannot describe the model as GGUF")]

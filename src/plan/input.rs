@@ -51,12 +51,16 @@ pub enum TensorInput {
     /// Source tensor `tensor` written as GGML type `ggml` in a GGUF file
     /// (`crate::cast::gguf::EncodeStream`): its elements to f32, then
     /// encoded; with `permute_heads`, the rows of that many heads put in
-    /// llama.cpp's rotary order.
+    /// llama.cpp's rotary order. With `stacked`, those source tensors
+    /// (MoE experts of `tensor`'s shape) follow it, as one tensor of a new
+    /// leading axis (`crate::cast::gguf::StackStream`).
     ToGgml {
         tensor: usize,
         ggml: crate::format::gguf::ggml::GgmlType,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         permute_heads: Option<u64>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        stacked: Vec<usize>,
     },
     /// Fixed bytes a quantized layout needs beside a weight (ComfyUI's
     /// `comfy_quant` JSON, the `scaled_fp8` marker), kept with source
@@ -122,8 +126,14 @@ impl TensorInput {
         match *self {
             TensorInput::Source { tensor }
             | TensorInput::Gguf { tensor, .. }
-            | TensorInput::Quantized { tensor, .. }
-            | TensorInput::ToGgml { tensor, .. } => vec![tensor],
+            | TensorInput::Quantized { tensor, .. } => vec![tensor],
+            TensorInput::ToGgml {
+                tensor,
+                ref stacked,
+                ..
+            } => std::iter::once(tensor)
+                .chain(stacked.iter().copied())
+                .collect(),
             TensorInput::Dequantized { weight, scale, .. } => vec![weight, scale],
             TensorInput::Constant { .. } => Vec::new(),
         }

@@ -450,3 +450,88 @@ fn gguf_out_matches_gguf_py() {
     // and split files.
     assert!(checked >= 5 * FLUX.len(), "{out}");
 }
+
+#[test]
+fn gguf_out_stacks_moe_experts_as_the_concatenation_of_their_blocks() {
+    // A tiny Mixtral: the sources of tests/fixtures/gguf/llm/to_gguf
+    // (whose names, shapes and metadata the to_gguf unit tests check
+    // against the converter), with values made here.
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("mixtral");
+    std::fs::create_dir(&model).unwrap();
+    let llm = fixture("gguf/llm");
+    std::fs::copy(
+        llm.join("to_gguf/mixtral.config.json"),
+        model.join("config.json"),
+    )
+    .unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(llm.join("llama").join(f), model.join(f)).unwrap();
+    }
+    let view: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(llm.join("to_gguf/mixtral.json")).unwrap()).unwrap();
+    let mut json = serde_json::Map::new();
+    let mut data = Vec::new();
+    let mut source = BTreeMap::new();
+    for (i, s) in view["sources"].as_array().unwrap().iter().enumerate() {
+        let name = s[0].as_str().unwrap().to_string();
+        let shape: Vec<u64> = s[1]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap())
+            .collect();
+        let v = values(shape.iter().product::<u64>() as usize, 100 + i as u64);
+        let start = data.len();
+        data.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        json.insert(
+            name.clone(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+        source.insert(name, v);
+    }
+    write_safetensors(
+        &model.join("model.safetensors"),
+        &serde_json::Value::Object(json),
+        &data,
+    );
+    let out = dir.path().join("mixtral.gguf");
+    to_gguf(&model, &out, &["--quantize", "q8_0"]);
+    let h = header(&out);
+    let file = std::fs::read(&out).unwrap();
+    let mut stacked = 0;
+    for (gguf, proj) in [
+        ("ffn_gate_exps", "w1"),
+        ("ffn_down_exps", "w2"),
+        ("ffn_up_exps", "w3"),
+    ] {
+        for block in 0..2 {
+            let name = format!("blk.{block}.{gguf}.weight");
+            let t = h.tensors.iter().find(|t| t.name == name).unwrap();
+            assert_eq!(t.ggml_type, GgmlType::Q8_0, "{name}");
+            assert_eq!(t.shape[0], 4, "{name}");
+            let mut want = Vec::new();
+            for e in 0..4 {
+                let x = &source
+                    [&format!("model.layers.{block}.block_sparse_moe.experts.{e}.{proj}.weight")];
+                let mut q = vec![0u8; x.len() / 32 * 34];
+                reshard::cast::gguf::quantize::quantize_blocks(GgmlType::Q8_0, x, &mut q).unwrap();
+                want.extend(q);
+            }
+            assert_eq!(
+                &file[t.offset as usize..][..want.len()],
+                &want[..],
+                "{name}"
+            );
+            stacked += 1;
+        }
+    }
+    assert_eq!(stacked, 6);
+    // The router stays F32.
+    let gate = h
+        .tensors
+        .iter()
+        .find(|t| t.name == "blk.0.ffn_gate_inp.weight")
+        .unwrap();
+    assert_eq!(gate.ggml_type, GgmlType::F32);
+}

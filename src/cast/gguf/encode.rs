@@ -209,3 +209,88 @@ impl ChunkStream for EncodeStream<'_> {
         EncodeStream::min_buffer(self)
     }
 }
+
+/// Source tensors of one shape written one after the other as one GGML
+/// tensor (MoE experts stacked along a new leading axis): each encoded in
+/// turn, so the output is the concatenation of their encodings (GGML blocks
+/// never cross a row, and a row never crosses a tensor).
+pub struct StackStream<'a> {
+    reader: &'a SourceReader,
+    tensors: Vec<&'a Tensor>,
+    ty: GgmlType,
+    next: usize,
+    current: Option<EncodeStream<'a>>,
+    stats: CastStats,
+}
+
+impl<'a> StackStream<'a> {
+    /// Starts encoding `tensors` (at least one, all of one shape) as `ty`.
+    pub fn open(
+        reader: &'a SourceReader,
+        tensors: Vec<&'a Tensor>,
+        ty: GgmlType,
+    ) -> Result<Self, DequantError> {
+        if let Some(odd) = tensors.iter().find(|t| t.shape != tensors[0].shape) {
+            return Err(DequantError::Rows {
+                tensor: odd.name.clone(),
+                reason: format!(
+                    "shape {:?} differs from {:?}'s {:?}; stacked tensors share one shape",
+                    odd.shape, tensors[0].name, tensors[0].shape
+                ),
+            });
+        }
+        let mut s = StackStream {
+            reader,
+            tensors,
+            ty,
+            next: 0,
+            current: None,
+            stats: CastStats::default(),
+        };
+        s.advance()?;
+        Ok(s)
+    }
+
+    /// Opens the next tensor with something left to write, if any.
+    fn advance(&mut self) -> Result<(), DequantError> {
+        while self.current.as_ref().is_none_or(ChunkStream::is_done) {
+            if let Some(done) = self.current.take() {
+                self.stats.overflow += done.stats.overflow;
+            }
+            let Some(t) = self.tensors.get(self.next) else {
+                return Ok(());
+            };
+            self.next += 1;
+            self.current = Some(EncodeStream::open(self.reader, t, self.ty, None)?);
+        }
+        Ok(())
+    }
+}
+
+impl ChunkStream for StackStream<'_> {
+    fn is_done(&self) -> bool {
+        self.current.is_none()
+    }
+    fn fill(&mut self, buf: &mut [u8]) -> Result<Chunk, DequantError> {
+        let Some(current) = self.current.as_mut() else {
+            return Ok(Chunk {
+                start: 0,
+                len: 0,
+                read: 0,
+            });
+        };
+        let chunk = current.fill(buf)?;
+        self.advance()?;
+        Ok(chunk)
+    }
+    fn stats(&self) -> CastStats {
+        let mut s = self.stats;
+        if let Some(c) = &self.current {
+            s.overflow += c.stats.overflow;
+        }
+        s
+    }
+    fn min_buffer(&self) -> u64 {
+        self.current.as_ref().map_or(1, EncodeStream::min_buffer)
+    }
+}

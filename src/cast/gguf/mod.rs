@@ -32,7 +32,7 @@ mod stream;
 mod tests;
 
 pub use self::blocks::{dequantize_blocks, supports, DequantError, SUPPORTED};
-pub use self::encode::EncodeStream;
+pub use self::encode::{EncodeStream, StackStream};
 pub use self::f16::f16_to_f32;
 pub use self::permute::{permute_heads, permuted_row};
 pub use self::stream::{ggml_type_of, unpermuted_row, GgufStream, RowOrder, SCRATCH_VALUES};
