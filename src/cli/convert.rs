@@ -108,8 +108,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     };
     for rel in &sets {
         let src = source.set_dir(rel);
-        let dst = layouts::join_rel(&args.dst, rel);
-        let options = args.load.options(Some(src));
+        let dst = match (DstKind::of(&args.dst), summary.shards) {
+            // A gguf-split set is read from its first file.
+            (DstKind::GgufFile, n @ 2..) => reshard::convert::split_name(&args.dst, 0, n),
+            _ => layouts::join_rel(&args.dst, rel),
+        };
+        // A GGUF is read back whole; comparing it with its source would
+        // mean re-quantizing the source (not supported yet).
+        let gguf = DstKind::of(&args.dst) == DstKind::GgufFile;
+        let options = args.load.options((!gguf).then_some(src));
         let report = validate_with_budget(&dst, &options)
             .with_context(|| format!("cannot validate {}", dst.display()))?;
         if !args.print.json && (!args.quiet || !report.passed) {

@@ -17,9 +17,10 @@
 //! staged the same way, in `.NAME.gguf.reshard/`, and its files are
 //! renamed beside DST one by one, the first (the one llama.cpp opens) last:
 //! a run killed between two renames leaves a set whose first file is the
-//! old one or missing, and the staging folder, from which a rerun finishes
-//! the job. Only those names are written; nothing else beside DST is
-//! touched.
+//! old one or missing (so no loader opens a mixed set as new), and the
+//! staging folder, which a rerun resumes (writing again the files already
+//! moved out). Only those names are written; nothing else beside DST is
+//! touched, and an existing member is replaced only with `--overwrite`.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;

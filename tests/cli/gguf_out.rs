@@ -286,6 +286,16 @@ fn gguf_out_validate_reads_every_byte() {
     let out = dir.path().join("q8.gguf");
     to_gguf(&src, &out, &["--quantize", "q8_0"]);
     reshard().arg("validate").arg(&out).assert().success();
+    // convert --validate reads a file, or a split set from its first file.
+    for extra in [&[][..], &["--max-shard-size", "20KB"][..]] {
+        let out = dir.path().join(format!("v{}.gguf", extra.len()));
+        let args = [
+            &["-q", "--quantize", "q8_0", "--validate", "--device", "cpu"][..],
+            extra,
+        ]
+        .concat();
+        convert(&src, &out, &args).success();
+    }
     let against = reshard()
         .arg("validate")
         .arg(&out)
