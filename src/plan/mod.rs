@@ -54,7 +54,16 @@ pub fn check_expanded(ck: &Checkpoint, plan: &Plan, allow: bool) -> Result<(), P
     }
     for t in plan.tensors() {
         let source = &ck.tensors[t.input.primary()];
-        let stored = source.stored_bytes();
+        // A stacked GGUF tensor reads every expert it stacks.
+        let stored = match &t.input {
+            TensorInput::ToGgml { stacked, .. } if !stacked.is_empty() => t
+                .input
+                .reads()
+                .iter()
+                .map(|&i| ck.tensors[i].stored_bytes())
+                .fold(0, u64::saturating_add),
+            _ => source.stored_bytes(),
+        };
         if t.len > EXPANSION_FLOOR && t.len / MAX_EXPANSION > stored {
             return Err(PlanError::ExpandedView {
                 file: ck.file_of(source).name(),
