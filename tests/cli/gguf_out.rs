@@ -545,3 +545,61 @@ fn gguf_out_stacks_moe_experts_as_the_concatenation_of_their_blocks() {
         .unwrap();
     assert_eq!(gate.ggml_type, GgmlType::F32);
 }
+
+#[test]
+fn gguf_out_diffusion_wrapper_is_stripped_and_the_rest_left_out() {
+    // A one-file SDXL checkpoint: the UNet under model.diffusion_model.,
+    // a VAE tensor outside it (left out, as ComfyUI-GGUF's converter does).
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("sdxl.safetensors");
+    let names = [
+        (
+            "model.diffusion_model.label_emb.0.0.weight",
+            vec![64u64, 64],
+        ),
+        (
+            "model.diffusion_model.input_blocks.1.0.in_layers.2.weight",
+            vec![64, 64, 3, 3],
+        ),
+        ("model.diffusion_model.out.2.bias", vec![4]),
+        ("first_stage_model.decoder.conv_in.weight", vec![8, 4, 3, 3]),
+    ];
+    let mut json = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (i, (name, shape)) in names.iter().enumerate() {
+        let v = values(shape.iter().product::<u64>() as usize, i as u64);
+        let start = data.len();
+        data.extend(
+            v.iter()
+                .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()),
+        );
+        json.insert(
+            (*name).into(),
+            serde_json::json!({"dtype": "BF16", "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    write_safetensors(&src, &serde_json::Value::Object(json), &data);
+    let out = dir.path().join("sdxl.gguf");
+    let run = convert(&src, &out, &["--quantize", "q8_0", "--dry-run"]).success();
+    let text = String::from_utf8_lossy(&run.get_output().stdout).into_owned();
+    assert!(
+        text.contains("gguf: architecture sdxl (diffusion)"),
+        "{text}"
+    );
+    assert!(text.contains("left out: 1 tensors"), "{text}");
+    to_gguf(&src, &out, &["--quantize", "q8_0"]);
+    let h = header(&out);
+    assert_eq!(h.metadata.get_str("general.architecture"), Some("sdxl"));
+    let t = types(&out);
+    let want: BTreeMap<String, GgmlType> = [
+        ("label_emb.0.0.weight", GgmlType::Q8_0),
+        // Rows of 3 (a 3x3 convolution's last axis): F16, as llama.cpp.
+        ("input_blocks.1.0.in_layers.2.weight", GgmlType::F16),
+        // 1-D from BF16: F32.
+        ("out.2.bias", GgmlType::F32),
+    ]
+    .into_iter()
+    .map(|(n, t)| (n.to_string(), t))
+    .collect();
+    assert_eq!(t, want);
+}
