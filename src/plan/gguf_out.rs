@@ -242,6 +242,47 @@ pub fn dtype_of(ty: GgmlType) -> Dtype {
     }
 }
 
+/// `--keep`, `--quantize-only` and `--keep-dtype`, matched against a
+/// tensor's GGUF name or its source name.
+struct Select {
+    keep: globset::GlobSet,
+    only: Option<globset::GlobSet>,
+    keep_dtype: globset::GlobSet,
+}
+
+impl Select {
+    fn new(o: &PlanOptions) -> Result<Select, PlanError> {
+        let set = |g: &[String]| {
+            super::globs::glob_set(g).map_err(|(glob, source)| PlanError::BadGlob { glob, source })
+        };
+        Ok(Select {
+            keep: set(&o.quantize_keep)?,
+            only: match o.quantize_only.is_empty() {
+                true => None,
+                false => Some(set(&o.quantize_only)?),
+            },
+            keep_dtype: set(&o.keep_dtype)?,
+        })
+    }
+
+    /// Whether a tensor the rules would quantize is quantized.
+    fn quantizes(&self, names: [&str; 2]) -> bool {
+        !names.iter().any(|n| self.keep.is_match(n))
+            && self
+                .only
+                .as_ref()
+                .is_none_or(|o| names.iter().any(|n| o.is_match(n)))
+    }
+
+    /// The element type of a tensor that is not quantized.
+    fn float(&self, dtype: Option<Dtype>, names: [&str; 2], source: Dtype) -> GgmlType {
+        match names.iter().any(|n| self.keep_dtype.is_match(n)) {
+            true => float_type(None, source),
+            false => float_type(dtype, source),
+        }
+    }
+}
+
 /// The type a tensor of `shape` that would take `scheme` is written in:
 /// the scheme's, or F16 when its rows do not divide into blocks (the
 /// fallback is recorded).
@@ -325,6 +366,7 @@ pub fn plan(
         }
     }
     let scheme = options.quantize.and_then(QuantizeScheme::ggml);
+    let select = Select::new(options)?;
     let mut fallbacks = Vec::new();
     let file_type = file_type_of(options, main_dtype(ck));
     let config = read_config(ck).map_err(gguf_err)?;
@@ -333,8 +375,16 @@ pub fn plan(
         .is_some_and(|(_, classes)| classes.iter().any(|c| LLM_CLASSES.contains(&c.as_str())));
     let (architecture, kind, kv, outs, left_out) = match (llm_class, &config) {
         (true, Some((text, _))) => {
-            let (arch, kv, outs) =
-                llm(ck, text, options, scheme, file_type, &mut fallbacks).map_err(gguf_err)?;
+            let (arch, kv, outs) = llm(
+                ck,
+                text,
+                options,
+                &select,
+                scheme,
+                file_type,
+                &mut fallbacks,
+            )
+            .map_err(gguf_err)?;
             (arch, "llm", kv, outs, Vec::new())
         }
         _ => {
@@ -344,7 +394,8 @@ pub fn plan(
                 .filter(|c| !c.is_empty())
                 .unwrap_or_else(|| "no architectures (or there is none)".into());
             let (arch, outs, left_out) =
-                diffusion(ck, options, scheme, &mut fallbacks, classes).map_err(gguf_err)?;
+                diffusion(ck, options, &select, scheme, &mut fallbacks, classes)
+                    .map_err(gguf_err)?;
             let kv = vec![
                 (
                     "general.architecture".into(),
@@ -478,6 +529,7 @@ fn read_config(ck: &Checkpoint) -> Result<Option<(String, Vec<String>)>, GgufOut
 fn diffusion(
     ck: &Checkpoint,
     options: &PlanOptions,
+    select: &Select,
     scheme: Option<GgmlType>,
     fallbacks: &mut Vec<Fallback>,
     classes: String,
@@ -538,11 +590,14 @@ fn diffusion(
         let high = t.shape.len() <= 1
             || t.numel() <= SMALL_TENSOR
             || family.hiprec.iter().any(|h| name.contains(h));
+        let names = [name, t.name.as_str()];
         let ggml = match (high, scheme) {
             (true, _) if wide => GgmlType::F32,
             (true, _) => GgmlType::F16,
-            (false, Some(s)) => quantized_type(name, &t.shape, s, fallbacks),
-            (false, None) => float_type(options.dtype, t.dtype),
+            (false, Some(s)) if select.quantizes(names) => {
+                quantized_type(name, &t.shape, s, fallbacks)
+            }
+            (false, _) => select.float(options.dtype, names, t.dtype),
         };
         outs.push(Out {
             name: name.to_string(),
@@ -565,6 +620,7 @@ fn llm(
     ck: &Checkpoint,
     config_json: &str,
     options: &PlanOptions,
+    select: &Select,
     scheme: Option<GgmlType>,
     file_type: u32,
     fallbacks: &mut Vec<Fallback>,
@@ -603,12 +659,15 @@ fn llm(
         .collect();
     let mut outs = Vec::with_capacity(g.tensors.len());
     for t in g.tensors {
-        let ggml_for = |source: Dtype, fallbacks: &mut Vec<Fallback>| match (t.force_f32, scheme) {
-            (true, _) => GgmlType::F32,
-            (false, Some(s)) if t.shape.len() >= 2 => {
-                quantized_type(&t.name, &t.shape, s, fallbacks)
+        let ggml_for = |source: &crate::format::Tensor, fallbacks: &mut Vec<Fallback>| {
+            let names = [t.name.as_str(), source.name.as_str()];
+            match (t.force_f32, scheme) {
+                (true, _) => GgmlType::F32,
+                (false, Some(s)) if t.shape.len() >= 2 && select.quantizes(names) => {
+                    quantized_type(&t.name, &t.shape, s, fallbacks)
+                }
+                (false, _) => select.float(options.dtype, names, source.dtype),
             }
-            (false, _) => float_type(options.dtype, source),
         };
         let out = match &t.source {
             LlmSource::Tensor(source) => {
@@ -619,7 +678,7 @@ fn llm(
                         source_name: source.clone(),
                     })?;
                 let s = &ck.tensors[i];
-                let ggml = ggml_for(s.dtype, fallbacks);
+                let ggml = ggml_for(s, fallbacks);
                 Out {
                     input: TensorInput::ToGgml {
                         tensor: i,
@@ -660,7 +719,7 @@ fn llm(
                     source_name: "(no experts)".into(),
                 })?;
                 let s = &ck.tensors[first];
-                let ggml = ggml_for(s.dtype, fallbacks);
+                let ggml = ggml_for(s, fallbacks);
                 Out {
                     input: TensorInput::ToGgml {
                         tensor: first,

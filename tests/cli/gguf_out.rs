@@ -603,3 +603,31 @@ fn gguf_out_diffusion_wrapper_is_stripped_and_the_rest_left_out() {
     .collect();
     assert_eq!(t, want);
 }
+
+#[test]
+fn gguf_out_keep_quantize_only_and_keep_dtype_select_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("flux.safetensors");
+    write_flux(&src);
+    let out = dir.path().join("k.gguf");
+    to_gguf(&src, &out, &["--quantize", "q8_0", "--keep", "*img_mlp*"]);
+    let t = types(&out);
+    assert_eq!(t["double_blocks.0.img_attn.proj.weight"], GgmlType::Q8_0);
+    assert_eq!(t["double_blocks.0.img_mlp.0.weight"], GgmlType::F32);
+    let out = dir.path().join("o.gguf");
+    let args = [
+        "--quantize",
+        "q8_0",
+        "--quantize-only",
+        "*img_mlp*",
+        "--dtype",
+        "f16",
+        "--keep-dtype",
+        "img_in*",
+    ];
+    to_gguf(&src, &out, &args);
+    let t = types(&out);
+    assert_eq!(t["double_blocks.0.img_attn.proj.weight"], GgmlType::F16);
+    assert_eq!(t["double_blocks.0.img_mlp.0.weight"], GgmlType::Q8_0);
+    assert_eq!(t["img_in.weight"], GgmlType::F32);
+}
