@@ -84,7 +84,11 @@ pub fn execute(
             })
             .collect::<Result<Vec<_>, ExecError>>()
     };
-    let threads = rayon::ThreadPoolBuilder::new().num_threads(workers).build();
+    // Every thread of --threads: shards take `workers` of them, and a
+    // stream that splits a chunk across rayon (the GGUF encoder) the rest.
+    let threads = rayon::ThreadPoolBuilder::new()
+        .num_threads(options.threads.max(workers))
+        .build();
     match threads {
         Ok(tp) => tp.install(run),
         Err(_) => run(),

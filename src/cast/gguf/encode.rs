@@ -2,8 +2,8 @@
 //! GGUF writer's stream, as the executor drives it.
 //!
 //! The source (F32, F16, BF16 or F64 elements, read sequentially whatever
-//! its storage) goes to f32 through a fixed scratch of [`SCRATCH_VALUES`]
-//! values and is encoded by [`super::quantize::quantize_blocks`] into the
+//! its storage) goes to f32 through scratches of at most [`SCRATCH_VALUES`]
+//! values (one per rayon worker) and is encoded by [`super::quantize::quantize_blocks`] into the
 //! back of the caller's buffer, the input it came from at the front. With
 //! `permute_heads` (a Llama q or k projection), a unit is one head's rows,
 //! read in Hugging Face order and written in GGUF order
@@ -35,7 +35,6 @@ pub struct EncodeStream<'a> {
     /// Permuting: rows of a head and values of a row.
     head_rows: u64,
     row_values: u64,
-    values: Vec<f32>,
     stats: CastStats,
 }
 
@@ -88,7 +87,6 @@ impl<'a> EncodeStream<'a> {
             done: 0,
             head_rows: 0,
             row_values: cols,
-            values: vec![0.0; SCRATCH_VALUES],
             stats: CastStats::default(),
         };
         if let (Some(heads), 1..) = (permute_heads, numel) {
@@ -160,38 +158,46 @@ impl<'a> EncodeStream<'a> {
         })
     }
 
-    /// Encodes the source elements `src` (whole blocks' worth) into `out`
-    /// through the scratch.
+    /// Encodes the source elements `src` (whole blocks' worth) into `out`,
+    /// batches of whole blocks spread over the rayon workers of the caller's
+    /// pool (the K-quant search is the slow part of a GGUF conversion), each
+    /// through a scratch of at most [`SCRATCH_VALUES`] values.
     fn encode(&mut self, src: &[u8], out: &mut [u8]) -> Result<(), DequantError> {
-        // A batch is whole blocks of the scratch's size.
+        use rayon::prelude::*;
         let batch = (SCRATCH_VALUES as u64 / self.block * self.block) as usize;
         let in_elem = self.in_elem as usize;
-        let mut at = 0;
-        for part in src.chunks(batch * in_elem) {
-            let n = part.len() / in_elem;
-            let vals = &mut self.values[..n];
-            match self.from {
-                Dtype::F32 => legacy::f32s(part, vals),
-                Dtype::F16 => legacy::f16s(part, vals),
-                Dtype::BF16 => legacy::bf16s(part, vals),
-                _ => {
-                    for (v, c) in vals.iter_mut().zip(part.chunks_exact(8)) {
-                        let b = [c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]];
-                        *v = f64::from_le_bytes(b) as f32;
-                    }
-                }
-            }
-            let bytes = n / self.block as usize * self.block_bytes as usize;
-            let stats = quantize_blocks(self.ty, vals, &mut out[at..at + bytes]).map_err(
-                |e: EncodeError| DequantError::Rows {
-                    tensor: self.tensor.name.clone(),
-                    reason: e.to_string(),
-                },
-            )?;
-            self.stats.overflow += stats.overflow;
-            at += bytes;
-        }
+        let batch_out = batch / self.block as usize * self.block_bytes as usize;
+        let (from, ty) = (self.from, self.ty);
+        let overflow = src
+            .par_chunks(batch * in_elem)
+            .zip(out.par_chunks_mut(batch_out))
+            .map(|(part, out)| {
+                let mut vals = vec![0f32; part.len() / in_elem];
+                to_f32(from, part, &mut vals);
+                quantize_blocks(ty, &vals, out).map(|s| s.overflow)
+            })
+            .try_reduce(|| 0, |a, b| Ok(a + b))
+            .map_err(|e: EncodeError| DequantError::Rows {
+                tensor: self.tensor.name.clone(),
+                reason: e.to_string(),
+            })?;
+        self.stats.overflow += overflow;
         Ok(())
+    }
+}
+
+/// Little-endian `from` elements as f32 (F64 rounded to nearest).
+fn to_f32(from: Dtype, part: &[u8], vals: &mut [f32]) {
+    match from {
+        Dtype::F32 => legacy::f32s(part, vals),
+        Dtype::F16 => legacy::f16s(part, vals),
+        Dtype::BF16 => legacy::bf16s(part, vals),
+        _ => {
+            for (v, c) in vals.iter_mut().zip(part.chunks_exact(8)) {
+                let b = [c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]];
+                *v = f64::from_le_bytes(b) as f32;
+            }
+        }
     }
 }
 
