@@ -9,6 +9,7 @@ pub(crate) mod dequant;
 mod error;
 pub(crate) mod from_gguf;
 pub mod gguf;
+mod gguf_families;
 pub mod gguf_out;
 mod gguf_out_record;
 mod globs;
