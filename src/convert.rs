@@ -28,7 +28,9 @@ mod source;
 pub mod split;
 
 pub use self::error::{ConvertError, GateError};
-pub use self::file_dst::{convert_to_file, file_options, staging_dir, DstKind};
+pub use self::file_dst::{
+    convert_to_file, file_options, gguf_options, split_name, staging_dir, DstKind,
+};
 pub use self::layout::{convert_layout, convert_split, plan_layout, plan_split};
 pub use self::options::{
     BeforeCommit, ComponentSummary, ConvertOptions, ConvertSummary, KeepPreset,

@@ -2,9 +2,10 @@
 
 use anyhow::Context;
 
-use reshard::convert::{convert_to_file, file_options, ConvertSource, DstKind};
+use reshard::convert::{convert_to_file, file_options, gguf_options, ConvertSource, DstKind};
 use reshard::exec::WindowPool;
 use reshard::format::layout as layouts;
+use reshard::plan::quantize::QuantizeScheme;
 
 use reshard::validate::validate_with_budget;
 
@@ -23,7 +24,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     let mut options = args.options.to_options();
     options.single_file = !args.src.is_dir();
     let to_file = dst_names_a_file(&args)?;
-    if to_file {
+    if DstKind::of(&args.dst) == DstKind::GgufFile {
+        options = gguf_options(&options, args.options.max_shard_size.is_some());
+    } else if to_file {
         options = file_options(&options);
     }
     if args.options.layout.split_components {
@@ -56,7 +59,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         for note in source.notes() {
             eprintln!("note: {}", reshard::names::escape(&note.to_string()));
         }
-        if to_file && args.src.is_dir() {
+        if DstKind::of(&args.dst) == DstKind::GgufFile {
+            // What the dry run lists as fallbacks, said before the run.
+            for (_, plan) in source.plans(&options).unwrap_or_default() {
+                for f in plan.gguf_out.iter().flat_map(|g| &g.fallbacks) {
+                    eprintln!(
+                        "note: {} is written as {} instead of {}: {}",
+                        reshard::names::escape(&f.tensor),
+                        f.written,
+                        f.wanted,
+                        f.why
+                    );
+                }
+            }
+        }
+        if to_file && args.src.is_dir() && DstKind::of(&args.dst) == DstKind::SafetensorsFile {
             eprintln!("note: a DST ending in .safetensors gets the weights only: config.json, the tokenizer and the other files stay behind (name a folder to keep them)");
         }
     }
@@ -103,11 +120,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     };
     for rel in &sets {
         let src = source.set_dir(rel);
-        let dst = layouts::join_rel(&args.dst, rel);
+        let dst = match (DstKind::of(&args.dst), summary.shards) {
+            // A gguf-split set is read from its first file.
+            (DstKind::GgufFile, n @ 2..) => reshard::convert::split_name(&args.dst, 0, n),
+            _ => layouts::join_rel(&args.dst, rel),
+        };
+        // A GGUF is read back whole; comparing it with its source would
+        // mean re-quantizing the source (not supported yet).
+        let gguf = DstKind::of(&args.dst) == DstKind::GgufFile;
         let show = !(args.quiet || args.options.no_progress || args.print.json);
         let options = reshard::validate::ValidateOptions {
             progress: reshard::validate::Progress::new(std::sync::Arc::new(Bar::new(show))),
-            ..args.load.options(Some(src))
+            ..args.load.options((!gguf).then_some(src))
         };
         let report = validate_with_budget(&dst, &options)
             .with_context(|| format!("cannot validate {}", dst.display()))?;
@@ -167,11 +191,25 @@ fn models_below(dir: &std::path::Path) -> Vec<String> {
 /// anything is read.
 fn dst_names_a_file(args: &Args) -> anyhow::Result<bool> {
     let dst = args.dst.display();
-    match DstKind::of(&args.dst) {
-        DstKind::Folder => Ok(false),
-        DstKind::GgufFile => anyhow::bail!(
-            "{dst}: a DST ending in .gguf names a GGUF file, and reshard does not write GGUF yet; name a folder (safetensors shards) or a NAME.safetensors file"
+    let kind = DstKind::of(&args.dst);
+    let scheme = args.options.quantize.map(QuantizeScheme::from);
+    match scheme {
+        Some(s) if s.ggml().is_some() && kind != DstKind::GgufFile => anyhow::bail!(
+            "{dst}: --quantize {} writes GGUF blocks, and a DST that does not end in .gguf is safetensors; name a NAME.gguf file",
+            s.name()
         ),
+        Some(s) if s.ggml().is_none() && kind == DstKind::GgufFile => anyhow::bail!(
+            "{dst}: --quantize {} is an FP8 safetensors scheme; a .gguf DST takes --quantize q8_0, q4_0, q4_k or q6_k (or --dtype f32, f16, bf16)",
+            s.name()
+        ),
+        _ => {}
+    }
+    match kind {
+        DstKind::Folder => Ok(false),
+        DstKind::GgufFile if args.options.layout.split_components => anyhow::bail!(
+            "{dst}: a DST ending in .gguf names one GGUF file (or split set), and --split-components writes a folder per component; name a folder"
+        ),
+        DstKind::GgufFile => Ok(true),
         DstKind::SafetensorsFile if args.options.max_shard_size.is_some() => anyhow::bail!(
             "{dst}: a DST ending in .safetensors names one file, and --max-shard-size writes several; name a folder to shard into (or drop --max-shard-size)"
         ),

@@ -244,7 +244,7 @@ fn planned_bytes(plan: &Plan, done: &[ShardRecord], tensors: usize, others: u64)
         .filter(|s| !done.iter().any(|d| d.file == s.file))
         .map(|s| {
             let header = crate::write::format::of_plan(plan)
-                .header_bytes(Path::new(&s.file), s, &plan.metadata)
+                .header_bytes(Path::new(&s.file), plan, s)
                 .map_or(0, |h| h.len() as u64);
             header.saturating_add(s.data_len)
         })

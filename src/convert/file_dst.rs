@@ -2,8 +2,10 @@
 //!
 //! One rule for every format: a DST ending in `.safetensors` names that
 //! file (one file, the whole model: what ComfyUI, A1111 and Forge load); a
-//! DST ending in `.gguf` names a GGUF file, which reshard does not write
-//! yet, so it is refused; any other DST is a folder.
+//! DST ending in `.gguf` names a GGUF file and sets the output format
+//! (with `--max-shard-size`, the first file of a gguf-split set
+//! `NAME-00001-of-0000N.gguf`, the others beside it); any other DST is a
+//! folder.
 //!
 //! A file DST is written through a hidden staging folder beside it,
 //! `.NAME.reshard/`: an ordinary conversion there (plan, lock, manifest,
@@ -11,7 +13,14 @@
 //! (atomic on one file system) and the staging folder is removed. A run
 //! killed before the rename leaves the file as it was and a staging folder
 //! the next run resumes from. Nothing but the weights is written: no
-//! config, no index, no manifest beside the file.
+//! config, no index, no manifest beside the file. A gguf-split set is
+//! staged the same way, in `.NAME.gguf.reshard/`, and its files are
+//! renamed beside DST one by one, the first (the one llama.cpp opens) last:
+//! a run killed between two renames leaves a set whose first file is the
+//! old one or missing (so no loader opens a mixed set as new), and the
+//! staging folder, which a rerun resumes (writing again the files already
+//! moved out). Only those names are written; nothing else beside DST is
+//! touched, and an existing member is replaced only with `--overwrite`.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -35,7 +44,7 @@ pub enum DstKind {
     Folder,
     /// `NAME.safetensors`: that one file.
     SafetensorsFile,
-    /// `NAME.gguf`: a GGUF file (not written yet).
+    /// `NAME.gguf`: a GGUF file (or the first of a gguf-split set).
     GgufFile,
 }
 
@@ -66,6 +75,31 @@ pub fn file_options(options: &ConvertOptions) -> ConvertOptions {
     o.plan.max_shard_size = u64::MAX;
     o.copy_other_files = false;
     o
+}
+
+/// The options a GGUF DST is converted under: the GGUF format, no other
+/// file, and one file unless `split` (`--max-shard-size` was given).
+pub fn gguf_options(options: &ConvertOptions, split: bool) -> ConvertOptions {
+    let mut o = file_options(options);
+    if split {
+        o.plan.max_shard_size = options.plan.max_shard_size;
+    }
+    o.plan.format = crate::plan::OutputFormat::Gguf;
+    o
+}
+
+/// The files of a gguf-split set named by `file` (`NAME.gguf`):
+/// `NAME-00001-of-0000N.gguf` beside it, for staged shard `n` of `count`.
+pub fn split_name(file: &Path, n: usize, count: usize) -> PathBuf {
+    let name = file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let stem = match name.len().checked_sub(".gguf".len()) {
+        Some(at) if name.is_char_boundary(at) => &name[..at],
+        _ => name.as_str(),
+    };
+    file.with_file_name(format!("{stem}-{:05}-of-{count:05}.gguf", n + 1))
 }
 
 /// The staging folder of the file DST `file`.
@@ -102,7 +136,11 @@ pub fn convert_to_file(
         ));
     }
     let ck = one_weight_set(source, file)?;
-    check_target(file, ck, options.overwrite)?;
+    let split = options.plan.format == crate::plan::OutputFormat::Gguf
+        && options.plan.max_shard_size != u64::MAX;
+    if !split {
+        check_target(file, ck, options.overwrite)?;
+    }
     let staging = staging_dir(file)?;
     if std::fs::symlink_metadata(&staging).is_ok_and(|m| !m.file_type().is_dir()) {
         return Err(file_dst(
@@ -110,15 +148,29 @@ pub fn convert_to_file(
             "reshard's staging folder is taken by something that is not a folder (a symlink, a file); remove it".into(),
         ));
     }
-    let o = file_options(options);
-    let mut summary = convert_gated(ck, &staging, &o, pool, reporter, cancel, &|| Ok(()))?;
-    let [shard] = summary.manifest.shards.as_slice() else {
-        return Err(file_dst(file, "the model has no tensors to write".into()));
+    let o = match options.plan.format {
+        crate::plan::OutputFormat::Gguf => gguf_options(options, split),
+        crate::plan::OutputFormat::Safetensors => file_options(options),
     };
+    let mut summary = convert_gated(ck, &staging, &o, pool, reporter, cancel, &|| Ok(()))?;
+    let shards = &summary.manifest.shards;
+    let targets: Vec<PathBuf> = match shards.len() {
+        0 => return Err(file_dst(file, "the model has no tensors to write".into())),
+        1 if !split => vec![file.to_path_buf()],
+        count => (0..count).map(|n| split_name(file, n, count)).collect(),
+    };
+    if split {
+        for t in &targets {
+            check_target(t, ck, options.overwrite)?;
+        }
+    }
     // Again under the staging folder's lock: no other run finishes it too.
     let lock = DstLock::acquire(&staging)?;
-    let written = staging.join(&shard.file);
-    std::fs::rename(&written, file).map_err(|e| WriteError::io(file, e))?;
+    // The first file last: until it is in place, no loader opens the set.
+    for (shard, target) in shards.iter().zip(&targets).rev() {
+        let written = staging.join(&shard.file);
+        std::fs::rename(&written, target).map_err(|e| WriteError::io(target, e))?;
+    }
     if let Some(parent) = file.parent().filter(|p| !p.as_os_str().is_empty()) {
         sync_dir(parent)?;
     }
@@ -186,7 +238,7 @@ fn check_target(
     if !meta.file_type().is_file() {
         return Err(file_dst(
             file,
-            "exists and is not a regular file (a folder, a symlink); a DST ending in .safetensors names one file: remove it or name another".into(),
+            "exists and is not a regular file (a folder, a symlink); a DST ending in .safetensors or .gguf names one file: remove it or name another".into(),
         ));
     }
     if !overwrite {
@@ -224,6 +276,18 @@ mod tests {
         ] {
             assert_eq!(DstKind::of(Path::new(dst)), kind, "{dst}");
         }
+    }
+
+    #[test]
+    fn a_split_set_is_named_after_the_dst() {
+        assert_eq!(
+            split_name(Path::new("out/m.gguf"), 0, 3),
+            Path::new("out/m-00001-of-00003.gguf")
+        );
+        assert_eq!(
+            split_name(Path::new("M.GGUF"), 2, 3),
+            Path::new("M-00003-of-00003.gguf")
+        );
     }
 
     #[test]

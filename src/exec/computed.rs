@@ -3,7 +3,7 @@
 //! executor and by `validate --against`, so both compute the same bytes.
 
 use crate::cast::dequant::{Chunk, ChunkStream, DequantError, DequantStream};
-use crate::cast::gguf::{GgufStream, RowOrder};
+use crate::cast::gguf::{EncodeStream, GgufStream, RowOrder, StackStream};
 use crate::cast::quantize::QuantizeStream;
 use crate::cast::CastStats;
 use crate::cast::OverflowPolicy;
@@ -65,6 +65,27 @@ pub fn open<'a>(
             *part,
             policy,
         )?)),
+        TensorInput::ToGgml {
+            tensor,
+            ggml,
+            permute_heads,
+            stacked,
+        } if stacked.is_empty() => Some(Box::new(EncodeStream::open(
+            reader,
+            &ck.tensors[*tensor],
+            *ggml,
+            *permute_heads,
+        )?)),
+        TensorInput::ToGgml {
+            tensor,
+            ggml,
+            stacked,
+            ..
+        } => {
+            let tensors = std::iter::once(tensor).chain(stacked);
+            let tensors = tensors.map(|&i| &ck.tensors[i]).collect();
+            Some(Box::new(StackStream::open(reader, tensors, *ggml)?))
+        }
         TensorInput::Constant { bytes, .. } => Some(Box::new(Constant {
             bytes: bytes.clone(),
             done: false,

@@ -165,7 +165,7 @@ pub(crate) fn copy_shard(
         }
     }
     let path = dst.join(&shard.file);
-    let header = crate::write::format::of_plan(plan).header_bytes(&path, shard, &plan.metadata)?;
+    let header = crate::write::format::of_plan(plan).header_bytes(&path, plan, shard)?;
     let mut writer =
         ShardWriter::create(dst, &shard.file, &header, shard.data_len, options.digest)?;
     reporter.shard_started(&shard.file);

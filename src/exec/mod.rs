@@ -84,7 +84,11 @@ pub fn execute(
             })
             .collect::<Result<Vec<_>, ExecError>>()
     };
-    let threads = rayon::ThreadPoolBuilder::new().num_threads(workers).build();
+    // Every thread of --threads: shards take `workers` of them, and a
+    // stream that splits a chunk across rayon (the GGUF encoder) the rest.
+    let threads = rayon::ThreadPoolBuilder::new()
+        .num_threads(options.threads.max(workers))
+        .build();
     match threads {
         Ok(tp) => tp.install(run),
         Err(_) => run(),
@@ -169,7 +173,7 @@ fn shard_need(ck: &Checkpoint, shard: &ShardPlan) -> usize {
         .map(|t| {
             let input = ck.tensors[t.input.primary()].len;
             let scale = t.input.dequantized().map_or(0, |(s, _)| ck.tensors[s].len);
-            if t.dtype == t.source_dtype {
+            if t.dtype == t.source_dtype && t.input.is_source() {
                 input
             } else {
                 input + t.len + scale
@@ -207,7 +211,7 @@ fn write_shard(
         ..
     } = *job;
     let path = dst.join(&shard.file);
-    let header = crate::write::format::of_plan(plan).header_bytes(&path, shard, &plan.metadata)?;
+    let header = crate::write::format::of_plan(plan).header_bytes(&path, plan, shard)?;
     let mut writer =
         ShardWriter::create(dst, &shard.file, &header, shard.data_len, options.digest)?;
     reporter.shard_started(&shard.file);
@@ -269,13 +273,21 @@ fn fill_shard<'p>(
     } = *job;
     let mut records = Vec::with_capacity(shard.tensors.len());
     let policy = plan.options.on_overflow;
+    // Bytes of the data section handed to the writer: the gaps a format
+    // aligns tensors with (GGUF) are zeros.
+    let mut pos = 0u64;
     for planned in &shard.tensors {
+        if !send_zeros(free, to_writer, planned.offset.saturating_sub(pos)) {
+            return Ok(records);
+        }
+        pos = planned.offset.saturating_add(planned.len);
         // One arm per input kind (no wildcard): a new kind must say how it
         // streams before this compiles.
         let tensor = match &planned.input {
             TensorInput::Dequantized { .. }
             | TensorInput::Gguf { .. }
             | TensorInput::Quantized { .. }
+            | TensorInput::ToGgml { .. }
             | TensorInput::Constant { .. } => {
                 let sent = fill_dequantized(job, planned, free, to_writer)?;
                 let Some(record) = sent else {
@@ -375,7 +387,31 @@ fn fill_shard<'p>(
             quantized: None,
         });
     }
+    if !send_zeros(free, to_writer, shard.data_len.saturating_sub(pos)) {
+        return Ok(records);
+    }
     Ok(records)
+}
+
+/// Hands `n` zero bytes to the writer through the free buffers; false when
+/// the write stage is gone.
+fn send_zeros<'p>(
+    free: &mpsc::Receiver<WindowBuf<'p>>,
+    to_writer: &mpsc::SyncSender<Filled<'p>>,
+    mut n: u64,
+) -> bool {
+    while n > 0 {
+        let Ok(mut buf) = free.recv() else {
+            return false;
+        };
+        let len = usize::try_from(n).unwrap_or(usize::MAX).min(buf.len());
+        buf[..len].fill(0);
+        if to_writer.send(Filled { buf, start: 0, len }).is_err() {
+            return false;
+        }
+        n -= len as u64;
+    }
+    true
 }
 
 /// The read stage for a tensor computed by a stream (see

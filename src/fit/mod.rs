@@ -371,7 +371,7 @@ impl Scenario {
             .iter()
             .map(|s| {
                 let header = crate::write::format::of_plan(plan)
-                    .header_bytes(std::path::Path::new(&s.file), s, &plan.metadata)
+                    .header_bytes(std::path::Path::new(&s.file), plan, s)
                     .map_or_else(|_| header_estimate(s), |h| h.len() as u64);
                 s.data_len.saturating_add(header)
             })
@@ -380,6 +380,7 @@ impl Scenario {
         let sizes = Sizes::new(&shards, tensors.iter().map(|t| t.1));
         let format = match plan.options.format {
             OutputFormat::Safetensors => Format::Safetensors,
+            OutputFormat::Gguf => Format::Gguf,
         };
         let mut s = Scenario::judge(format, &shards, sizes, &tensors, ctx);
         s.max_shard_size = Some(plan.options.max_shard_size);

@@ -62,6 +62,9 @@ pub enum PlanError {
     },
     #[error(transparent)]
     GgufHf(#[from] crate::plan::gguf::GgufHfError),
+    /// Boxed: it holds `to_gguf`'s errors.
+    #[error(transparent)]
+    GgufOut(Box<super::gguf_out_record::GgufOutError>),
     #[error("{file}: tensor {tensor:?}: {reason}")]
     GgufShape {
         file: String,

@@ -48,6 +48,20 @@ pub enum TensorInput {
         work: Dtype,
         part: Part,
     },
+    /// Source tensor `tensor` written as GGML type `ggml` in a GGUF file
+    /// (`crate::cast::gguf::EncodeStream`): its elements to f32, then
+    /// encoded; with `permute_heads`, the rows of that many heads put in
+    /// llama.cpp's rotary order. With `stacked`, those source tensors
+    /// (MoE experts of `tensor`'s shape) follow it, as one tensor of a new
+    /// leading axis (`crate::cast::gguf::StackStream`).
+    ToGgml {
+        tensor: usize,
+        ggml: crate::format::gguf::ggml::GgmlType,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        permute_heads: Option<u64>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        stacked: Vec<usize>,
+    },
     /// Fixed bytes a quantized layout needs beside a weight (ComfyUI's
     /// `comfy_quant` JSON, the `scaled_fp8` marker), kept with source
     /// tensor `of`.
@@ -64,6 +78,7 @@ impl TensorInput {
             TensorInput::Dequantized { weight, .. } => weight,
             TensorInput::Gguf { tensor, .. } => tensor,
             TensorInput::Quantized { tensor, .. } => tensor,
+            TensorInput::ToGgml { tensor, .. } => tensor,
             TensorInput::Constant { of, .. } => of,
         }
     }
@@ -81,6 +96,14 @@ impl TensorInput {
         )
     }
 
+    /// The GGML type a GGUF output tensor is written in.
+    pub fn ggml(&self) -> Option<crate::format::gguf::ggml::GgmlType> {
+        match self {
+            TensorInput::ToGgml { ggml, .. } => Some(*ggml),
+            _ => None,
+        }
+    }
+
     /// True for a source tensor copied or cast as it is.
     pub fn is_source(&self) -> bool {
         matches!(self, TensorInput::Source { .. })
@@ -93,6 +116,7 @@ impl TensorInput {
             TensorInput::Source { .. }
             | TensorInput::Gguf { .. }
             | TensorInput::Quantized { .. }
+            | TensorInput::ToGgml { .. }
             | TensorInput::Constant { .. } => None,
         }
     }
@@ -103,6 +127,13 @@ impl TensorInput {
             TensorInput::Source { tensor }
             | TensorInput::Gguf { tensor, .. }
             | TensorInput::Quantized { tensor, .. } => vec![tensor],
+            TensorInput::ToGgml {
+                tensor,
+                ref stacked,
+                ..
+            } => std::iter::once(tensor)
+                .chain(stacked.iter().copied())
+                .collect(),
             TensorInput::Dequantized { weight, scale, .. } => vec![weight, scale],
             TensorInput::Constant { .. } => Vec::new(),
         }

@@ -9,6 +9,9 @@ pub(crate) mod dequant;
 mod error;
 pub(crate) mod from_gguf;
 pub mod gguf;
+mod gguf_families;
+pub mod gguf_out;
+mod gguf_out_record;
 mod globs;
 pub(crate) mod input;
 mod names;
@@ -17,6 +20,7 @@ pub(crate) mod output;
 pub(crate) mod pack;
 pub mod quantize;
 pub mod quantizer;
+mod shards;
 pub mod to_gguf;
 mod types;
 
@@ -39,6 +43,7 @@ pub use self::types::{
 
 use self::order::{block_of, sort_indices};
 use self::pack::{pack, Item};
+use self::shards::{lay_out_shard, output_prefix};
 
 /// Refuses, unless `allow`, every planned tensor whose output is more than
 /// [`MAX_EXPANSION`] times the bytes it reads and more than
@@ -50,7 +55,16 @@ pub fn check_expanded(ck: &Checkpoint, plan: &Plan, allow: bool) -> Result<(), P
     }
     for t in plan.tensors() {
         let source = &ck.tensors[t.input.primary()];
-        let stored = source.stored_bytes();
+        // A stacked GGUF tensor reads every expert it stacks.
+        let stored = match &t.input {
+            TensorInput::ToGgml { stacked, .. } if !stacked.is_empty() => t
+                .input
+                .reads()
+                .iter()
+                .map(|&i| ck.tensors[i].stored_bytes())
+                .fold(0, u64::saturating_add),
+            _ => source.stored_bytes(),
+        };
         if t.len > EXPANSION_FLOOR && t.len / MAX_EXPANSION > stored {
             return Err(PlanError::ExpandedView {
                 file: ck.file_of(source).name(),
@@ -75,6 +89,10 @@ impl Plan {
         if options.max_shard_size == 0 {
             return Err(PlanError::ZeroShardSize);
         }
+        if options.format == OutputFormat::Gguf {
+            return gguf_out::plan(ck, options, layout);
+        }
+        gguf_out::check_scheme(options).map_err(|e| PlanError::GgufOut(Box::new(e)))?;
         let keep = keep_globs(&options.keep_dtype)?;
         let gguf = match ck.format {
             Format::Gguf => {
@@ -257,6 +275,7 @@ impl Plan {
             metadata,
             quantization: quant.record,
             gguf: gguf.map(|g| g.record),
+            gguf_out: None,
             quantized: quantizer.map(|q| q.record),
         })
     }
@@ -379,39 +398,4 @@ fn dedupe(ck: &Checkpoint, dedupe_tied: bool) -> (Vec<usize>, Vec<Dropped>) {
         }
     }
     (kept, dropped)
-}
-
-/// The output prefix: the source's, except PyTorch's `pytorch_model`, which
-/// Hugging Face names `model` once it is safetensors.
-fn output_prefix(ck: &Checkpoint) -> String {
-    match (ck.format, ck.prefix.as_str()) {
-        (Format::Pytorch, "pytorch_model") => "model".into(),
-        (_, "") => "model".into(),
-        (_, p) => p.to_string(),
-    }
-}
-
-/// One shard of `tensors` (in layer order) as `layout` lays it out.
-fn lay_out_shard(
-    layout: &dyn ShardLayout,
-    file: String,
-    mut tensors: Vec<PlannedTensor>,
-) -> ShardPlan {
-    let first_block = tensors
-        .iter()
-        .find_map(|t| block_of(&t.name))
-        .map(|b| b.name());
-    let last_block = tensors
-        .iter()
-        .rev()
-        .find_map(|t| block_of(&t.name))
-        .map(|b| b.name());
-    let data_len = layout.lay_out(&mut tensors);
-    ShardPlan {
-        file,
-        tensors,
-        data_len,
-        first_block,
-        last_block,
-    }
 }

@@ -52,6 +52,16 @@ pub enum QuantizeScheme {
     /// transformers FineGrainedFP8 / DeepSeek: `weight_scale_inv` F32 per
     /// block (`--block`, 128x128 by default) and `quant_method: fp8`.
     Fp8Block,
+    /// GGUF block schemes (`crate::cast::gguf::quantize`), for a GGUF
+    /// output only; which tensors they take is `super::gguf_out`'s.
+    #[serde(rename = "q8_0")]
+    Q8_0,
+    #[serde(rename = "q4_0")]
+    Q4_0,
+    #[serde(rename = "q4_k")]
+    Q4K,
+    #[serde(rename = "q6_k")]
+    Q6K,
 }
 
 /// The block of `--quantize fp8-block` unless `--block` says otherwise.
@@ -59,13 +69,17 @@ pub const DEFAULT_BLOCK: [u64; 2] = [128, 128];
 
 impl QuantizeScheme {
     /// Every scheme, in the order `--help` lists them.
-    pub const ALL: [QuantizeScheme; 6] = [
+    pub const ALL: [QuantizeScheme; 10] = [
         QuantizeScheme::Fp8,
         QuantizeScheme::Fp8E5m2,
         QuantizeScheme::Fp8Scaled,
         QuantizeScheme::Fp8ScaledLegacy,
         QuantizeScheme::Fp8Channel,
         QuantizeScheme::Fp8Block,
+        QuantizeScheme::Q8_0,
+        QuantizeScheme::Q4_0,
+        QuantizeScheme::Q4K,
+        QuantizeScheme::Q6K,
     ];
 
     /// True for the layouts whose loaders read the scheme from
@@ -75,10 +89,23 @@ impl QuantizeScheme {
         matches!(self, QuantizeScheme::Fp8Channel | QuantizeScheme::Fp8Block)
     }
 
+    /// The GGML type of a GGUF block scheme, `None` for the FP8 ones.
+    pub fn ggml(self) -> Option<crate::format::gguf::ggml::GgmlType> {
+        use crate::format::gguf::ggml::GgmlType;
+        match self {
+            QuantizeScheme::Q8_0 => Some(GgmlType::Q8_0),
+            QuantizeScheme::Q4_0 => Some(GgmlType::Q4_0),
+            QuantizeScheme::Q4K => Some(GgmlType::Q4_K),
+            QuantizeScheme::Q6K => Some(GgmlType::Q6_K),
+            _ => None,
+        }
+    }
+
     /// The dtype quantized weights are stored in.
     pub fn dtype(self) -> Dtype {
         match self {
             QuantizeScheme::Fp8E5m2 => Dtype::F8_E5M2,
+            _ if self.ggml().is_some() => Dtype::U8,
             _ => Dtype::F8_E4M3,
         }
     }
@@ -92,6 +119,10 @@ impl QuantizeScheme {
             QuantizeScheme::Fp8ScaledLegacy => "fp8-scaled-legacy",
             QuantizeScheme::Fp8Channel => "fp8-channel",
             QuantizeScheme::Fp8Block => "fp8-block",
+            QuantizeScheme::Q8_0 => "q8_0",
+            QuantizeScheme::Q4_0 => "q4_0",
+            QuantizeScheme::Q4K => "q4_k",
+            QuantizeScheme::Q6K => "q6_k",
         }
     }
 
@@ -99,7 +130,12 @@ impl QuantizeScheme {
     /// `None` for plain FP8, which is a cast.
     pub fn recipe(self, block: [u64; 2]) -> Option<Recipe> {
         match self {
-            QuantizeScheme::Fp8 | QuantizeScheme::Fp8E5m2 => None,
+            QuantizeScheme::Fp8
+            | QuantizeScheme::Fp8E5m2
+            | QuantizeScheme::Q8_0
+            | QuantizeScheme::Q4_0
+            | QuantizeScheme::Q4K
+            | QuantizeScheme::Q6K => None,
             QuantizeScheme::Fp8Scaled | QuantizeScheme::Fp8ScaledLegacy => Some(Recipe::PerTensor),
             QuantizeScheme::Fp8Channel => Some(Recipe::PerChannel),
             QuantizeScheme::Fp8Block => Some(Recipe::Block {

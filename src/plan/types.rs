@@ -176,6 +176,11 @@ pub struct Plan {
     /// A GGUF source: each tensor's GGUF name and type.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gguf: Option<GgufRecord>,
+    /// A GGUF output: its architecture, key/value metadata and the types
+    /// chosen (`super::gguf_out`). Plans are only ever read back for
+    /// their options, so this is written, never read.
+    #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none")]
+    pub gguf_out: Option<super::gguf_out_record::GgufOut>,
 }
 
 /// Which format `convert` writes.
@@ -185,6 +190,8 @@ pub enum OutputFormat {
     /// safetensors shards with a Hugging Face index.
     #[default]
     Safetensors,
+    /// One GGUF file, or a gguf-split set (`crate::write::gguf`).
+    Gguf,
 }
 
 impl OutputFormat {

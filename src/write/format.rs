@@ -14,7 +14,7 @@
 //! alignment so every offset is a multiple of its element size with no
 //! holes; `"format": "pt"` in `__metadata__`, which transformers and
 //! accelerate ask for. A new format (GGUF) is one more implementation here
-//! and one more [`OutputFormat`] tag.
+//! and one more [`OutputFormat`] tag: [`super::gguf::Gguf`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -22,26 +22,13 @@ use std::path::Path;
 use super::WriteError;
 use crate::plan::{OutputFormat, Plan, PlannedTensor, ShardLayout, ShardPlan};
 
-/// An output format: the planner's layout rules and the writer's bytes.
-pub trait ShardFormat: ShardLayout {
-    /// The planner's view of this format (for [`Plan::build`]).
-    fn layout(&self) -> &dyn ShardLayout;
-    /// The bytes before a shard's data section, for `shard` as planned,
-    /// written to `path` (named in errors).
-    fn header_bytes(
-        &self,
-        path: &Path,
-        shard: &ShardPlan,
-        metadata: &BTreeMap<String, String>,
-    ) -> Result<Vec<u8>, WriteError>;
-    /// The index file's bytes, for a plan that has one.
-    fn index_bytes(&self, plan: &Plan) -> Vec<u8>;
-}
+pub use super::shard_format::ShardFormat;
 
 /// The format a plan's `options.format` names.
 pub fn of(format: OutputFormat) -> &'static dyn ShardFormat {
     match format {
         OutputFormat::Safetensors => &Safetensors,
+        OutputFormat::Gguf => &super::gguf::Gguf,
     }
 }
 
@@ -65,7 +52,7 @@ pub fn of_plan(plan: &Plan) -> &'static dyn ShardFormat {
 pub fn check_headers(plan: &Plan) -> Result<(), WriteError> {
     let format = of_plan(plan);
     for s in &plan.shards {
-        format.header_bytes(Path::new(&s.file), s, &plan.metadata)?;
+        format.header_bytes(Path::new(&s.file), plan, s)?;
     }
     Ok(())
 }
@@ -117,10 +104,10 @@ impl ShardFormat for Safetensors {
     fn header_bytes(
         &self,
         path: &Path,
+        plan: &Plan,
         shard: &ShardPlan,
-        metadata: &BTreeMap<String, String>,
     ) -> Result<Vec<u8>, WriteError> {
-        safetensors_header(path, shard, metadata)
+        safetensors_header(path, shard, &plan.metadata)
     }
 
     fn index_bytes(&self, plan: &Plan) -> Vec<u8> {
@@ -396,13 +383,9 @@ mod tests {
         let metadata: BTreeMap<String, String> = (0..8)
             .map(|i| (format!("key{i}"), format!("value {i}")))
             .collect();
-        let first = Safetensors
-            .header_bytes(Path::new("m"), &shard(), &metadata)
-            .unwrap();
+        let first = safetensors_header(Path::new("m"), &shard(), &metadata).unwrap();
         for _ in 0..20 {
-            let again = Safetensors
-                .header_bytes(Path::new("m"), &shard(), &metadata)
-                .unwrap();
+            let again = safetensors_header(Path::new("m"), &shard(), &metadata).unwrap();
             assert_eq!(again, first);
         }
         let text = String::from_utf8_lossy(&first[8..]).trim_end().to_string();
@@ -539,34 +522,28 @@ mod tests {
         let mut metadata = Safetensors.shard_metadata(&BTreeMap::new());
         // Within the limit alone, over it once the tensor entries are added.
         metadata.insert("big".into(), "v".repeat(max - 40));
-        let err = Safetensors
-            .header_bytes(Path::new("m"), &shard(), &metadata)
-            .unwrap_err();
+        let err = safetensors_header(Path::new("m"), &shard(), &metadata).unwrap_err();
         assert!(
             matches!(&err, WriteError::HeaderTooLarge { what, .. } if what.starts_with("2 tensor entries and a __metadata__ of ")),
             "{err}"
         );
         // Over it in the metadata alone: refused before any JSON is made.
         metadata.insert("bigger".into(), "v".repeat(max));
-        let err = Safetensors
-            .header_bytes(Path::new("m"), &shard(), &metadata)
-            .unwrap_err();
+        let err = safetensors_header(Path::new("m"), &shard(), &metadata).unwrap_err();
         assert!(
             err.to_string().contains("the largest is \"bigger\""),
             "{err}"
         );
         metadata.remove("bigger");
         metadata.insert("big".into(), "v".repeat(max - 200));
-        let header = Safetensors.header_bytes(Path::new("m"), &shard(), &metadata);
+        let header = safetensors_header(Path::new("m"), &shard(), &metadata);
         assert!(header.unwrap().len() <= max + 8);
     }
 
     #[test]
     fn one_metadata_key_is_written_as_the_safetensors_crate_writes_it() {
         let metadata = Safetensors.shard_metadata(&BTreeMap::new());
-        let header = Safetensors
-            .header_bytes(Path::new("m"), &shard(), &metadata)
-            .unwrap();
+        let header = safetensors_header(Path::new("m"), &shard(), &metadata).unwrap();
         let text = String::from_utf8_lossy(&header[8..]).trim_end().to_string();
         assert_eq!(
             text,

@@ -12,11 +12,13 @@ pub mod digest;
 mod error;
 pub(crate) mod failpoint;
 pub mod format;
+pub mod gguf;
 pub(crate) mod lock;
 pub mod manifest;
 pub(crate) mod owned;
 pub mod scope;
 pub(crate) mod shard;
+mod shard_format;
 
 pub use self::atomic::{
     copy_atomic, create_temp, remove_stale_temps, sync_dir, temp_path, write_atomic, COPY_CHUNK,

@@ -57,6 +57,11 @@ const EXAMPLES: &[Example] = &[
         setup: overflowing,
     },
     Example {
+        page: "docs/gguf.md",
+        first: "reshard convert flux.safetensors flux-q8_0.gguf --quantize q8_0 --dry-run",
+        setup: flux,
+    },
+    Example {
         page: "docs/batch.md",
         first: "reshard batch root --out out --mode validate",
         setup: batch_root,
@@ -88,6 +93,34 @@ fn moe(dir: &Path) {
 
 fn tiny_llama(dir: &Path) {
     copy_dir(&fixture("tiny-llama"), &dir.join("tiny-llama"));
+}
+
+/// gguf.md's FLUX-shaped file: the shapes its dry run shows (the plan
+/// reads no values, so they are zeros).
+fn flux(dir: &Path) {
+    let tensors: [(&str, &[u64]); 5] = [
+        ("double_blocks.0.img_attn.proj.weight", &[64, 256]),
+        ("double_blocks.0.img_attn.proj.bias", &[64]),
+        ("double_blocks.0.img_mlp.0.weight", &[48, 96]),
+        ("img_in.weight", &[64, 40]),
+        ("final_layer.linear.weight", &[16, 16]),
+    ];
+    let mut header = serde_json::Map::new();
+    let mut at = 0u64;
+    for (name, shape) in tensors {
+        let len = shape.iter().product::<u64>() * 4;
+        header.insert(
+            name.into(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, at + len]}),
+        );
+        at += len;
+    }
+    let json = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
+    write_safetensors_raw(
+        &dir.join("flux.safetensors"),
+        &json,
+        &vec![0u8; at as usize],
+    );
 }
 
 /// One F32 tensor with three values past F16's range.

@@ -22,6 +22,7 @@ mod gguf_adversarial;
 mod gguf_convert;
 mod gguf_inspect;
 mod gguf_llm;
+mod gguf_out;
 mod hostile;
 mod inspect;
 mod kquant;

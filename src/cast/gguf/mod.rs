@@ -1,5 +1,6 @@
 //! GGUF dequantizers: whole GGML blocks to f32, bit for bit as gguf-py
-//! 0.19.0's `gguf.quants.dequantize`.
+//! 0.19.0's `gguf.quants.dequantize`; and the way back for the GGUF
+//! writer (`quantize`, `kquantize`, the `EncodeStream` of a tensor).
 //!
 //! This module owns the arithmetic of each supported type ([`supports`]):
 //! F32, F16, BF16, the 32-element legacy quants and MXFP4 in `legacy`, the
@@ -19,16 +20,19 @@
 //! numpy's (the fixtures hold no NaN).
 
 mod blocks;
+mod encode;
 mod f16;
 pub mod kquantize;
 mod kquants;
 mod legacy;
 mod permute;
+pub mod quantize;
 mod stream;
 #[cfg(test)]
 mod tests;
 
 pub use self::blocks::{dequantize_blocks, supports, DequantError, SUPPORTED};
+pub use self::encode::{EncodeStream, StackStream};
 pub use self::f16::f16_to_f32;
 pub use self::permute::{permute_heads, permuted_row};
 pub use self::stream::{ggml_type_of, unpermuted_row, GgufStream, RowOrder, SCRATCH_VALUES};

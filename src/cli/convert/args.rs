@@ -214,6 +214,19 @@ pub enum QuantizeArg {
     /// transformers FineGrainedFP8 / DeepSeek: weight_scale_inv per block.
     #[value(name = "fp8-block")]
     Fp8Block,
+    /// GGUF Q8_0 (8-bit blocks of 32, ggml's reference rounding); needs a
+    /// DST ending in .gguf.
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// GGUF Q4_0 (4-bit blocks of 32); needs a .gguf DST.
+    #[value(name = "q4_0")]
+    Q4_0,
+    /// GGUF Q4_K (4-bit super-blocks of 256); needs a .gguf DST.
+    #[value(name = "q4_k")]
+    Q4K,
+    /// GGUF Q6_K (6-bit super-blocks of 256); needs a .gguf DST.
+    #[value(name = "q6_k")]
+    Q6K,
 }
 
 impl From<QuantizeArg> for QuantizeScheme {
@@ -225,6 +238,10 @@ impl From<QuantizeArg> for QuantizeScheme {
             QuantizeArg::Fp8ScaledLegacy => QuantizeScheme::Fp8ScaledLegacy,
             QuantizeArg::Fp8Channel => QuantizeScheme::Fp8Channel,
             QuantizeArg::Fp8Block => QuantizeScheme::Fp8Block,
+            QuantizeArg::Q8_0 => QuantizeScheme::Q8_0,
+            QuantizeArg::Q4_0 => QuantizeScheme::Q4_0,
+            QuantizeArg::Q4K => QuantizeScheme::Q4K,
+            QuantizeArg::Q6K => QuantizeScheme::Q6K,
         }
     }
 }

@@ -70,9 +70,29 @@ pub(super) fn dry_run(
     options: &ConvertOptions,
 ) -> anyhow::Result<ExitStatus> {
     // The plans convert executes, from the library's per-set options.
-    let plans = source
+    let mut plans = source
         .plans(options)
         .with_context(|| format!("cannot plan {}", args.src.display()))?;
+    // A file DST's shards are staged under the plan's names and land at
+    // DST (a gguf-split set beside it): show where they land.
+    let kind = reshard::convert::DstKind::of(&args.dst);
+    if let ([(rel, plan)], true) = (
+        plans.as_mut_slice(),
+        kind != reshard::convert::DstKind::Folder,
+    ) {
+        let count = plan.shards.len();
+        let split =
+            kind == reshard::convert::DstKind::GgufFile && args.options.max_shard_size.is_some();
+        for (n, s) in plan.shards.iter_mut().enumerate() {
+            let at = match split {
+                true => reshard::convert::split_name(&args.dst, n, count),
+                false => args.dst.clone(),
+            };
+            if rel.is_empty() {
+                s.file = at.display().to_string();
+            }
+        }
+    }
     if args.print.json {
         match plans.as_slice() {
             [(rel, plan)] if rel.is_empty() => printer::json(plan)?,

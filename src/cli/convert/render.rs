@@ -55,6 +55,9 @@ pub fn render_plan(plan: &Plan, window: u64) -> String {
     if let Some(q) = &plan.quantized {
         render_quantized(&mut o, q);
     }
+    if let Some(g) = &plan.gguf_out {
+        render_gguf_out(&mut o, plan, g, verbose_types(plan));
+    }
     for t in &plan.oversized {
         let _ = writeln!(o, "oversized: {} is {}, larger than --max-shard-size; it gets {} alone and sets the floor of every loader's peak", escape(&t.tensor), human(t.bytes), t.file);
     }
@@ -72,6 +75,58 @@ pub fn render_plan(plan: &Plan, window: u64) -> String {
         human(window)
     );
     o
+}
+
+/// Whether a GGUF plan lists every tensor's type (small models) or only
+/// the totals.
+fn verbose_types(plan: &Plan) -> bool {
+    plan.layer_order.len() <= 64
+}
+
+/// A GGUF output: its architecture, the types chosen and their bytes,
+/// the fallbacks and what is left out.
+fn render_gguf_out(o: &mut String, plan: &Plan, g: &reshard::plan::gguf_out::GgufOut, each: bool) {
+    let _ = writeln!(
+        o,
+        "gguf: architecture {} ({}), {} metadata keys, alignment {}",
+        g.architecture,
+        g.kind,
+        g.kv.0.len(),
+        g.alignment
+    );
+    for t in &g.types {
+        let _ = writeln!(
+            o,
+            "  {:<6} {:>5} tensors  {:>10}",
+            t.ggml.to_string(),
+            t.tensors,
+            human(t.bytes)
+        );
+    }
+    if each {
+        for t in plan.tensors() {
+            let ty = reshard::write::gguf::ggml_type(t).map_or("?".into(), |g| g.to_string());
+            let _ = writeln!(o, "  {:<6} {}  {:?}", ty, escape(&t.name), t.shape);
+        }
+    }
+    for f in &g.fallbacks {
+        let _ = writeln!(
+            o,
+            "fallback: {} is {} instead of {}: {}",
+            escape(&f.tensor),
+            f.written,
+            f.wanted,
+            f.why
+        );
+    }
+    if !g.left_out.is_empty() {
+        let _ = writeln!(
+            o,
+            "left out: {} tensors outside the diffusion model's wrapper (first: {})",
+            g.left_out.len(),
+            escape(&g.left_out[0])
+        );
+    }
 }
 
 /// `--quantize`: what is quantized, what is kept and why.

@@ -88,13 +88,17 @@ fn a_safetensors_dst_refuses_what_it_cannot_be() {
 }
 
 #[test]
-fn a_gguf_dst_is_refused_until_reshard_writes_gguf() {
+fn a_gguf_dst_sets_the_format_and_refuses_an_llm_without_its_tokenizer() {
+    // tiny-llama has no tokenizer.json: a GGUF of it would have no
+    // vocabulary, so it is refused before anything is written (the
+    // GGUF writer's own tests are tests/cli/gguf_out.rs).
     let tmp = tempfile::tempdir().unwrap();
     let dst = tmp.path().join("model.gguf");
     let e = stderr(&convert(&fixture("tiny-llama"), &dst, &[]).code(2));
     assert!(
-        e.contains(".gguf") && e.contains("does not write GGUF"),
+        e.contains("tokenizer.json") && e.contains("is missing"),
         "{e}"
     );
     assert!(!dst.exists());
+    assert!(!tmp.path().join(".model.gguf.reshard").exists());
 }

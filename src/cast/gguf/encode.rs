@@ -1,0 +1,302 @@
+//! One source tensor being written as a GGML type, chunk after chunk: the
+//! GGUF writer's stream, as the executor drives it.
+//!
+//! The source (F32, F16, BF16 or F64 elements, read sequentially whatever
+//! its storage) goes to f32 through scratches of at most [`SCRATCH_VALUES`]
+//! values (one per rayon worker) and is encoded by [`super::quantize::quantize_blocks`] into the
+//! back of the caller's buffer, the input it came from at the front. With
+//! `permute_heads` (a Llama q or k projection), a unit is one head's rows,
+//! read in Hugging Face order and written in GGUF order
+//! ([`super::permuted_row`]); otherwise a unit is one GGML block.
+
+use super::legacy;
+use super::quantize::{quantize_blocks, EncodeError};
+use super::SCRATCH_VALUES;
+use crate::cast::dequant::{Chunk, ChunkStream, DequantError};
+use crate::cast::CastStats;
+use crate::format::gguf::ggml::GgmlType;
+use crate::format::read::{SourceReader, TensorBytes};
+use crate::format::{Dtype, Tensor};
+
+/// One source tensor being encoded as `ty`.
+pub struct EncodeStream<'a> {
+    reader: &'a SourceReader,
+    tensor: &'a Tensor,
+    stream: TensorBytes,
+    ty: GgmlType,
+    from: Dtype,
+    in_elem: u64,
+    block: u64,
+    block_bytes: u64,
+    /// Values of one unit (a block, or one head's rows).
+    unit_values: u64,
+    units: u64,
+    done: u64,
+    /// Permuting: rows of a head and values of a row.
+    head_rows: u64,
+    row_values: u64,
+    stats: CastStats,
+}
+
+impl<'a> EncodeStream<'a> {
+    /// Starts encoding `tensor` as `ty`, rows of `permute_heads` heads put
+    /// in GGUF order. Fails, naming the tensor, on a source dtype it
+    /// cannot read, rows that are not whole blocks of `ty`, or rows that do
+    /// not split into the heads.
+    pub fn open(
+        reader: &'a SourceReader,
+        tensor: &'a Tensor,
+        ty: GgmlType,
+        permute_heads: Option<u64>,
+    ) -> Result<Self, DequantError> {
+        let unsupported = || DequantError::Unsupported {
+            tensor: tensor.name.clone(),
+            from: tensor.dtype,
+            to: Dtype::U8,
+        };
+        if !matches!(
+            tensor.dtype,
+            Dtype::F32 | Dtype::F16 | Dtype::BF16 | Dtype::F64
+        ) {
+            return Err(unsupported());
+        }
+        let layout = ty.layout().ok_or_else(unsupported)?;
+        let numel = tensor.numel();
+        let cols = tensor.shape.last().copied().unwrap_or(1);
+        let rows_bad = |reason: String| DequantError::Rows {
+            tensor: tensor.name.clone(),
+            reason,
+        };
+        if !cols.is_multiple_of(layout.block) {
+            return Err(rows_bad(format!(
+                "rows of {cols} values are not whole {}-value blocks of {ty}",
+                layout.block
+            )));
+        }
+        let mut s = EncodeStream {
+            reader,
+            tensor,
+            stream: reader.tensor_bytes_gathered(tensor, 0),
+            ty,
+            from: tensor.dtype,
+            in_elem: tensor.dtype.bits() / 8,
+            block: layout.block,
+            block_bytes: layout.bytes,
+            unit_values: layout.block,
+            units: numel / layout.block,
+            done: 0,
+            head_rows: 0,
+            row_values: cols,
+            stats: CastStats::default(),
+        };
+        if let (Some(heads), 1..) = (permute_heads, numel) {
+            let rows = numel / cols;
+            if heads == 0 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
+                return Err(rows_bad(format!(
+                    "{rows} rows do not split into {heads} heads of an even number of rows"
+                )));
+            }
+            s.head_rows = rows / heads;
+            s.unit_values = s.head_rows * cols;
+            s.units = heads;
+        }
+        Ok(s)
+    }
+
+    fn unit_in(&self) -> u64 {
+        self.unit_values * self.in_elem
+    }
+
+    fn unit_out(&self) -> u64 {
+        self.unit_values / self.block * self.block_bytes
+    }
+
+    /// The smallest buffer [`EncodeStream::fill`] accepts: one unit's
+    /// input and output.
+    pub fn min_buffer(&self) -> u64 {
+        self.unit_in() + self.unit_out()
+    }
+
+    /// Reads the next whole units into the front of `buf` and writes their
+    /// encoded bytes after them.
+    pub fn fill(&mut self, buf: &mut [u8]) -> Result<Chunk, DequantError> {
+        let need = self.min_buffer();
+        if (buf.len() as u64) < need {
+            return Err(DequantError::BufferTooSmall {
+                tensor: self.tensor.name.clone(),
+                needed: need,
+                have: buf.len() as u64,
+            });
+        }
+        let n = (buf.len() as u64 / need).min(self.units - self.done);
+        let in_len = (n * self.unit_in()) as usize;
+        let out_len = (n * self.unit_out()) as usize;
+        let (input, rest) = buf.split_at_mut(in_len);
+        self.reader
+            .read_chunk(self.tensor, &mut self.stream, input)?;
+        let out = &mut rest[..out_len];
+        if self.head_rows > 0 {
+            let row_in = (self.row_values * self.in_elem) as usize;
+            let row_out = (self.row_values / self.block * self.block_bytes) as usize;
+            let (unit_in, unit_out) = (self.unit_in() as usize, self.unit_out() as usize);
+            for (g, group) in input.chunks_exact(unit_in).enumerate() {
+                for r in 0..self.head_rows {
+                    let src = super::permuted_row(r, self.head_rows) as usize;
+                    let row = &group[src * row_in..][..row_in];
+                    let at = g * unit_out + r as usize * row_out;
+                    self.encode(row, &mut out[at..at + row_out])?;
+                }
+            }
+        } else {
+            self.encode(input, out)?;
+        }
+        self.done += n;
+        Ok(Chunk {
+            start: in_len,
+            len: out_len,
+            read: in_len as u64,
+        })
+    }
+
+    /// Encodes the source elements `src` (whole blocks' worth) into `out`,
+    /// batches of whole blocks spread over the rayon workers of the caller's
+    /// pool (the K-quant search is the slow part of a GGUF conversion), each
+    /// through a scratch of at most [`SCRATCH_VALUES`] values.
+    fn encode(&mut self, src: &[u8], out: &mut [u8]) -> Result<(), DequantError> {
+        use rayon::prelude::*;
+        let batch = (SCRATCH_VALUES as u64 / self.block * self.block) as usize;
+        let in_elem = self.in_elem as usize;
+        let batch_out = batch / self.block as usize * self.block_bytes as usize;
+        let (from, ty) = (self.from, self.ty);
+        let overflow = src
+            .par_chunks(batch * in_elem)
+            .zip(out.par_chunks_mut(batch_out))
+            .map(|(part, out)| {
+                let mut vals = vec![0f32; part.len() / in_elem];
+                to_f32(from, part, &mut vals);
+                quantize_blocks(ty, &vals, out).map(|s| s.overflow)
+            })
+            .try_reduce(|| 0, |a, b| Ok(a + b))
+            .map_err(|e: EncodeError| DequantError::Rows {
+                tensor: self.tensor.name.clone(),
+                reason: e.to_string(),
+            })?;
+        self.stats.overflow += overflow;
+        Ok(())
+    }
+}
+
+/// Little-endian `from` elements as f32 (F64 rounded to nearest).
+fn to_f32(from: Dtype, part: &[u8], vals: &mut [f32]) {
+    match from {
+        Dtype::F32 => legacy::f32s(part, vals),
+        Dtype::F16 => legacy::f16s(part, vals),
+        Dtype::BF16 => legacy::bf16s(part, vals),
+        _ => {
+            for (v, c) in vals.iter_mut().zip(part.chunks_exact(8)) {
+                let b = [c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]];
+                *v = f64::from_le_bytes(b) as f32;
+            }
+        }
+    }
+}
+
+impl ChunkStream for EncodeStream<'_> {
+    fn is_done(&self) -> bool {
+        self.done >= self.units
+    }
+    fn fill(&mut self, buf: &mut [u8]) -> Result<Chunk, DequantError> {
+        EncodeStream::fill(self, buf)
+    }
+    fn stats(&self) -> CastStats {
+        self.stats
+    }
+    fn min_buffer(&self) -> u64 {
+        EncodeStream::min_buffer(self)
+    }
+}
+
+/// Source tensors of one shape written one after the other as one GGML
+/// tensor (MoE experts stacked along a new leading axis): each encoded in
+/// turn, so the output is the concatenation of their encodings (GGML blocks
+/// never cross a row, and a row never crosses a tensor).
+pub struct StackStream<'a> {
+    reader: &'a SourceReader,
+    tensors: Vec<&'a Tensor>,
+    ty: GgmlType,
+    next: usize,
+    current: Option<EncodeStream<'a>>,
+    stats: CastStats,
+}
+
+impl<'a> StackStream<'a> {
+    /// Starts encoding `tensors` (at least one, all of one shape) as `ty`.
+    pub fn open(
+        reader: &'a SourceReader,
+        tensors: Vec<&'a Tensor>,
+        ty: GgmlType,
+    ) -> Result<Self, DequantError> {
+        if let Some(odd) = tensors.iter().find(|t| t.shape != tensors[0].shape) {
+            return Err(DequantError::Rows {
+                tensor: odd.name.clone(),
+                reason: format!(
+                    "shape {:?} differs from {:?}'s {:?}; stacked tensors share one shape",
+                    odd.shape, tensors[0].name, tensors[0].shape
+                ),
+            });
+        }
+        let mut s = StackStream {
+            reader,
+            tensors,
+            ty,
+            next: 0,
+            current: None,
+            stats: CastStats::default(),
+        };
+        s.advance()?;
+        Ok(s)
+    }
+
+    /// Opens the next tensor with something left to write, if any.
+    fn advance(&mut self) -> Result<(), DequantError> {
+        while self.current.as_ref().is_none_or(ChunkStream::is_done) {
+            if let Some(done) = self.current.take() {
+                self.stats.overflow += done.stats.overflow;
+            }
+            let Some(t) = self.tensors.get(self.next) else {
+                return Ok(());
+            };
+            self.next += 1;
+            self.current = Some(EncodeStream::open(self.reader, t, self.ty, None)?);
+        }
+        Ok(())
+    }
+}
+
+impl ChunkStream for StackStream<'_> {
+    fn is_done(&self) -> bool {
+        self.current.is_none()
+    }
+    fn fill(&mut self, buf: &mut [u8]) -> Result<Chunk, DequantError> {
+        let Some(current) = self.current.as_mut() else {
+            return Ok(Chunk {
+                start: 0,
+                len: 0,
+                read: 0,
+            });
+        };
+        let chunk = current.fill(buf)?;
+        self.advance()?;
+        Ok(chunk)
+    }
+    fn stats(&self) -> CastStats {
+        let mut s = self.stats;
+        if let Some(c) = &self.current {
+            s.overflow += c.stats.overflow;
+        }
+        s
+    }
+    fn min_buffer(&self) -> u64 {
+        self.current.as_ref().map_or(1, EncodeStream::min_buffer)
+    }
+}
