@@ -97,9 +97,10 @@ fn render_gguf_out(o: &mut String, plan: &Plan, g: &reshard::plan::gguf_out::Ggu
     for t in &g.types {
         let _ = writeln!(
             o,
-            "  {:<6} {:>5} tensors  {:>10}",
+            "  {:<6} {:>5} {:<7}  {:>10}",
             t.ggml.to_string(),
             t.tensors,
+            plural(t.tensors, "tensor", "tensors"),
             human(t.bytes)
         );
     }
