@@ -37,6 +37,17 @@ pub struct Args {
     /// With --quantize fp8-block: the block, as convert's --block.
     #[arg(long, value_name = "ROWSxCOLS", value_parser = crate::cli::convert::parse_block, requires = "quantize")]
     block: Option<[u64; 2]>,
+    /// Plan for this program: every form it loads that reshard can write
+    /// (casts, FP8 layouts, GGUF types), judged on the machine with the
+    /// program's loader rows and VRAM rule, best first, with the command
+    /// that writes the best. Programs: comfyui, comfyui-gguf, forge,
+    /// invokeai, transformers, diffusers, llama.cpp, vllm.
+    #[arg(long = "for", value_name = "PROGRAM", value_parser = crate::cli::fit_for::parse_program)]
+    for_program: Option<String>,
+    /// With --for: VRAM kept free for activations beside the weights
+    /// (default 1GiB; ComfyUI's and Forge's own rules replace it).
+    #[arg(long, value_name = "SIZE", requires = "for_program")]
+    reserve: Option<ByteSize>,
     #[command(flatten)]
     pub print: crate::cli::printer::OutputArgs,
     /// Print only the verdict and the advice (the lines after the tables)
@@ -205,6 +216,29 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     let (ck, composite) =
         open(&args.path).with_context(|| format!("cannot read {}", args.path.display()))?;
     let machine = args.machine.machine();
+    if let Some(name) = &args.for_program {
+        let program = fit::program::program(name).expect("--for was parsed");
+        let r = fit::make::make_fit(
+            &ck,
+            machine,
+            &args.options(),
+            program,
+            args.reserve.map(|r| r.0),
+        )
+        .with_context(|| format!("cannot plan {} for {name}", args.path.display()))?;
+        if args.print.json {
+            printer::json(&r)?;
+        } else {
+            printer::text(&crate::cli::fit_for::render(
+                &args.path.display().to_string(),
+                &r,
+            ))?;
+        }
+        return Ok(match r.best() {
+            Some(_) => ExitStatus::Ok,
+            None => ExitStatus::CheckFailed,
+        });
+    }
     let report = fit::fit(&ck, machine, &args.options())
         .with_context(|| format!("cannot judge {}", args.path.display()))?;
     if args.print.json {

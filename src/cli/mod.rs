@@ -7,6 +7,7 @@ mod cancel;
 mod convert;
 pub(crate) mod exit;
 mod fit;
+mod fit_for;
 mod inspect;
 mod printer;
 mod progress;

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::*;
+use crate::fit::loader::DEFAULT_BASELINE;
 use crate::fit::machine::{Detected, Given, MemoryStatus};
 use crate::format::{DataRef, Format, Layout, SourceFile, Tensor};
 
