@@ -146,3 +146,48 @@ fn gguf_against_convert_validate_compares_a_gguf_output() {
     );
     assert!(text.contains("  error over "), "{text}");
 }
+
+#[test]
+fn gguf_against_excuses_what_the_plan_leaves_out_and_no_more() {
+    // A one-file SDXL checkpoint: the VAE tensor outside the UNet's
+    // wrapper is left out on purpose; the UNet's names lose the wrapper.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("sdxl.safetensors");
+    let names: [(&str, &[u64]); 4] = [
+        ("model.diffusion_model.label_emb.0.0.weight", &[64, 64]),
+        (
+            "model.diffusion_model.middle_block.1.proj_in.weight",
+            &[64, 64],
+        ),
+        ("model.diffusion_model.out.2.bias", &[4]),
+        ("first_stage_model.decoder.conv_in.weight", &[8, 4, 3, 3]),
+    ];
+    let mut json = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (i, (name, shape)) in names.iter().enumerate() {
+        let v = crate::gguf_out::values(shape.iter().product::<u64>() as usize, i as u64);
+        let start = data.len();
+        data.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        json.insert(
+            (*name).into(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    write_safetensors(&src, &serde_json::Value::Object(json), &data);
+    let out = dir.path().join("sdxl.gguf");
+    passes(&src, &out, &out, &["--quantize", "q8_0"], true);
+    // --keep writes a tensor in a type the options read off the file do
+    // not give: named, with both types.
+    let kept = dir.path().join("kept.gguf");
+    convert(
+        &src,
+        &kept,
+        &["-q", "--quantize", "q8_0", "--keep", "*label_emb*"],
+    )
+    .success();
+    let (code, text) = against(&kept, &src);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("label_emb.0.0.weight"), "{text}");
+    assert!(text.contains("converting the source gives Q8_0"), "{text}");
+    assert!(text.contains("FAILED: 1 problem"), "{text}");
+}
