@@ -544,6 +544,26 @@ fn gguf_out_stacks_moe_experts_as_the_concatenation_of_their_blocks() {
         .find(|t| t.name == "blk.0.ffn_gate_inp.weight")
         .unwrap();
     assert_eq!(gate.ggml_type, GgmlType::F32);
+    // validate --against stacks the experts again, and measures each
+    // stacked tensor against its four sources in order.
+    let run = reshard()
+        .args(["validate", "--no-progress", "--against"])
+        .arg(&model)
+        .arg(&out)
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&run.get_output().stdout).into_owned();
+    assert!(text.contains("Q8_0: names, rows, blocks"), "{text}");
+    // Q8_0's error (about 0.5%), not that of experts measured against
+    // each other's values (above 100%).
+    let rms: f64 = text
+        .lines()
+        .find(|l| l.starts_with("  error over "))
+        .and_then(|l| l.split("relative RMS ").nth(1))
+        .and_then(|r| r.split('%').next())
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(f64::MAX);
+    assert!(rms < 2.0, "{text}");
 }
 
 #[test]
