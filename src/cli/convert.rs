@@ -125,13 +125,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             (DstKind::GgufFile, n @ 2..) => reshard::convert::split_name(&args.dst, 0, n),
             _ => layouts::join_rel(&args.dst, rel),
         };
-        // A GGUF is read back whole; comparing it with its source would
-        // mean re-quantizing the source (not supported yet).
-        let gguf = DstKind::of(&args.dst) == DstKind::GgufFile;
         let show = !(args.quiet || args.options.no_progress || args.print.json);
         let options = reshard::validate::ValidateOptions {
             progress: reshard::validate::Progress::new(std::sync::Arc::new(Bar::new(show))),
-            ..args.load.options((!gguf).then_some(src))
+            ..args.load.options(Some(src))
         };
         let report = validate_with_budget(&dst, &options)
             .with_context(|| format!("cannot validate {}", dst.display()))?;

@@ -476,6 +476,15 @@ pub fn render(r: &ValidateReport) -> String {
                 String::new()
             }
         );
+        if let (false, Some(q)) = (a.gguf_types.is_empty(), &a.quality) {
+            let _ = writeln!(
+                o,
+                "  {} of them compared with the source converted to GGUF again ({}: names, rows, blocks)",
+                a.quantized_compared,
+                a.gguf_types.join(", ")
+            );
+            o.push_str(&crate::cli::quality::render_quality(q));
+        }
         if let (Some(scheme), Some(q)) = (a.quantize_scheme, &a.quality) {
             let what = match scheme.recipe(reshard::plan::quantize::DEFAULT_BLOCK) {
                 Some(_) => "codes, scales, companions",

@@ -75,7 +75,7 @@ pub fn compare(
     let src_reader = SourceReader::open(&source)?;
     let out_reader = SourceReader::open(ck)?;
     let policy = options.map_or(OverflowPolicy::Inf, |o| o.on_overflow);
-    if source.format == format::Format::Gguf {
+    if ck.format == format::Format::Gguf || source.format == format::Format::Gguf {
         let mut summary = AgainstReport {
             source: src.display().to_string(),
             ..AgainstReport::default()
@@ -90,15 +90,20 @@ pub fn compare(
             out: ck,
             out_reader: &out_reader,
         };
-        super::against_gguf::compare(
-            &sides,
-            policy,
-            dropped,
-            validate.cancel,
-            &mut bufs,
-            report,
-            &mut summary,
-        )?;
+        if ck.format == format::Format::Gguf {
+            // A GGUF output: the source converted again, byte for byte.
+            super::against_gguf_out::compare(&sides, policy, &mut bufs, report, &mut summary)?;
+        } else {
+            super::against_gguf::compare(
+                &sides,
+                policy,
+                dropped,
+                validate.cancel,
+                &mut bufs,
+                report,
+                &mut summary,
+            )?;
+        }
         validate
             .progress
             .advance(ck.tensors.iter().fold(0u64, |a, t| a.saturating_add(t.len)));

@@ -14,8 +14,6 @@ pub enum ValidateError {
     Format(#[from] FormatError),
     #[error(transparent)]
     Manifest(#[from] ManifestError),
-    #[error("{}: --against on a GGUF is not supported yet (it would re-quantize the source as the writer did); validate it without --against, or convert it back with --dtype f32 and compare that", path.display())]
-    AgainstGgufOutput { path: std::path::PathBuf },
     #[error("no CUDA driver found (libcuda could not be loaded); use --device cpu")]
     NoCudaDriver,
     #[error("the CUDA driver supports CUDA {version}; reshard needs {minimum} or newer (update the NVIDIA driver)")]

@@ -45,12 +45,6 @@ pub(crate) fn run(
             None => return Err(e.into()),
         },
     };
-    if ck.format == format::Format::Gguf && options.against.is_some() {
-        // Comparing would mean re-quantizing the source as the writer did.
-        return Err(ValidateError::AgainstGgufOutput {
-            path: path.to_path_buf(),
-        });
-    }
     let manifest = Manifest::read(&ck.dir.join(MANIFEST))?;
     report.manifest = manifest.is_some();
     report.tensors = ck.tensors.len();

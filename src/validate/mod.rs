@@ -44,6 +44,7 @@ pub(crate) mod integrity;
 pub(crate) mod against;
 mod against_fp8;
 mod against_gguf;
+mod against_gguf_out;
 mod against_quantized;
 pub mod budget;
 mod compare;

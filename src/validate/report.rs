@@ -99,6 +99,10 @@ pub struct AgainstReport {
     /// The scheme the output's layout shows, when it is quantized.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantize_scheme: Option<crate::plan::quantize::QuantizeScheme>,
+    /// The GGML types of a GGUF output's tensors, each compared with the
+    /// source encoded again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gguf_types: Vec<String>,
     /// The error figures of its codes against the source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quality: Option<crate::cast::quantize::QualityReport>,

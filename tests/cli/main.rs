@@ -19,6 +19,7 @@ mod fit;
 mod fuzz_corpus;
 mod gguf;
 mod gguf_adversarial;
+mod gguf_against;
 mod gguf_convert;
 mod gguf_inspect;
 mod gguf_llm;
