@@ -56,7 +56,7 @@ fn one_file(name: &str, shapes: Vec<(String, Vec<u64>)>, dtype: Dtype) -> Checkp
     let tensors: Vec<Tensor> = shapes
         .into_iter()
         .map(|(name, shape)| {
-            let len = shape.iter().product::<u64>() * u64::from(dtype.bits() / 8);
+            let len = shape.iter().product::<u64>() * (dtype.bits() / 8);
             let t = Tensor {
                 name,
                 dtype,
