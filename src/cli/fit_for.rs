@@ -51,13 +51,13 @@ pub fn render(path: &str, r: &MakeFit) -> String {
     let _ = writeln!(o, "  host budget: {}", human(r.budget.host_bytes));
     let _ = writeln!(
         o,
-        "  {:<18} {:>6} {:>11} {:>11} {:>11}  placement",
+        "  {:<19} {:>6} {:>11} {:>11} {:>11}  placement",
         "form", "bits", "file", "VRAM", "host"
     );
     for c in &r.candidates {
         let _ = writeln!(
             o,
-            "  {} {:<16} {:>6.2} {:>11} {:>11} {:>11}  {}",
+            "  {} {:<17} {:>6.2} {:>11} {:>11} {:>11}  {}",
             if c.fits { "+" } else { "-" },
             c.form.name(),
             c.bits_per_weight,

@@ -62,6 +62,11 @@ const EXAMPLES: &[Example] = &[
         setup: flux,
     },
     Example {
+        page: "docs/fit.md",
+        first: "reshard fit flux1-dev.safetensors --for comfyui-gguf --os windows --ram 32GiB --pagefile 8GiB --vram 12GiB",
+        setup: flux_dev,
+    },
+    Example {
         page: "docs/batch.md",
         first: "reshard batch root --out out --mode validate",
         setup: batch_root,
@@ -93,6 +98,11 @@ fn moe(dir: &Path) {
 
 fn tiny_llama(dir: &Path) {
     copy_dir(&fixture("tiny-llama"), &dir.join("tiny-llama"));
+}
+
+/// fit.md's FLUX.1-dev-shaped file: real names and dims, sparse data.
+fn flux_dev(dir: &Path) {
+    crate::fit_for::flux(dir);
 }
 
 /// gguf.md's FLUX-shaped file: the shapes its dry run shows (the plan

@@ -1,0 +1,160 @@
+//! `fit --for PROGRAM` on a FLUX.1-dev-shaped single file (real names and
+//! dims, 23.7 GB of bf16 as a sparse file: only the header is written), on
+//! the 12 GB Windows card of the issue: each program gets the
+//! highest-precision form it reads that fits, and the command that
+//! writes it.
+
+use std::path::{Path, PathBuf};
+
+use crate::common::*;
+
+/// FLUX.1-dev's transformer header over a sparse data section.
+pub(crate) fn flux(dir: &Path) -> PathBuf {
+    let h = 3072u64;
+    let mut shapes: Vec<(String, Vec<u64>)> = vec![
+        ("img_in.weight".into(), vec![h, 64]),
+        ("txt_in.weight".into(), vec![h, 4096]),
+        ("time_in.in_layer.weight".into(), vec![h, 256]),
+        ("vector_in.in_layer.weight".into(), vec![h, 768]),
+        ("guidance_in.in_layer.weight".into(), vec![h, 256]),
+        ("final_layer.linear.weight".into(), vec![64, h]),
+        ("final_layer.adaLN_modulation.1.weight".into(), vec![2 * h, h]),
+    ];
+    for b in 0..19 {
+        for s in ["img", "txt"] {
+            let p = format!("double_blocks.{b}.{s}");
+            shapes.push((format!("{p}_attn.qkv.weight"), vec![3 * h, h]));
+            shapes.push((format!("{p}_attn.proj.weight"), vec![h, h]));
+            shapes.push((format!("{p}_attn.norm.key_norm.scale"), vec![128]));
+            shapes.push((format!("{p}_attn.norm.query_norm.scale"), vec![128]));
+            shapes.push((format!("{p}_mlp.0.weight"), vec![4 * h, h]));
+            shapes.push((format!("{p}_mlp.2.weight"), vec![h, 4 * h]));
+            shapes.push((format!("{p}_mod.lin.weight"), vec![6 * h, h]));
+        }
+    }
+    for b in 0..38 {
+        let p = format!("single_blocks.{b}");
+        shapes.push((format!("{p}.linear1.weight"), vec![7 * h, h]));
+        shapes.push((format!("{p}.linear2.weight"), vec![h, 5 * h]));
+        shapes.push((format!("{p}.modulation.lin.weight"), vec![3 * h, h]));
+    }
+    let mut header = serde_json::Map::new();
+    let mut offset = 0u64;
+    for (name, shape) in shapes {
+        let len = shape.iter().product::<u64>() * 2;
+        header.insert(
+            name,
+            serde_json::json!({"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + len]}),
+        );
+        offset += len;
+    }
+    let path = dir.join("flux1-dev.safetensors");
+    let mut json = serde_json::to_vec(&header).unwrap();
+    while json.len() % 8 != 0 {
+        json.push(b' ');
+    }
+    let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(&json);
+    std::fs::write(&path, &bytes).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(bytes.len() as u64 + offset).unwrap();
+    path
+}
+
+const WINDOWS_12G: [&str; 8] = [
+    "--os", "windows", "--ram", "32GiB", "--pagefile", "8GiB", "--vram", "12GiB",
+];
+
+fn plan(path: &Path, program: &str, machine: &[&str]) -> (i32, serde_json::Value) {
+    let out = reshard()
+        .arg("fit")
+        .arg(path)
+        .args(["--for", program, "--json"])
+        .args(machine)
+        .output()
+        .unwrap();
+    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    (out.status.code().unwrap(), json)
+}
+
+fn best(r: &serde_json::Value) -> (&str, &str, Option<&str>) {
+    let c = r["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["fits"] == true)
+        .unwrap();
+    (
+        c["form"].as_str().unwrap(),
+        c["placement"]["kind"].as_str().unwrap(),
+        c["command"].as_str(),
+    )
+}
+
+#[test]
+fn each_program_gets_the_best_form_it_reads_that_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = flux(dir.path());
+    // ComfyUI reads no GGUF and offloads: 16-bit does not fit the host
+    // with 13 GiB offloaded, scaled FP8 (the first 8-bit form of its list)
+    // does, with 39 of 58 blocks on the GPU.
+    let (code, r) = plan(&src, "comfyui", &WINDOWS_12G);
+    assert_eq!(code, 0);
+    let (form, placement, cmd) = best(&r);
+    assert_eq!((form, placement), ("fp8-scaled", "offload"), "{r}");
+    assert!(cmd.unwrap().ends_with("OUT.safetensors --quantize fp8-scaled"));
+    // ComfyUI-GGUF: Q6_K (9.07 GiB) fits the 9.17 GiB weight budget
+    // whole, and all-on-the-GPU beats the 8-bit forms that offload.
+    let (_, r) = plan(&src, "comfyui-gguf", &WINDOWS_12G);
+    let (form, placement, cmd) = best(&r);
+    assert_eq!((form, placement), ("q6_k", "gpu"), "{r}");
+    assert!(cmd.unwrap().ends_with("OUT.gguf --quantize q6_k"));
+    // InvokeAI keeps whole models on the GPU: Q8_0 (11.75 GiB) is over its
+    // 11 GiB, the Q8_0 FLUX that runs out of memory there while ComfyUI
+    // runs it; scaled FP8 counts as the bf16 it folds into.
+    let (_, r) = plan(&src, "invokeai", &WINDOWS_12G);
+    assert_eq!(best(&r).0, "q6_k", "{r}");
+    let row = |form: &str| {
+        r["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["form"] == form)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(row("q8_0")["placement"]["kind"], "too_big_for_vram");
+    assert_eq!(row("fp8-scaled")["vram_weights"], row("as-is")["vram_weights"]);
+}
+
+#[test]
+fn nothing_fitting_exits_1_and_names_the_smallest_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = flux(dir.path());
+    let machine = ["--os", "linux", "--ram", "64GiB", "--vram", "4GiB"];
+    let (code, r) = plan(&src, "vllm", &machine);
+    assert_eq!(code, 1, "{r}");
+    assert!(r["smallest_machine"]["vram"].as_u64().unwrap() > 12 << 30);
+    let out = reshard()
+        .arg("fit")
+        .arg(&src)
+        .args(["--for", "vllm"])
+        .args(machine)
+        .assert()
+        .code(1);
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(text.contains("nothing vllm reads fits this machine"), "{text}");
+    assert!(text.contains("of dedicated VRAM"), "{text}");
+}
+
+#[test]
+fn an_unknown_program_lists_the_known_ones() {
+    let out = reshard()
+        .args(["fit", "x.safetensors", "--for", "a1111"])
+        .assert()
+        .code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(err.contains("comfyui-gguf") && err.contains("llama.cpp"), "{err}");
+}
