@@ -631,3 +631,35 @@ fn gguf_out_keep_quantize_only_and_keep_dtype_select_tensors() {
     assert_eq!(t["double_blocks.0.img_mlp.0.weight"], GgmlType::Q8_0);
     assert_eq!(t["img_in.weight"], GgmlType::F32);
 }
+
+#[test]
+fn gguf_out_split_rerun_replaces_members_an_earlier_run_moved_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("flux.safetensors");
+    let source = write_flux(&src);
+    let set = dir.path().join("set.gguf");
+    to_gguf(&src, &set, &["--max-shard-size", "40KB"]);
+    let mut members: Vec<PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".gguf"))
+        .collect();
+    members.sort();
+    assert!(members.len() >= 2, "{members:?}");
+    let (first, last) = (members[0].clone(), members[members.len() - 1].clone());
+    // A run stopped between its renames: the later members are in place,
+    // the first (renamed last) is not. The rerun finishes the set without
+    // --overwrite, since what it replaces holds the same bytes.
+    std::fs::remove_file(&first).unwrap();
+    to_gguf(&src, &set, &["--max-shard-size", "40KB"]);
+    assert_eq!(back(&first, dir.path()), source);
+    assert!(!dir.path().join(".set.gguf.reshard").exists());
+    // A member with other bytes is the user's: still refused.
+    std::fs::write(&last, b"the user's").unwrap();
+    std::fs::remove_file(&first).unwrap();
+    let out = convert(&src, &set, &["--max-shard-size", "40KB"]).code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(err.contains("pass --overwrite"), "{err}");
+    assert_eq!(std::fs::read(&last).unwrap(), b"the user's");
+    assert!(!first.exists());
+}
