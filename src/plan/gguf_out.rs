@@ -29,7 +29,8 @@ use std::collections::{BTreeMap, HashMap};
 use super::error::PlanError;
 use super::gguf_families::FAMILIES;
 pub use super::gguf_out_record::{
-    Fallback, GgufOut, GgufOutError, Kv, KvPairs, TypeTotal, ALIGNMENT, MAX_DIMS, SMALL_TENSOR,
+    Fallback, GgufOut, GgufOutError, Kv, KvPairs, TypeTotal, ALIGNMENT, MAX_DIMS, MAX_NAME,
+    SMALL_TENSOR,
 };
 use super::input::TensorInput;
 use super::order::{block_of, sort_indices};
@@ -263,6 +264,17 @@ pub fn plan(
             (arch.to_string(), "diffusion", kv, outs, left_out)
         }
     };
+    // Checked on the GGUF names (the LLM path renames): a longer one makes
+    // a file gguf-py reads but llama.cpp and its tools refuse.
+    if let Some(o) = outs.iter().find(|o| o.name.len() >= MAX_NAME) {
+        let t = &ck.tensors[o.input.primary()];
+        return Err(gguf_err(GgufOutError::NameTooLong {
+            file: ck.file_of(t).name(),
+            source_name: t.name.clone(),
+            tensor: o.name.clone(),
+            len: o.name.len(),
+        }));
+    }
     if let Some(s) = scheme {
         if !outs.iter().any(|o| o.ggml == s) {
             return Err(gguf_err(GgufOutError::NothingQuantized {

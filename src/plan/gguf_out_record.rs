@@ -19,6 +19,9 @@ pub const ALIGNMENT: u64 = 32;
 
 /// GGML keeps at most four dimensions.
 pub const MAX_DIMS: usize = 4;
+/// GGML's `GGML_MAX_NAME`: a tensor name's bytes plus its closing NUL must
+/// fit, so llama.cpp's loader takes names of at most `MAX_NAME - 1` bytes.
+pub const MAX_NAME: usize = 64;
 
 /// What a GGUF output holds beside its tensors.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -114,6 +117,19 @@ pub enum GgufOutError {
         file: String,
         tensor: String,
         dims: usize,
+    },
+    #[error("{file}: tensor {source_name:?} would be GGUF tensor {tensor:?}, {len} bytes long; llama.cpp refuses a file with a tensor name of 64 bytes or more (GGML_MAX_NAME counts the closing NUL): rename it in the source")]
+    NameTooLong {
+        file: String,
+        source_name: String,
+        tensor: String,
+        len: usize,
+    },
+    #[error("{file}: tensor {tensor:?} has shape {shape:?}; GGML counts a tensor's elements and bytes in an int64 (zero dimensions aside), which these dimensions overflow")]
+    HugeDims {
+        file: String,
+        tensor: String,
+        shape: Vec<u64>,
     },
     #[error("--quantize {scheme}: no tensor has rows that divide into {block}-value blocks, so nothing would be quantized")]
     NothingQuantized { scheme: &'static str, block: u64 },

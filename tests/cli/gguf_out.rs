@@ -663,3 +663,48 @@ fn gguf_out_split_rerun_replaces_members_an_earlier_run_moved_out() {
     assert_eq!(std::fs::read(&last).unwrap(), b"the user's");
     assert!(!first.exists());
 }
+
+/// A FLUX-shaped model with one more F32 tensor named `name`.
+fn write_flux_with(path: &Path, name: &str) {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (i, (n, shape)) in FLUX
+        .iter()
+        .copied()
+        .chain([(name, &[4u64, 32][..])])
+        .enumerate()
+    {
+        let count: u64 = shape.iter().product();
+        let start = data.len();
+        data.extend(
+            values(count as usize, i as u64 + 1)
+                .iter()
+                .flat_map(|x| x.to_le_bytes()),
+        );
+        header.insert(
+            n.into(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    write_safetensors(path, &serde_json::Value::Object(header), &data);
+}
+
+#[test]
+fn gguf_out_refuses_tensor_names_llama_cpp_cannot_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // GGML_MAX_NAME is 64 with the NUL: 63 bytes load, 64 do not.
+    let fits = d.join("fits.safetensors");
+    write_flux_with(&fits, &"a".repeat(63));
+    to_gguf(&fits, &d.join("fits.gguf"), &["--quantize", "q8_0"]);
+    assert!(types(&d.join("fits.gguf")).contains_key(&"a".repeat(63)));
+    let long = d.join("long.safetensors");
+    write_flux_with(&long, &"b".repeat(64));
+    refused(
+        d,
+        &long,
+        &d.join("long.gguf"),
+        &["--quantize", "q8_0"],
+        &format!("long.safetensors: tensor {:?}", "b".repeat(64)),
+    );
+}
