@@ -493,7 +493,7 @@ fn llm(
     file_type: u32,
     fallbacks: &mut Vec<Fallback>,
 ) -> Result<(String, KvPairs, Vec<Out>), GgufOutError> {
-    let tokenizer = TokenizerFiles::read(&ck.dir).map_err(|e| GgufOutError::Config {
+    let tokenizer = TokenizerFiles::read(&ck.dir).map_err(|e| GgufOutError::Tokenizer {
         dir: ck.dir.display().to_string(),
         why: e.to_string(),
     })?;

@@ -135,6 +135,9 @@ pub enum GgufOutError {
     NothingQuantized { scheme: &'static str, block: u64 },
     #[error("config.json (in {dir}): {why}")]
     Config { dir: String, why: String },
+    /// A tokenizer file that cannot be read (`why` names it).
+    #[error("the tokenizer files (in {dir}): {why}")]
+    Tokenizer { dir: String, why: String },
     #[error("cannot describe the model as GGUF")]
     Llm(#[from] to_gguf::ToGgufError),
     #[error(

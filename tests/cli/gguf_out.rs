@@ -708,3 +708,18 @@ fn gguf_out_refuses_tensor_names_llama_cpp_cannot_load() {
         &format!("long.safetensors: tensor {:?}", "b".repeat(64)),
     );
 }
+
+#[test]
+fn gguf_out_an_unreadable_tokenizer_file_is_named_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("llama");
+    copy_dir(&fixture("gguf/llm/llama"), &model);
+    std::fs::remove_file(model.join("tokenizer.json")).unwrap();
+    std::fs::create_dir(model.join("tokenizer.json")).unwrap();
+    let out = convert(&model, &dir.path().join("o.gguf"), &["--quantize", "q8_0"]).code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(err.contains("tokenizer.json"), "{err}");
+    // Not blamed on config.json, which is fine.
+    assert!(!err.contains("config.json (in"), "{err}");
+    assert!(!dir.path().join("o.gguf").exists());
+}
