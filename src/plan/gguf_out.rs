@@ -214,6 +214,20 @@ pub fn plan(
                 dtype: t.dtype,
             }));
         }
+        // A zero-element tensor passes the source's size check whatever its
+        // other dimensions; gguf-py and ggml reject one whose others
+        // overflow (4 bytes: the widest element a GGUF output holds).
+        let mut nonzero = t.shape.iter().filter(|&&d| d != 0);
+        if nonzero
+            .try_fold(4u64, |a, &d| a.checked_mul(d))
+            .is_none_or(|n| n > i64::MAX as u64)
+        {
+            return Err(gguf_err(GgufOutError::HugeDims {
+                file: ck.file_of(t).name(),
+                tensor: t.name.clone(),
+                shape: t.shape.clone(),
+            }));
+        }
         if t.shape.len() > MAX_DIMS {
             return Err(gguf_err(GgufOutError::TooManyDims {
                 file: ck.file_of(t).name(),

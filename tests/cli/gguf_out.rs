@@ -723,3 +723,41 @@ fn gguf_out_an_unreadable_tokenizer_file_is_named_as_such() {
     assert!(!err.contains("config.json (in"), "{err}");
     assert!(!dir.path().join("o.gguf").exists());
 }
+
+#[test]
+fn gguf_out_refuses_zero_element_tensors_with_overflowing_dims() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let v = values(64 * 256, 1);
+    let data: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    // No bytes, so the safetensors size check passes; GGML's int64 counts
+    // do not. A plain empty tensor still converts.
+    for (shape, ok) in [
+        (serde_json::json!([0, 64]), true),
+        (serde_json::json!([0, 1u64 << 62]), false),
+    ] {
+        let src = d.join("z.safetensors");
+        write_safetensors(
+            &src,
+            &serde_json::json!({
+                "double_blocks.0.img_attn.proj.weight": {"dtype": "F32", "shape": [64, 256], "data_offsets": [0, data.len()]},
+                "empty": {"dtype": "F32", "shape": shape, "data_offsets": [data.len(), data.len()]}
+            }),
+            &data,
+        );
+        let out = d.join("z.gguf");
+        if ok {
+            to_gguf(&src, &out, &[]);
+            assert!(types(&out).contains_key("empty"));
+            std::fs::remove_file(&out).unwrap();
+        } else {
+            refused(
+                d,
+                &src,
+                &out,
+                &[],
+                "z.safetensors: tensor \"empty\" has shape",
+            );
+        }
+    }
+}
