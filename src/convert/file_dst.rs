@@ -160,8 +160,22 @@ pub fn convert_to_file(
         count => (0..count).map(|n| split_name(file, n, count)).collect(),
     };
     if split {
-        for t in &targets {
-            check_target(t, ck, options.overwrite)?;
+        for (shard, t) in shards.iter().zip(&targets) {
+            // A member that already holds the bytes about to be written is
+            // one a run stopped between its renames moved out: the rerun
+            // replaces it without --overwrite, as it loses nothing.
+            let dir = t.parent().filter(|p| !p.as_os_str().is_empty());
+            let name = t
+                .file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default();
+            let ours = crate::write::owned::as_recorded(
+                dir.unwrap_or(Path::new(".")),
+                &name,
+                shard.size,
+                &shard.digest,
+            );
+            check_target(t, ck, options.overwrite || ours)?;
         }
     }
     // Again under the staging folder's lock: no other run finishes it too.

@@ -29,7 +29,8 @@ use std::collections::{BTreeMap, HashMap};
 use super::error::PlanError;
 use super::gguf_families::FAMILIES;
 pub use super::gguf_out_record::{
-    Fallback, GgufOut, GgufOutError, Kv, KvPairs, TypeTotal, ALIGNMENT, MAX_DIMS, SMALL_TENSOR,
+    Fallback, GgufOut, GgufOutError, Kv, KvPairs, TypeTotal, ALIGNMENT, MAX_DIMS, MAX_NAME,
+    SMALL_TENSOR,
 };
 use super::input::TensorInput;
 use super::order::{block_of, sort_indices};
@@ -213,6 +214,20 @@ pub fn plan(
                 dtype: t.dtype,
             }));
         }
+        // A zero-element tensor passes the source's size check whatever its
+        // other dimensions; gguf-py and ggml reject one whose others
+        // overflow (4 bytes: the widest element a GGUF output holds).
+        let mut nonzero = t.shape.iter().filter(|&&d| d != 0);
+        if nonzero
+            .try_fold(4u64, |a, &d| a.checked_mul(d))
+            .is_none_or(|n| n > i64::MAX as u64)
+        {
+            return Err(gguf_err(GgufOutError::HugeDims {
+                file: ck.file_of(t).name(),
+                tensor: t.name.clone(),
+                shape: t.shape.clone(),
+            }));
+        }
         if t.shape.len() > MAX_DIMS {
             return Err(gguf_err(GgufOutError::TooManyDims {
                 file: ck.file_of(t).name(),
@@ -263,6 +278,17 @@ pub fn plan(
             (arch.to_string(), "diffusion", kv, outs, left_out)
         }
     };
+    // Checked on the GGUF names (the LLM path renames): a longer one makes
+    // a file gguf-py reads but llama.cpp and its tools refuse.
+    if let Some(o) = outs.iter().find(|o| o.name.len() >= MAX_NAME) {
+        let t = &ck.tensors[o.input.primary()];
+        return Err(gguf_err(GgufOutError::NameTooLong {
+            file: ck.file_of(t).name(),
+            source_name: t.name.clone(),
+            tensor: o.name.clone(),
+            len: o.name.len(),
+        }));
+    }
     if let Some(s) = scheme {
         if !outs.iter().any(|o| o.ggml == s) {
             return Err(gguf_err(GgufOutError::NothingQuantized {
@@ -481,7 +507,7 @@ fn llm(
     file_type: u32,
     fallbacks: &mut Vec<Fallback>,
 ) -> Result<(String, KvPairs, Vec<Out>), GgufOutError> {
-    let tokenizer = TokenizerFiles::read(&ck.dir).map_err(|e| GgufOutError::Config {
+    let tokenizer = TokenizerFiles::read(&ck.dir).map_err(|e| GgufOutError::Tokenizer {
         dir: ck.dir.display().to_string(),
         why: e.to_string(),
     })?;

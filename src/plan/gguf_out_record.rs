@@ -19,6 +19,9 @@ pub const ALIGNMENT: u64 = 32;
 
 /// GGML keeps at most four dimensions.
 pub const MAX_DIMS: usize = 4;
+/// GGML's `GGML_MAX_NAME`: a tensor name's bytes plus its closing NUL must
+/// fit, so llama.cpp's loader takes names of at most `MAX_NAME - 1` bytes.
+pub const MAX_NAME: usize = 64;
 
 /// What a GGUF output holds beside its tensors.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -115,10 +118,26 @@ pub enum GgufOutError {
         tensor: String,
         dims: usize,
     },
+    #[error("{file}: tensor {source_name:?} would be GGUF tensor {tensor:?}, {len} bytes long; llama.cpp refuses a file with a tensor name of 64 bytes or more (GGML_MAX_NAME counts the closing NUL): rename it in the source")]
+    NameTooLong {
+        file: String,
+        source_name: String,
+        tensor: String,
+        len: usize,
+    },
+    #[error("{file}: tensor {tensor:?} has shape {shape:?}; GGML counts a tensor's elements and bytes in an int64 (zero dimensions aside), which these dimensions overflow")]
+    HugeDims {
+        file: String,
+        tensor: String,
+        shape: Vec<u64>,
+    },
     #[error("--quantize {scheme}: no tensor has rows that divide into {block}-value blocks, so nothing would be quantized")]
     NothingQuantized { scheme: &'static str, block: u64 },
     #[error("config.json (in {dir}): {why}")]
     Config { dir: String, why: String },
+    /// A tokenizer file that cannot be read (`why` names it).
+    #[error("the tokenizer files (in {dir}): {why}")]
+    Tokenizer { dir: String, why: String },
     #[error("cannot describe the model as GGUF")]
     Llm(#[from] to_gguf::ToGgufError),
     #[error(

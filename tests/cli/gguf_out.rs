@@ -651,3 +651,133 @@ fn gguf_out_keep_quantize_only_and_keep_dtype_select_tensors() {
     assert_eq!(t["double_blocks.0.img_mlp.0.weight"], GgmlType::Q8_0);
     assert_eq!(t["img_in.weight"], GgmlType::F32);
 }
+
+#[test]
+fn gguf_out_split_rerun_replaces_members_an_earlier_run_moved_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("flux.safetensors");
+    let source = write_flux(&src);
+    let set = dir.path().join("set.gguf");
+    to_gguf(&src, &set, &["--max-shard-size", "40KB"]);
+    let mut members: Vec<PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".gguf"))
+        .collect();
+    members.sort();
+    assert!(members.len() >= 2, "{members:?}");
+    let (first, last) = (members[0].clone(), members[members.len() - 1].clone());
+    // A run stopped between its renames: the later members are in place,
+    // the first (renamed last) is not. The rerun finishes the set without
+    // --overwrite, since what it replaces holds the same bytes.
+    std::fs::remove_file(&first).unwrap();
+    to_gguf(&src, &set, &["--max-shard-size", "40KB"]);
+    assert_eq!(back(&first, dir.path()), source);
+    assert!(!dir.path().join(".set.gguf.reshard").exists());
+    // A member with other bytes is the user's: still refused.
+    std::fs::write(&last, b"the user's").unwrap();
+    std::fs::remove_file(&first).unwrap();
+    let out = convert(&src, &set, &["--max-shard-size", "40KB"]).code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(err.contains("pass --overwrite"), "{err}");
+    assert_eq!(std::fs::read(&last).unwrap(), b"the user's");
+    assert!(!first.exists());
+}
+
+/// A FLUX-shaped model with one more F32 tensor named `name`.
+fn write_flux_with(path: &Path, name: &str) {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (i, (n, shape)) in FLUX
+        .iter()
+        .copied()
+        .chain([(name, &[4u64, 32][..])])
+        .enumerate()
+    {
+        let count: u64 = shape.iter().product();
+        let start = data.len();
+        data.extend(
+            values(count as usize, i as u64 + 1)
+                .iter()
+                .flat_map(|x| x.to_le_bytes()),
+        );
+        header.insert(
+            n.into(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    write_safetensors(path, &serde_json::Value::Object(header), &data);
+}
+
+#[test]
+fn gguf_out_refuses_tensor_names_llama_cpp_cannot_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // GGML_MAX_NAME is 64 with the NUL: 63 bytes load, 64 do not.
+    let fits = d.join("fits.safetensors");
+    write_flux_with(&fits, &"a".repeat(63));
+    to_gguf(&fits, &d.join("fits.gguf"), &["--quantize", "q8_0"]);
+    assert!(types(&d.join("fits.gguf")).contains_key(&"a".repeat(63)));
+    let long = d.join("long.safetensors");
+    write_flux_with(&long, &"b".repeat(64));
+    refused(
+        d,
+        &long,
+        &d.join("long.gguf"),
+        &["--quantize", "q8_0"],
+        &format!("long.safetensors: tensor {:?}", "b".repeat(64)),
+    );
+}
+
+#[test]
+fn gguf_out_an_unreadable_tokenizer_file_is_named_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("llama");
+    copy_dir(&fixture("gguf/llm/llama"), &model);
+    std::fs::remove_file(model.join("tokenizer.json")).unwrap();
+    std::fs::create_dir(model.join("tokenizer.json")).unwrap();
+    let out = convert(&model, &dir.path().join("o.gguf"), &["--quantize", "q8_0"]).code(2);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(err.contains("tokenizer.json"), "{err}");
+    // Not blamed on config.json, which is fine.
+    assert!(!err.contains("config.json (in"), "{err}");
+    assert!(!dir.path().join("o.gguf").exists());
+}
+
+#[test]
+fn gguf_out_refuses_zero_element_tensors_with_overflowing_dims() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let v = values(64 * 256, 1);
+    let data: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    // No bytes, so the safetensors size check passes; GGML's int64 counts
+    // do not. A plain empty tensor still converts.
+    for (shape, ok) in [
+        (serde_json::json!([0, 64]), true),
+        (serde_json::json!([0, 1u64 << 62]), false),
+    ] {
+        let src = d.join("z.safetensors");
+        write_safetensors(
+            &src,
+            &serde_json::json!({
+                "double_blocks.0.img_attn.proj.weight": {"dtype": "F32", "shape": [64, 256], "data_offsets": [0, data.len()]},
+                "empty": {"dtype": "F32", "shape": shape, "data_offsets": [data.len(), data.len()]}
+            }),
+            &data,
+        );
+        let out = d.join("z.gguf");
+        if ok {
+            to_gguf(&src, &out, &[]);
+            assert!(types(&out).contains_key("empty"));
+            std::fs::remove_file(&out).unwrap();
+        } else {
+            refused(
+                d,
+                &src,
+                &out,
+                &[],
+                "z.safetensors: tensor \"empty\" has shape",
+            );
+        }
+    }
+}
