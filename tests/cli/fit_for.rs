@@ -18,7 +18,10 @@ pub(crate) fn flux(dir: &Path) -> PathBuf {
         ("vector_in.in_layer.weight".into(), vec![h, 768]),
         ("guidance_in.in_layer.weight".into(), vec![h, 256]),
         ("final_layer.linear.weight".into(), vec![64, h]),
-        ("final_layer.adaLN_modulation.1.weight".into(), vec![2 * h, h]),
+        (
+            "final_layer.adaLN_modulation.1.weight".into(),
+            vec![2 * h, h],
+        ),
     ];
     for b in 0..19 {
         for s in ["img", "txt"] {
@@ -50,7 +53,7 @@ pub(crate) fn flux(dir: &Path) -> PathBuf {
     }
     let path = dir.join("flux1-dev.safetensors");
     let mut json = serde_json::to_vec(&header).unwrap();
-    while json.len() % 8 != 0 {
+    while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
@@ -62,7 +65,14 @@ pub(crate) fn flux(dir: &Path) -> PathBuf {
 }
 
 const WINDOWS_12G: [&str; 8] = [
-    "--os", "windows", "--ram", "32GiB", "--pagefile", "8GiB", "--vram", "12GiB",
+    "--os",
+    "windows",
+    "--ram",
+    "32GiB",
+    "--pagefile",
+    "8GiB",
+    "--vram",
+    "12GiB",
 ];
 
 fn plan(path: &Path, program: &str, machine: &[&str]) -> (i32, serde_json::Value) {
@@ -104,7 +114,9 @@ fn each_program_gets_the_best_form_it_reads_that_fits() {
     assert_eq!(code, 0);
     let (form, placement, cmd) = best(&r);
     assert_eq!((form, placement), ("fp8-scaled", "offload"), "{r}");
-    assert!(cmd.unwrap().ends_with("OUT.safetensors --quantize fp8-scaled"));
+    assert!(cmd
+        .unwrap()
+        .ends_with("OUT.safetensors --quantize fp8-scaled"));
     // ComfyUI-GGUF: Q6_K (9.07 GiB) fits the 9.17 GiB weight budget
     // whole, and all-on-the-GPU beats the 8-bit forms that offload.
     let (_, r) = plan(&src, "comfyui-gguf", &WINDOWS_12G);
@@ -126,7 +138,10 @@ fn each_program_gets_the_best_form_it_reads_that_fits() {
             .clone()
     };
     assert_eq!(row("q8_0")["placement"]["kind"], "too_big_for_vram");
-    assert_eq!(row("fp8-scaled")["vram_weights"], row("as-is")["vram_weights"]);
+    assert_eq!(
+        row("fp8-scaled")["vram_weights"],
+        row("as-is")["vram_weights"]
+    );
 }
 
 #[test]
@@ -145,7 +160,10 @@ fn nothing_fitting_exits_1_and_names_the_smallest_machine() {
         .assert()
         .code(1);
     let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
-    assert!(text.contains("nothing vllm reads fits this machine"), "{text}");
+    assert!(
+        text.contains("nothing vllm reads fits this machine"),
+        "{text}"
+    );
     assert!(text.contains("of dedicated VRAM"), "{text}");
 }
 
@@ -156,5 +174,8 @@ fn an_unknown_program_lists_the_known_ones() {
         .assert()
         .code(2);
     let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
-    assert!(err.contains("comfyui-gguf") && err.contains("llama.cpp"), "{err}");
+    assert!(
+        err.contains("comfyui-gguf") && err.contains("llama.cpp"),
+        "{err}"
+    );
 }
