@@ -15,39 +15,10 @@ const GIB: u64 = 1 << 30;
 
 /// FLUX.1-dev's transformer as one bf16 file: 19 double and 38 single
 /// blocks of width 3072 and the input and output layers, 11.9 billion
-/// weights, 23.8 GB.
+/// weights, 23.7 GB (the shapes tests/cli/fit_for.rs writes as a file).
 fn flux() -> Checkpoint {
-    let h = 3072u64;
-    let mut shapes: Vec<(String, Vec<u64>)> = vec![
-        ("img_in.weight".into(), vec![h, 64]),
-        ("txt_in.weight".into(), vec![h, 4096]),
-        ("time_in.in_layer.weight".into(), vec![h, 256]),
-        ("vector_in.in_layer.weight".into(), vec![h, 768]),
-        ("guidance_in.in_layer.weight".into(), vec![h, 256]),
-        ("final_layer.linear.weight".into(), vec![64, h]),
-        (
-            "final_layer.adaLN_modulation.1.weight".into(),
-            vec![2 * h, h],
-        ),
-    ];
-    for b in 0..19 {
-        for s in ["img", "txt"] {
-            let p = format!("double_blocks.{b}.{s}");
-            shapes.push((format!("{p}_attn.qkv.weight"), vec![3 * h, h]));
-            shapes.push((format!("{p}_attn.proj.weight"), vec![h, h]));
-            shapes.push((format!("{p}_attn.norm.key_norm.scale"), vec![128]));
-            shapes.push((format!("{p}_attn.norm.query_norm.scale"), vec![128]));
-            shapes.push((format!("{p}_mlp.0.weight"), vec![4 * h, h]));
-            shapes.push((format!("{p}_mlp.2.weight"), vec![h, 4 * h]));
-            shapes.push((format!("{p}_mod.lin.weight"), vec![6 * h, h]));
-        }
-    }
-    for b in 0..38 {
-        let p = format!("single_blocks.{b}");
-        shapes.push((format!("{p}.linear1.weight"), vec![7 * h, h]));
-        shapes.push((format!("{p}.linear2.weight"), vec![h, 5 * h]));
-        shapes.push((format!("{p}.modulation.lin.weight"), vec![3 * h, h]));
-    }
+    let shapes: Vec<(String, Vec<u64>)> =
+        serde_json::from_str(include_str!("../../tests/fixtures/flux1-dev-shapes.json")).unwrap();
     one_file("flux1-dev.safetensors", shapes, Dtype::BF16)
 }
 

@@ -37,9 +37,9 @@ use super::order::{block_of, sort_indices};
 use super::output::ShardLayout;
 use super::pack::{pack, Item};
 use super::quantize::QuantizeScheme;
-use super::shards::{lay_out_shard, output_prefix};
+use super::shards::{cut_into_shards, output_prefix};
 use super::to_gguf::{self, file_type, LlmInput, LlmSource, TokenizerFiles};
-use super::types::{Oversized, Plan, PlanOptions, PlannedTensor};
+use super::types::{Plan, PlanOptions, PlannedTensor};
 use crate::format::gguf::ggml::GgmlType;
 use crate::format::gguf::value::Value;
 use crate::format::{Checkpoint, Dtype, Format};
@@ -334,24 +334,10 @@ pub fn plan(
         .collect();
     let ranges = pack(&items, options.max_shard_size);
     let prefix = output_prefix(ck);
-    let count = ranges.len();
     let layer_order: Vec<String> = planned.iter().map(|t| t.name.clone()).collect();
     let total_size = planned.iter().map(|t| t.len).sum();
-    let mut shards = Vec::with_capacity(count);
-    let mut oversized = Vec::new();
-    let mut rest = planned.into_iter();
-    for (n, range) in ranges.into_iter().enumerate() {
-        let file = layout.shard_name(&prefix, n, count);
-        let tensors: Vec<PlannedTensor> = rest.by_ref().take(range.len()).collect();
-        if tensors.len() == 1 && tensors[0].len > options.max_shard_size {
-            oversized.push(Oversized {
-                tensor: tensors[0].name.clone(),
-                bytes: tensors[0].len,
-                file: file.clone(),
-            });
-        }
-        shards.push(lay_out_shard(layout, file, tensors));
-    }
+    let (shards, oversized) =
+        cut_into_shards(layout, &prefix, planned, ranges, options.max_shard_size);
     Ok(Plan {
         options: options.clone(),
         index_file: None,

@@ -43,7 +43,7 @@ pub use self::types::{
 
 use self::order::{block_of, sort_indices};
 use self::pack::{pack, Item};
-use self::shards::{lay_out_shard, output_prefix};
+use self::shards::{cut_into_shards, output_prefix};
 
 /// Refuses, unless `allow`, every planned tensor whose output is more than
 /// [`MAX_EXPANSION`] times the bytes it reads and more than
@@ -225,23 +225,8 @@ impl Plan {
         let count = ranges.len();
         let layer_order: Vec<String> = planned.iter().map(|t| t.name.clone()).collect();
         let total_size = planned.iter().map(|t| t.len).sum();
-        let mut shards = Vec::with_capacity(count);
-        let mut oversized = Vec::new();
-        // The ranges tile `planned` in order: move each shard's tensors out
-        // rather than copy them (a checkpoint may hold 262,144 tensors).
-        let mut rest = planned.into_iter();
-        for (n, range) in ranges.into_iter().enumerate() {
-            let file = layout.shard_name(&prefix, n, count);
-            let tensors: Vec<PlannedTensor> = rest.by_ref().take(range.len()).collect();
-            if tensors.len() == 1 && tensors[0].len > options.max_shard_size {
-                oversized.push(Oversized {
-                    tensor: tensors[0].name.clone(),
-                    bytes: tensors[0].len,
-                    file: file.clone(),
-                });
-            }
-            shards.push(lay_out_shard(layout, file, tensors));
-        }
+        let (shards, oversized) =
+            cut_into_shards(layout, &prefix, planned, ranges, options.max_shard_size);
         let mut metadata = layout.shard_metadata(&ck.metadata);
         if quant.record.as_ref().is_some_and(|r| r.dequantized) || quantizer.is_some() {
             // ComfyUI reads this key as "these layers are quantized": a

@@ -1,9 +1,10 @@
 //! What every output format's plan shares once tensors are packed: the
-//! output prefix, and one shard laid out by the format's layout.
+//! output prefix, the packed ranges cut into shards, and one shard laid out
+//! by the format's layout.
 
 use super::order::block_of;
 use super::output::ShardLayout;
-use super::types::{PlannedTensor, ShardPlan};
+use super::types::{Oversized, PlannedTensor, ShardPlan};
 use crate::format::{Checkpoint, Format};
 
 /// The output prefix: the source's, except PyTorch's `pytorch_model`, which
@@ -39,4 +40,35 @@ pub(super) fn lay_out_shard(
         first_block,
         last_block,
     }
+}
+
+/// `planned` (in layer order) cut into the shards `ranges` tile it with,
+/// named and laid out by `layout`; a tensor alone in its shard and larger
+/// than `max_shard_size` is listed as oversized.
+pub(super) fn cut_into_shards(
+    layout: &dyn ShardLayout,
+    prefix: &str,
+    planned: Vec<PlannedTensor>,
+    ranges: Vec<std::ops::Range<usize>>,
+    max_shard_size: u64,
+) -> (Vec<ShardPlan>, Vec<Oversized>) {
+    let count = ranges.len();
+    let mut shards = Vec::with_capacity(count);
+    let mut oversized = Vec::new();
+    // The ranges tile `planned` in order: move each shard's tensors out
+    // rather than copy them (a checkpoint may hold 262,144 tensors).
+    let mut rest = planned.into_iter();
+    for (n, range) in ranges.into_iter().enumerate() {
+        let file = layout.shard_name(prefix, n, count);
+        let tensors: Vec<PlannedTensor> = rest.by_ref().take(range.len()).collect();
+        if tensors.len() == 1 && tensors[0].len > max_shard_size {
+            oversized.push(Oversized {
+                tensor: tensors[0].name.clone(),
+                bytes: tensors[0].len,
+                file: file.clone(),
+            });
+        }
+        shards.push(lay_out_shard(layout, file, tensors));
+    }
+    (shards, oversized)
 }

@@ -8,39 +8,11 @@ use std::path::{Path, PathBuf};
 
 use crate::common::*;
 
-/// FLUX.1-dev's transformer header over a sparse data section.
+/// FLUX.1-dev's transformer header (tests/fixtures/flux1-dev-shapes.json)
+/// over a sparse data section.
 pub(crate) fn flux(dir: &Path) -> PathBuf {
-    let h = 3072u64;
-    let mut shapes: Vec<(String, Vec<u64>)> = vec![
-        ("img_in.weight".into(), vec![h, 64]),
-        ("txt_in.weight".into(), vec![h, 4096]),
-        ("time_in.in_layer.weight".into(), vec![h, 256]),
-        ("vector_in.in_layer.weight".into(), vec![h, 768]),
-        ("guidance_in.in_layer.weight".into(), vec![h, 256]),
-        ("final_layer.linear.weight".into(), vec![64, h]),
-        (
-            "final_layer.adaLN_modulation.1.weight".into(),
-            vec![2 * h, h],
-        ),
-    ];
-    for b in 0..19 {
-        for s in ["img", "txt"] {
-            let p = format!("double_blocks.{b}.{s}");
-            shapes.push((format!("{p}_attn.qkv.weight"), vec![3 * h, h]));
-            shapes.push((format!("{p}_attn.proj.weight"), vec![h, h]));
-            shapes.push((format!("{p}_attn.norm.key_norm.scale"), vec![128]));
-            shapes.push((format!("{p}_attn.norm.query_norm.scale"), vec![128]));
-            shapes.push((format!("{p}_mlp.0.weight"), vec![4 * h, h]));
-            shapes.push((format!("{p}_mlp.2.weight"), vec![h, 4 * h]));
-            shapes.push((format!("{p}_mod.lin.weight"), vec![6 * h, h]));
-        }
-    }
-    for b in 0..38 {
-        let p = format!("single_blocks.{b}");
-        shapes.push((format!("{p}.linear1.weight"), vec![7 * h, h]));
-        shapes.push((format!("{p}.linear2.weight"), vec![h, 5 * h]));
-        shapes.push((format!("{p}.modulation.lin.weight"), vec![3 * h, h]));
-    }
+    let shapes: Vec<(String, Vec<u64>)> =
+        serde_json::from_slice(&std::fs::read(fixture("flux1-dev-shapes.json")).unwrap()).unwrap();
     let mut header = serde_json::Map::new();
     let mut offset = 0u64;
     for (name, shape) in shapes {
