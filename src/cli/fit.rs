@@ -48,6 +48,12 @@ pub struct Args {
     /// (default 1GiB; ComfyUI's and Forge's own rules replace it).
     #[arg(long, value_name = "SIZE", requires = "for_program")]
     reserve: Option<ByteSize>,
+    /// With --for: write the best form's placement to FILE as an
+    /// accelerate `device_map` (JSON: the first blocks on GPU 0 in layer
+    /// order, the rest on "cpu"), for from_pretrained(device_map=...).
+    /// FILE must not exist.
+    #[arg(long, value_name = "FILE", requires = "for_program")]
+    device_map: Option<PathBuf>,
     #[command(flatten)]
     pub print: crate::cli::printer::OutputArgs,
     /// Print only the verdict and the advice (the lines after the tables)
@@ -226,6 +232,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             args.reserve.map(|r| r.0),
         )
         .with_context(|| format!("cannot plan {} for {name}", args.path.display()))?;
+        if let Some(file) = &args.device_map {
+            crate::cli::fit_for::write_device_map(file, &ck, &r)?;
+        }
         if args.print.json {
             printer::json(&r)?;
         } else {

@@ -4,6 +4,8 @@
 
 use std::fmt::Write as _;
 
+use anyhow::Context;
+
 use reshard::fit::make::{Candidate, MakeFit, Placement};
 use reshard::units::human;
 
@@ -81,6 +83,20 @@ pub fn render(path: &str, r: &MakeFit) -> String {
                     let _ = writeln!(o, "  nothing to convert: load it as it is");
                 }
             }
+            if let (Placement::Offload { blocks_on_gpu, .. }, "llama.cpp") =
+                (&best.placement, r.program.as_str())
+            {
+                let _ = writeln!(o, "  run it with --n-gpu-layers {blocks_on_gpu}");
+            } else if let Some(v) = r
+                .vram_budget
+                .filter(|_| matches!(best.placement, Placement::Offload { .. }))
+            {
+                let _ = writeln!(
+                    o,
+                    "  placement: --device-map FILE writes it; max_memory {{0: {v}, \"cpu\": {}}}",
+                    r.budget.host_bytes
+                );
+            }
         }
         None => {
             let _ = writeln!(o, "nothing {} reads fits this machine", r.program);
@@ -99,6 +115,46 @@ pub fn render(path: &str, r: &MakeFit) -> String {
         }
     }
     o
+}
+
+/// Writes the best candidate's `device_map` to `file` (which must not
+/// exist: it is the user's path, and nothing there is reshard's to
+/// replace).
+pub fn write_device_map(
+    file: &std::path::Path,
+    ck: &reshard::format::Checkpoint,
+    r: &MakeFit,
+) -> anyhow::Result<()> {
+    let best = r
+        .best()
+        .with_context(|| format!("no {} form fits: no device_map to write", r.program))?;
+    let blocks_on_gpu = match &best.placement {
+        Placement::Gpu => None,
+        Placement::Offload { blocks_on_gpu, .. } => Some(*blocks_on_gpu),
+        Placement::Host | Placement::TooBigForVram { .. } => {
+            anyhow::bail!(
+                "no GPU given (--vram): every weight stays on the host, no device_map to write"
+            )
+        }
+    };
+    if best.form.format() == reshard::format::Format::Gguf {
+        anyhow::bail!(
+            "the best form for {}, {}, is a GGUF file: a device_map places safetensors modules (llama.cpp takes --n-gpu-layers, printed by fit)",
+            r.program,
+            best.form.name()
+        );
+    }
+    let names: Vec<&str> = ck.tensors.iter().map(|t| t.name.as_str()).collect();
+    let map = reshard::fit::device_map::device_map(&names, blocks_on_gpu);
+    let text = serde_json::to_string_pretty(&map)? + "\n";
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(file)
+        .with_context(|| format!("cannot create {}", file.display()))?;
+    std::io::Write::write_all(&mut f, text.as_bytes())
+        .with_context(|| format!("cannot write {}", file.display()))?;
+    Ok(())
 }
 
 fn placement(c: &Candidate) -> String {

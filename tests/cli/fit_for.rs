@@ -151,3 +151,55 @@ fn an_unknown_program_lists_the_known_ones() {
         "{err}"
     );
 }
+
+#[test]
+fn device_map_places_the_leading_blocks_on_the_gpu_and_refuses_to_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = flux(dir.path());
+    let machine = ["--os", "linux", "--ram", "64GiB", "--vram", "12GiB"];
+    let (_, r) = plan(&src, "transformers", &machine);
+    let best = r["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["fits"] == true)
+        .unwrap();
+    assert_eq!(best["placement"]["kind"], "offload", "{r}");
+    let on_gpu = best["placement"]["blocks_on_gpu"].as_u64().unwrap();
+    let total = best["placement"]["blocks"].as_u64().unwrap();
+    assert!(on_gpu > 0 && on_gpu < total);
+    let file = dir.path().join("device_map.json");
+    reshard()
+        .arg("fit")
+        .arg(&src)
+        .args(["--for", "transformers", "--device-map"])
+        .arg(&file)
+        .args(machine)
+        .assert()
+        .success();
+    let map: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let blocks_on_gpu = map
+        .iter()
+        .filter(|(k, v)| k.contains("_blocks.") && **v == 0)
+        .count() as u64;
+    assert_eq!(blocks_on_gpu, on_gpu);
+    // The layer order `convert --order forward` writes: double blocks
+    // before single blocks, the rest of the model after the last block.
+    assert_eq!(map["double_blocks.0"], 0);
+    assert_eq!(map["single_blocks.37"], "cpu");
+    assert_eq!(map["final_layer.linear"], "cpu");
+    // Every module of the checkpoint is placed.
+    assert_eq!(map.len(), 7 + 19 + 38);
+    // An existing file is the user's: refused, unchanged.
+    std::fs::write(&file, "mine").unwrap();
+    reshard()
+        .arg("fit")
+        .arg(&src)
+        .args(["--for", "transformers", "--device-map"])
+        .arg(&file)
+        .args(machine)
+        .assert()
+        .code(2);
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "mine");
+}
