@@ -19,6 +19,7 @@
 mod dst;
 mod error;
 mod file_dst;
+pub mod fit;
 mod gguf;
 mod layout;
 mod options;

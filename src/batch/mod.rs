@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use crate::convert::fit::{choose, FitChoiceError, FitTarget};
 use crate::convert::{ConvertError, ConvertOptions, ConvertSource, GateError};
 use crate::exec::{Reporter, WindowPool};
 use crate::fit::machine::Machine;
@@ -68,6 +69,9 @@ pub struct BatchOptions {
     pub fail_fast: bool,
     /// The machine `--mode fit` judges against.
     pub fit: Option<FitJob>,
+    /// `--mode convert --fit`: each model is converted to the best form
+    /// this program reads that fits this machine, as `convert --fit` does.
+    pub convert_fit: Option<FitTarget>,
     /// How `--mode validate` loads each output (compared with its source).
     pub validate: Option<ValidateOptions>,
 }
@@ -95,6 +99,10 @@ pub enum ModelError {
     Fit(#[from] FitError),
     #[error("does not fit: {loaders}")]
     DoesNotFit { loaders: String },
+    #[error(transparent)]
+    FitChoice(#[from] FitChoiceError),
+    #[error("not converted: {reason}")]
+    NothingFits { reason: String },
     #[error(transparent)]
     Validate(#[from] ValidateError),
     #[error("validation failed: {failures}")]
@@ -139,6 +147,7 @@ pub struct JobContext<'a> {
     pub verify_source: bool,
     pub cancel: &'a AtomicBool,
     pub fit: Option<&'a FitJob>,
+    pub convert_fit: Option<&'a FitTarget>,
     pub validate: Option<&'a ValidateOptions>,
 }
 
@@ -234,6 +243,7 @@ pub fn run_batch(
         verify_source: options.verify_source,
         cancel,
         fit: options.fit.as_ref(),
+        convert_fit: options.convert_fit.as_ref(),
         validate: options.validate.as_ref(),
     };
     let next = AtomicUsize::new(0);
@@ -368,7 +378,10 @@ fn run_mode(
     gate: Option<&Gate>,
 ) -> Result<Outcome, ModelError> {
     match mode {
-        Mode::Convert => convert_model(model, ctx, reporter, gate),
+        Mode::Convert => match ctx.convert_fit {
+            Some(target) => fit_convert_model(model, target, ctx, reporter, gate),
+            None => convert_model(model, ctx, reporter, gate),
+        },
         Mode::Fit => match ctx.fit {
             Some(job) => fit_model(model, job, ctx),
             None => mode_not_wired(mode),
@@ -397,8 +410,44 @@ pub fn convert_model(
     reporter: &dyn Reporter,
     gate: Option<&Gate>,
 ) -> Result<Outcome, ModelError> {
+    convert_with(model, ctx.convert, ctx, reporter, gate)
+}
+
+/// `--mode convert --fit` for one model: the choice `convert --fit` makes
+/// ([`crate::convert::fit::choose`]), converted into the model's output
+/// folder (a GGUF form as a folder holding the `.gguf`, a program that
+/// loads one file as a folder holding one shard); a model nothing fits
+/// fails with fit's reason and nothing is written.
+pub fn fit_convert_model(
+    model: &Model,
+    target: &FitTarget,
+    ctx: &JobContext,
+    reporter: &dyn Reporter,
+    gate: Option<&Gate>,
+) -> Result<Outcome, ModelError> {
+    let choice = choose(&model.source, target)?;
+    let Some(options) = choice.apply(ctx.convert) else {
+        return Err(ModelError::NothingFits {
+            reason: choice.nothing_fits(),
+        });
+    };
+    let mut outcome = convert_with(model, &options, ctx, reporter, gate)?;
+    if let Some(reason) = choice.reason {
+        outcome.notes.insert(0, format!("fit: {reason}"));
+    }
+    Ok(outcome)
+}
+
+/// Converts one model with `options` (this job's thread share).
+fn convert_with(
+    model: &Model,
+    options: &ConvertOptions,
+    ctx: &JobContext,
+    reporter: &dyn Reporter,
+    gate: Option<&Gate>,
+) -> Result<Outcome, ModelError> {
     let source = ConvertSource::open(&model.source)?;
-    let mut options = ctx.convert.clone();
+    let mut options = options.clone();
     options.overwrite |= converted_from(&model.output, &model.source);
     // DST lies under OUT, never beside a file source.
     options.single_file = false;

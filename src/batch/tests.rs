@@ -19,6 +19,7 @@ fn options(mode: Mode, jobs: usize, fail_fast: bool) -> BatchOptions {
         verify_source: false,
         fail_fast,
         fit: None,
+        convert_fit: None,
         validate: None,
     }
 }

@@ -16,8 +16,8 @@ use reshard::exec::WindowPool;
 use reshard::names::escape;
 use reshard::units::human;
 
-use super::convert::ConvertArgs;
-use super::fit::MachineArgs;
+use super::convert::{ConvertArgs, FitArgs};
+use super::machine::MachineArgs;
 
 use super::progress::MultiBar;
 use super::validate::LoadArgs;
@@ -79,8 +79,12 @@ pub struct Args {
     // argument after it.
     #[command(flatten)]
     options: ConvertArgs,
-    /// The machine `--mode fit` judges against (default: this one).
-    #[command(flatten, next_help_heading = "Machine (--mode fit)")]
+    /// `--fit --for PROGRAM`: each model converted to its own best form.
+    #[command(flatten)]
+    fit: FitArgs,
+    /// The machine `--mode fit` judges against and `--fit` plans for
+    /// (default: this one).
+    #[command(flatten, next_help_heading = "Machine (--mode fit, --fit)")]
     machine: MachineArgs,
     /// How `--mode validate` loads each output.
     #[command(flatten, next_help_heading = "Loading (--mode validate)")]
@@ -155,6 +159,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         return Ok(ExitStatus::Ok);
     }
 
+    if args.fit.fit && args.mode != ModeArg::Convert {
+        anyhow::bail!(
+            "--fit chooses each model's conversion: it takes --mode convert (the default)"
+        );
+    }
     let cancel = super::cancel::on_ctrl_c();
     let mut convert = args.options.to_options();
     convert.within = Some(args.out.clone());
@@ -168,6 +177,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             machine: args.machine.machine(),
             options: args.machine.options(String::new(), None),
         }),
+        convert_fit: args.fit.target(&args.machine),
         validate: (args.mode == ModeArg::Validate).then(|| args.load.options(None)),
     };
     let pool = WindowPool::new(options.convert.window);
@@ -392,7 +402,7 @@ mod tests {
     fn batch_flags_are_not_under_the_fit_or_validate_headings() {
         use clap::CommandFactory;
         let help = Wrap::command().render_help().to_string();
-        let machine = help.find("Machine (--mode fit):").unwrap();
+        let machine = help.find("Machine (--mode fit, --fit):").unwrap();
         let general = &help[..machine];
         for flag in [
             "--jobs",
@@ -460,6 +470,18 @@ mod tests {
             Mode::Validate
         );
         assert!(parse(&["--mode", "bake"]).is_err());
+    }
+
+    #[test]
+    fn fit_takes_for_and_excludes_what_it_decides() {
+        let a = parse(&["--fit", "--for", "transformers", "--vram", "8GiB"]).unwrap();
+        assert_eq!(
+            a.fit.target(&a.machine).unwrap().program.name,
+            "transformers"
+        );
+        assert!(parse(&["--fit"]).is_err());
+        assert!(parse(&["--fit", "--for", "vllm", "--dtype", "bf16"]).is_err());
+        assert!(parse(&["--fit", "--for", "vllm", "--quantize", "fp8"]).is_err());
     }
 
     #[test]

@@ -13,16 +13,29 @@ use super::progress::Bar;
 use super::{printer, ExitStatus};
 
 mod args;
+mod fit;
 mod layout;
 mod render;
 
-pub use self::args::{parse_block, parse_shard_size, Args, ConvertArgs, QuantizeArg};
+pub use self::args::{parse_block, parse_shard_size, Args, ConvertArgs, FitArgs, QuantizeArg};
 use self::layout::{dry_run, print_notes, render_components, run_split};
 use self::render::render_summary;
 
 pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     let mut options = args.options.to_options();
     options.single_file = !args.src.is_dir();
+    // `--fit`: the plan's best form decides dtype, scheme, format and
+    // shard size (clap refuses those flags beside it).
+    let mut choice = None;
+    if args.fit.fit {
+        match fit::choose(&args, &options)? {
+            Ok((c, fitted)) => {
+                options = fitted;
+                choice = Some(c);
+            }
+            Err(status) => return Ok(status),
+        }
+    }
     let to_file = dst_names_a_file(&args)?;
     if DstKind::of(&args.dst) == DstKind::GgufFile {
         options = gguf_options(&options, args.options.max_shard_size.is_some());
@@ -48,7 +61,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         )
     })?;
     if args.dry_run {
-        return dry_run(&args, &source, &options);
+        return dry_run(&args, &source, &options, choice.as_ref());
     }
     if !args.quiet {
         // What inspect would report: the output fixes some (format: pt,
@@ -103,7 +116,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         }
     }
     if args.print.json && !args.validate {
-        printer::json(&summary)?;
+        match &choice {
+            Some(c) => printer::json(&serde_json::json!({ "fit": c, "convert": summary }))?,
+            None => printer::json(&summary)?,
+        }
     } else if !args.quiet && !args.print.json {
         printer::text(&render_summary(&summary, args.verbose))?;
         printer::text(&render_components(&summary.components, args.verbose))?;
@@ -111,8 +127,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     if !args.validate {
         return Ok(ExitStatus::Ok);
     }
-    // Each weight set is validated against its source folder.
+    // Each weight set is validated against its source folder; under
+    // `--fit`, within the budgets the plan promised.
     let mut reports = Vec::new();
+    let mut budgets = None;
     let sets = if to_file {
         vec![String::new()]
     } else {
@@ -126,10 +144,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             _ => layouts::join_rel(&args.dst, rel),
         };
         let show = !(args.quiet || args.options.no_progress || args.print.json);
-        let options = reshard::validate::ValidateOptions {
+        let mut options = reshard::validate::ValidateOptions {
             progress: reshard::validate::Progress::new(std::sync::Arc::new(Bar::new(show))),
             ..args.load.options(Some(src))
         };
+        if let Some(c) = &choice {
+            let (fitted, line) = fit::budgets(c, options);
+            options = fitted;
+            if budgets.is_none() && !(args.quiet || args.print.json) {
+                printer::text(&format!("{line}\n"))?;
+            }
+            budgets = Some(serde_json::json!({
+                "commit_budget": options.commit_budget,
+                "vram_budget": options.vram_budget,
+                "device": options.device.to_string(),
+            }));
+        }
         let report = validate_with_budget(&dst, &options)
             .with_context(|| format!("cannot validate {}", dst.display()))?;
         if !args.print.json && (!args.quiet || !report.passed) {
@@ -143,7 +173,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             [one] => serde_json::to_value(one)?,
             many => serde_json::to_value(many)?,
         };
-        printer::json(&serde_json::json!({ "convert": summary, "validate": validate }))?;
+        let mut out = serde_json::json!({ "convert": summary, "validate": validate });
+        if let Some(c) = &choice {
+            out["fit"] = serde_json::to_value(c)?;
+            out["budgets"] = budgets.unwrap_or_default();
+        }
+        printer::json(&out)?;
     }
     Ok(if passed {
         ExitStatus::Ok

@@ -9,6 +9,7 @@ pub(crate) mod exit;
 mod fit;
 mod fit_for;
 mod inspect;
+mod machine;
 mod printer;
 mod progress;
 mod quality;

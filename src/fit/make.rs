@@ -20,6 +20,7 @@ use super::judge::{
 use super::machine::Machine;
 use super::program::{Form, Program};
 use crate::format::{Checkpoint, Dtype, Format};
+use crate::plan::quantize::QuantizeScheme;
 use crate::plan::{OutputFormat, Plan, PlanOptions};
 
 /// The activation reserve when `--reserve` is not given: what a forward
@@ -61,8 +62,66 @@ pub struct Candidate {
     pub vram_weights: u64,
     pub placement: Placement,
     pub fits: bool,
-    /// The conversion to run (`None` for "as is" with its own shards).
+    /// The conversion to run (`None` for "as is" with its own shards):
+    /// what [`Candidate::command`] spells and `convert --fit` runs.
+    pub conversion: Option<Conversion>,
+    /// The `reshard convert` line of [`Candidate::conversion`].
     pub command: Option<String>,
+}
+
+/// What `convert` is asked to write one form: the flags of the
+/// candidate's command, the options the candidate was sized with, and
+/// what `convert --fit` runs (one value for all three).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Conversion {
+    pub dtype: Option<Dtype>,
+    pub quantize: Option<QuantizeScheme>,
+    pub format: OutputFormat,
+    /// `--max-shard-size` of a folder output; `None`: one file.
+    pub max_shard_size: Option<u64>,
+}
+
+impl Conversion {
+    /// `form` written in shards of at most `max_shard_size` (`None`: one
+    /// file).
+    pub fn of(form: Form, max_shard_size: Option<u64>) -> Conversion {
+        Conversion {
+            dtype: form.dtype(),
+            quantize: form.quantize(),
+            format: match form.format() {
+                Format::Gguf => OutputFormat::Gguf,
+                _ => OutputFormat::Safetensors,
+            },
+            max_shard_size,
+        }
+    }
+
+    /// The plan options of the conversion (the rest as `convert`'s
+    /// defaults).
+    pub fn plan_options(&self) -> PlanOptions {
+        PlanOptions {
+            max_shard_size: self.max_shard_size.unwrap_or(u64::MAX),
+            dtype: self.dtype,
+            quantize: self.quantize,
+            format: self.format,
+            ..PlanOptions::default()
+        }
+    }
+
+    /// The `convert` flags that ask for it, each with its leading space.
+    pub fn flags(&self) -> String {
+        let mut c = String::new();
+        if let Some(size) = self.max_shard_size {
+            c.push_str(&format!(" --max-shard-size {}", size_arg(size)));
+        }
+        if let Some(d) = self.dtype {
+            c.push_str(&format!(" --dtype {}", d.name().to_ascii_lowercase()));
+        }
+        if let Some(q) = self.quantize {
+            c.push_str(&format!(" --quantize {}", q.name()));
+        }
+        c
+    }
 }
 
 /// A form the program reads that this checkpoint cannot take, and why.
@@ -200,16 +259,8 @@ impl Judge<'_> {
     }
 
     fn options(&self, form: Form, max_shard_size: u64) -> PlanOptions {
-        PlanOptions {
-            max_shard_size,
-            dtype: form.dtype(),
-            quantize: form.quantize(),
-            format: match form.format() {
-                Format::Gguf => OutputFormat::Gguf,
-                _ => OutputFormat::Safetensors,
-            },
-            ..PlanOptions::default()
-        }
+        let size = Some(max_shard_size).filter(|&s| s != u64::MAX);
+        Conversion::of(form, size).plan_options()
     }
 
     fn plan(&self, form: Form, max_shard_size: u64) -> Result<Plan, String> {
@@ -322,7 +373,8 @@ impl Judge<'_> {
         let fits =
             host.host_shortfall == 0 && !matches!(placement, Placement::TooBigForVram { .. });
         let shard = chosen.as_ref().and_then(|c| c.1);
-        let command = self.command(form, chosen.is_some(), shard);
+        let conversion = chosen.is_some().then(|| Conversion::of(form, shard));
+        let command = conversion.map(|c| self.command(&c));
         Ok(Candidate {
             form,
             max_shard_size: shard,
@@ -332,6 +384,7 @@ impl Judge<'_> {
             vram_weights,
             placement,
             fits,
+            conversion,
             command,
         })
     }
@@ -355,32 +408,18 @@ impl Judge<'_> {
         }
     }
 
-    /// The `reshard convert` line that writes `form` (`None`: nothing to
-    /// convert).
-    fn command(&self, form: Form, converted: bool, shard: Option<u64>) -> Option<String> {
-        if !converted {
-            return None;
-        }
-        let gguf = form.format() == Format::Gguf;
-        let dst = match (gguf, self.program.single_file) {
-            (true, _) => "OUT.gguf",
-            (false, true) => "OUT.safetensors",
-            (false, false) => "OUT",
+    /// The `reshard convert` line that runs `c`.
+    fn command(&self, c: &Conversion) -> String {
+        let dst = match (c.format, self.program.single_file) {
+            (OutputFormat::Gguf, _) => "OUT.gguf",
+            (_, true) => "OUT.safetensors",
+            (_, false) => "OUT",
         };
-        let mut c = format!(
-            "reshard convert {} {dst}",
-            crate::platform::shell_quote(self.path)
-        );
-        if let Some(size) = shard {
-            c.push_str(&format!(" --max-shard-size {}", size_arg(size)));
-        }
-        if let Some(d) = form.dtype() {
-            c.push_str(&format!(" --dtype {}", d.name().to_ascii_lowercase()));
-        }
-        if let Some(q) = form.quantize() {
-            c.push_str(&format!(" --quantize {}", q.name()));
-        }
-        Some(c)
+        format!(
+            "reshard convert {} {dst}{}",
+            crate::platform::shell_quote(self.path),
+            c.flags()
+        )
     }
 
     /// What the smallest candidate (the last by precision) needs.

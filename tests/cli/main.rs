@@ -16,6 +16,7 @@ mod digest;
 mod docs_examples;
 mod docs_output;
 mod fit;
+mod fit_convert;
 mod fit_for;
 mod fuzz_corpus;
 mod gguf;

@@ -13,16 +13,22 @@ use reshard::units::ByteSize;
 use reshard::write::digest::DigestAlgo;
 
 use crate::cli::inspect::OrderArg;
+use crate::cli::machine::MachineArgs;
 use crate::cli::validate::LoadArgs;
 use reshard::convert::split::ComponentPrefix;
 
 #[derive(Debug, clap::Args)]
+#[command(group(
+    clap::ArgGroup::new("machine_given")
+        .args(MACHINE_FLAGS)
+        .multiple(true)
+        .requires("fit")
+))]
 pub struct Args {
     /// The checkpoint to read (file, folder or Hugging Face cache folder).
     pub src: PathBuf,
     /// The folder to write (created if missing; never the source folder).
-    /// NAME.safetensors names one file instead; NAME.gguf is refused (no
-    /// GGUF writer yet).
+    /// NAME.safetensors names one file instead, NAME.gguf a GGUF file.
     pub dst: PathBuf,
     #[command(flatten)]
     pub options: ConvertArgs,
@@ -42,8 +48,52 @@ pub struct Args {
     /// source (exit 1 when a check fails).
     #[arg(long)]
     pub validate: bool,
+    #[command(flatten)]
+    pub fit: FitArgs,
+    /// The machine `--fit` plans for (default: this one).
+    // Boxed: `convert`'s arguments are already the largest of the binary.
+    #[command(flatten, next_help_heading = "Machine (--fit)")]
+    pub machine: Box<MachineArgs>,
     #[command(flatten, next_help_heading = "Validation (--validate)")]
     pub load: LoadArgs,
+}
+
+/// The machine flags (fit's [`MachineArgs`]), which only `--fit` reads.
+const MACHINE_FLAGS: [&str; 8] = [
+    "os",
+    "ram",
+    "pagefile",
+    "commit_limit",
+    "vram",
+    "loaders",
+    "pread_threads",
+    "baseline",
+];
+
+/// `--fit`, `--for` and `--reserve`: shared by `convert` and `batch`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct FitArgs {
+    /// Plan with `fit --for PROGRAM` on the machine (detected, or the
+    /// machine flags below), take the best form that fits and convert to
+    /// it: its dtype, --quantize scheme, format and shard size. Exit 1,
+    /// writing nothing, when no form fits. With --validate, the output is
+    /// loaded under the budgets the plan promised (the machine's commit
+    /// limit, and the program's VRAM for weights).
+    #[arg(
+        long,
+        requires = "for_program",
+        conflicts_with_all = ["dtype", "quantize", "max_shard_size", "single_file", "split_components", "commit_budget", "vram_budget"]
+    )]
+    pub fit: bool,
+    /// With --fit: the program that loads the output (comfyui,
+    /// comfyui-gguf, forge, invokeai, transformers, diffusers, llama.cpp,
+    /// vllm). Required: the best form depends on what the program reads.
+    #[arg(long = "for", value_name = "PROGRAM", requires = "fit", value_parser = crate::cli::fit_for::parse_program)]
+    pub for_program: Option<String>,
+    /// With --fit: VRAM kept free for activations beside the weights
+    /// (default 1GiB; ComfyUI's and Forge's own rules replace it).
+    #[arg(long, value_name = "SIZE", requires = "fit")]
+    pub reserve: Option<ByteSize>,
 }
 
 /// The options `convert` and `batch` share.

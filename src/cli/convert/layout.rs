@@ -4,6 +4,7 @@
 
 use anyhow::Context;
 
+use reshard::convert::fit::FitChoice;
 use reshard::convert::{
     convert_split, ComponentSummary, ConvertOptions, ConvertSource, ConvertSummary,
 };
@@ -68,6 +69,7 @@ pub(super) fn dry_run(
     args: &Args,
     source: &ConvertSource,
     options: &ConvertOptions,
+    fit: Option<&FitChoice>,
 ) -> anyhow::Result<ExitStatus> {
     // The plans convert executes, from the library's per-set options.
     let mut plans = source
@@ -94,14 +96,18 @@ pub(super) fn dry_run(
         }
     }
     if args.print.json {
-        match plans.as_slice() {
-            [(rel, plan)] if rel.is_empty() => printer::json(plan)?,
-            _ => printer::json(
-                &plans
+        let json = match plans.as_slice() {
+            [(rel, plan)] if rel.is_empty() => serde_json::to_value(plan)?,
+            _ => serde_json::to_value(
+                plans
                     .iter()
                     .map(|(rel, plan)| serde_json::json!({"path": rel, "plan": plan}))
                     .collect::<Vec<_>>(),
             )?,
+        };
+        match fit {
+            Some(c) => printer::json(&serde_json::json!({"fit": c, "plan": json}))?,
+            None => printer::json(&json)?,
         }
     } else {
         for (rel, plan) in &plans {

@@ -1,0 +1,297 @@
+//! `convert --fit --for PROGRAM` and `batch --fit`: the best form fit
+//! plans is the one written (read back from the output's header), the
+//! output validates under the budgets the plan promised, and nothing is
+//! written when nothing fits or the flags contradict the plan. Each case
+//! gives a machine small enough (VRAM in KiB, `--reserve 0`) that one form
+//! of the tiny fixtures is the highest-precision one that fits, and says
+//! why.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use reshard::format::gguf::ggml::GgmlType;
+
+use crate::common::*;
+
+/// Linux, 16 GiB of RAM, `vram` of VRAM, no activation reserve (the
+/// plain rule then gives weights all of it).
+fn machine(vram: &str) -> Vec<String> {
+    [
+        "--os",
+        "linux",
+        "--ram",
+        "16GiB",
+        "--vram",
+        vram,
+        "--reserve",
+        "0",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// tiny-llama for transformers on 345 KiB of VRAM: its bf16 weights
+/// (427.6 KiB, as is or cast to f16; bf16 is the dtype it has) only fit
+/// with a block offloaded, fp8-channel (341.5 KiB) fits wholly on the
+/// GPU, and a form wholly on the GPU ranks before any that offloads.
+fn tiny_llama_for_transformers() -> Vec<String> {
+    let mut a = vec!["--fit".into(), "--for".into(), "transformers".into()];
+    a.extend(machine("345KiB"));
+    a
+}
+
+fn dtypes(path: &Path) -> BTreeMap<String, String> {
+    reshard::format::open(path)
+        .unwrap()
+        .tensors
+        .iter()
+        .map(|t| (t.name.clone(), t.dtype.name().to_string()))
+        .collect()
+}
+
+fn run(src: &Path, dst: &Path, args: &[String]) -> (i32, String, String) {
+    let out = reshard()
+        .arg("convert")
+        .arg(src)
+        .arg(dst)
+        .arg("--no-progress")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn fit_convert_writes_the_best_form_and_validates_under_the_plans_budgets() {
+    let dir = tempfile::tempdir().unwrap();
+    let dst = dir.path().join("out");
+    let mut args = tiny_llama_for_transformers();
+    args.push("--validate".into());
+    let (code, out, err) = run(&fixture("tiny-llama"), &dst, &args);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("fit for transformers: fp8-channel (all on the GPU)"),
+        "{out}"
+    );
+    assert!(out.contains("why: highest-precision form"), "{out}");
+    assert!(out.contains("--quantize fp8-channel"), "{out}");
+    // What was written is the chosen scheme: FP8 Linear weights with their
+    // per-channel scales, the norms and embeddings in bf16.
+    let d = dtypes(&dst);
+    assert_eq!(d["model.layers.0.self_attn.q_proj.weight"], "F8_E4M3");
+    assert!(d.contains_key("model.layers.0.self_attn.q_proj.weight_scale"));
+    assert_eq!(d["model.embed_tokens.weight"], "BF16");
+    // Validated under the machine's RAM and the program's VRAM for weights.
+    assert!(
+        out.contains("validate under the plan's budgets: commit 16.00 GiB"),
+        "{out}"
+    );
+    assert!(out.contains("VRAM 345.00 KiB"), "{out}");
+    assert!(out.contains("budget 16.00 GiB (enforced)"), "{out}");
+    assert!(out.contains("vram budget 345.00 KiB"), "{out}");
+    assert!(out.trim_end().ends_with("passed"), "{out}");
+}
+
+#[test]
+fn fit_convert_json_holds_the_candidates_the_choice_and_the_budgets() {
+    let dir = tempfile::tempdir().unwrap();
+    let dst = dir.path().join("out");
+    let mut args = tiny_llama_for_transformers();
+    args.extend(["--validate".into(), "--json".into()]);
+    let (code, out, err) = run(&fixture("tiny-llama"), &dst, &args);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let fit = &j["fit"];
+    let first_fitting = fit["plan"]["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["fits"] == true)
+        .unwrap();
+    assert_eq!(&fit["chosen"], first_fitting);
+    assert_eq!(fit["chosen"]["form"], "fp8-channel");
+    // The conversion run is the candidate's, and its command spells it.
+    assert_eq!(fit["conversion"], fit["chosen"]["conversion"]);
+    assert_eq!(fit["conversion"]["quantize"], "fp8-channel");
+    assert!(fit["chosen"]["command"]
+        .as_str()
+        .unwrap()
+        .ends_with("--quantize fp8-channel"));
+    assert_eq!(j["budgets"]["commit_budget"], 16u64 << 30);
+    assert_eq!(j["budgets"]["vram_budget"], 345u64 << 10);
+    assert_eq!(j["validate"]["passed"], true);
+    assert_eq!(j["convert"]["shards"], 1);
+}
+
+#[test]
+fn fit_convert_to_one_file_for_a_program_that_loads_one() {
+    let dir = tempfile::tempdir().unwrap();
+    // ComfyUI gives weights 0.88 x VRAM - 1219 MiB on Linux: this card
+    // leaves about 380 KiB, under the 427.6 KiB of bf16 (which would run
+    // offloaded) and over the 339.6 KiB of scaled FP8, the first 8-bit
+    // form of its list.
+    let vram = ((1219u64 << 20) + (380 << 10)).div_ceil(22) * 25;
+    let mut args: Vec<String> = vec!["--fit".into(), "--for".into(), "comfyui".into()];
+    args.extend(machine(&format!("{vram}B")));
+    // A folder is not what ComfyUI loads: refused, nothing written.
+    let folder = dir.path().join("out");
+    let (code, _, err) = run(&fixture("tiny-llama"), &folder, &args);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("fp8-scaled") && err.contains("NAME.safetensors"),
+        "{err}"
+    );
+    assert!(!folder.exists());
+    let file = dir.path().join("tiny.safetensors");
+    args.push("--validate".into());
+    let (code, out, err) = run(&fixture("tiny-llama"), &file, &args);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("fit for comfyui: fp8-scaled"), "{out}");
+    let d = dtypes(&file);
+    assert_eq!(d["model.layers.0.mlp.up_proj.weight"], "F8_E4M3");
+    assert_eq!(d["model.layers.0.mlp.up_proj.weight_scale"], "F32");
+}
+
+#[test]
+fn fit_convert_to_gguf_when_the_program_reads_gguf() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture("gguf/llm/llama");
+    // llama.cpp on 150 KiB: the 16-bit GGUFs (221.8 KiB) only fit with
+    // layers left on the CPU, Q8_0 (118.4 KiB) fits every layer on the GPU.
+    let mut args: Vec<String> = vec!["--fit".into(), "--for".into(), "llama.cpp".into()];
+    args.extend(machine("150KiB"));
+    let folder = dir.path().join("out");
+    let (code, _, err) = run(&src, &folder, &args);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("q8_0") && err.contains("NAME.gguf"), "{err}");
+    assert!(!folder.exists());
+    let file = dir.path().join("llama.gguf");
+    args.push("--validate".into());
+    let (code, out, err) = run(&src, &file, &args);
+    assert_eq!(code, 0, "{out}{err}");
+    let header = reshard::format::gguf::read_header(&file).unwrap();
+    let q8 = header
+        .tensors
+        .iter()
+        .filter(|t| t.ggml_type == GgmlType::Q8_0)
+        .count();
+    assert!(q8 > 0, "no Q8_0 tensor in {:?}", header.tensors);
+    assert!(out.contains("VRAM 150.00 KiB"), "{out}");
+}
+
+#[test]
+fn fit_convert_nothing_fitting_exits_1_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let dst = dir.path().join("out");
+    // vLLM keeps every weight on the GPU and never offloads: no form of
+    // 200 KiB of weights or more fits 1 KiB.
+    let mut args: Vec<String> = vec!["--fit".into(), "--for".into(), "vllm".into()];
+    args.extend(machine("1KiB"));
+    let (code, out, err) = run(&fixture("tiny-llama"), &dst, &args);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("nothing vllm reads fits this machine"),
+        "{out}"
+    );
+    assert!(!dst.exists());
+    args.push("--json".into());
+    let (code, out, _) = run(&fixture("tiny-llama"), &dst, &args);
+    assert_eq!(code, 1);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(j["fit"]["chosen"].is_null(), "{j}");
+    assert!(!j["fit"]["plan"]["candidates"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    assert!(!dst.exists());
+}
+
+#[test]
+fn fit_convert_refuses_flags_that_contradict_the_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let dst = dir.path().join("out");
+    let src = fixture("tiny-llama");
+    for extra in [
+        &["--fit", "--for", "comfyui", "--dtype", "f16"][..],
+        &["--fit", "--for", "comfyui", "--quantize", "fp8"],
+        &["--fit", "--for", "comfyui", "--max-shard-size", "1GB"],
+        &["--fit", "--for", "comfyui", "--vram-budget", "1GiB"],
+        &["--fit"],
+        &["--vram", "12GiB"],
+        &["--fit", "--for", "a1111"],
+    ] {
+        let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let (code, _, err) = run(&src, &dst, &args);
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(!dst.exists(), "{extra:?}");
+    }
+}
+
+#[test]
+fn batch_fit_converts_each_model_to_its_own_best_form() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    copy_dir(&fixture("tiny-llama"), &root.join("tiny-llama"));
+    copy_dir(&fixture("gguf/llm/llama"), &root.join("llama"));
+    std::fs::create_dir_all(root.join("flux")).unwrap();
+    crate::fit_for::flux(&root.join("flux"));
+    let out = dir.path().join("out");
+    // 345 KiB of VRAM and 4 GiB of RAM for transformers: tiny-llama
+    // (bf16) takes fp8-channel as above; llama is f32 (444 KiB), whose
+    // bf16 cast (222 KiB) fits wholly on the GPU; the 23.8 GB FLUX-shaped
+    // file needs its offloaded weights in host memory, over 4 GiB in
+    // every form transformers reads.
+    let o = reshard()
+        .args(["batch"])
+        .arg(&root)
+        .arg("--out")
+        .arg(&out)
+        .args(["--fit", "--for", "transformers", "--no-progress", "--json"])
+        .args([
+            "--os",
+            "linux",
+            "--ram",
+            "4GiB",
+            "--vram",
+            "345KiB",
+            "--reserve",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let status = |name: &str| {
+        let m = r["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == name)
+            .unwrap()
+            .clone();
+        (m["status"].as_str().unwrap().to_string(), m)
+    };
+    assert_eq!(status("tiny-llama").0, "converted");
+    assert_eq!(status("llama").0, "converted");
+    let tiny = dtypes(&out.join("tiny-llama"));
+    assert_eq!(tiny["model.layers.0.self_attn.q_proj.weight"], "F8_E4M3");
+    let llama = dtypes(&out.join("llama"));
+    assert!(llama.values().all(|d| d == "BF16"), "{llama:?}");
+    let (flux, m) = status("flux");
+    assert_eq!(flux, "failed");
+    let reason = m["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("nothing transformers reads fits this machine"),
+        "{reason}"
+    );
+    assert!(!out.join("flux").exists());
+}
