@@ -280,8 +280,15 @@ fn batch_fit_converts_each_model_to_its_own_best_form() {
             .clone();
         (m["status"].as_str().unwrap().to_string(), m)
     };
-    assert_eq!(status("tiny-llama").0, "converted");
-    assert_eq!(status("llama").0, "converted");
+    for (name, form) in [("tiny-llama", "fp8-channel"), ("llama", "bf16")] {
+        let (st, m) = status(name);
+        assert_eq!(st, "converted", "{m}");
+        let note = m["notes"][0].as_str().unwrap();
+        assert!(
+            note.starts_with("fit: ") && note.contains(&format!("fits: {form},")),
+            "{note}"
+        );
+    }
     let tiny = dtypes(&out.join("tiny-llama"));
     assert_eq!(tiny["model.layers.0.self_attn.q_proj.weight"], "F8_E4M3");
     let llama = dtypes(&out.join("llama"));
@@ -294,4 +301,68 @@ fn batch_fit_converts_each_model_to_its_own_best_form() {
         "{reason}"
     );
     assert!(!out.join("flux").exists());
+}
+
+#[test]
+fn fit_convert_as_it_is_still_writes_dst_no_shard_larger_than_the_sources() {
+    let dir = tempfile::tempdir().unwrap();
+    let dst = dir.path().join("out");
+    let src = fixture("tiny-llama-f32-sharded");
+    // 64 GiB of VRAM holds its 855 KiB of f32 as it is, the most precise
+    // form: nothing is cast, and the copy keeps every shard at most the
+    // size of the source's largest file, so no loader peaks higher than
+    // fit judged the source.
+    let mut args: Vec<String> = vec!["--fit".into(), "--for".into(), "transformers".into()];
+    args.extend(machine("64GiB"));
+    let (code, out, err) = run(&src, &dst, &args);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("fit for transformers: as-is (all on the GPU)"),
+        "{out}"
+    );
+    assert_eq!(dtypes(&dst), dtypes(&src));
+    let largest = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .map(|p| std::fs::metadata(p).unwrap().len())
+            .max()
+            .unwrap()
+    };
+    assert!(largest(&dst) <= largest(&src));
+}
+
+#[test]
+fn fit_convert_dry_run_prints_the_choice_and_the_plan_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let dst = dir.path().join("out");
+    let mut args = tiny_llama_for_transformers();
+    args.extend(["--dry-run".into(), "--json".into()]);
+    let (code, out, err) = run(&fixture("tiny-llama"), &dst, &args);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["fit"]["chosen"]["form"], "fp8-channel");
+    // The plan is the chosen conversion's.
+    assert_eq!(j["plan"]["options"]["quantize"], "fp8-channel", "{j}");
+    assert!(!dst.exists());
+}
+
+#[test]
+fn batch_fit_takes_only_mode_convert() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    copy_dir(&fixture("tiny-llama"), &root.join("tiny-llama"));
+    let out = dir.path().join("out");
+    let o = reshard()
+        .arg("batch")
+        .arg(&root)
+        .arg("--out")
+        .arg(&out)
+        .args(["--mode", "fit", "--fit", "--for", "vllm"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--mode convert"));
+    assert!(!out.exists());
 }
