@@ -13,14 +13,14 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::conversion::Conversion;
 use super::judge::{
-    candidate_sizes, load_params, size_arg, sized_plan, vram_fit, Budget, Context, FitError,
-    FitOptions, LoaderFit, Scenario,
+    candidate_sizes, load_params, sized_plan, vram_fit, Budget, Context, FitError, FitOptions,
+    LoaderFit, Scenario,
 };
 use super::machine::Machine;
 use super::program::{Form, Program};
 use crate::format::{Checkpoint, Dtype, Format};
-use crate::plan::quantize::QuantizeScheme;
 use crate::plan::{OutputFormat, Plan, PlanOptions};
 
 /// The activation reserve when `--reserve` is not given: what a forward
@@ -67,61 +67,6 @@ pub struct Candidate {
     pub conversion: Option<Conversion>,
     /// The `reshard convert` line of [`Candidate::conversion`].
     pub command: Option<String>,
-}
-
-/// What `convert` is asked to write one form: the flags of the
-/// candidate's command, the options the candidate was sized with, and
-/// what `convert --fit` runs (one value for all three).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Conversion {
-    pub dtype: Option<Dtype>,
-    pub quantize: Option<QuantizeScheme>,
-    pub format: OutputFormat,
-    /// `--max-shard-size` of a folder output; `None`: one file.
-    pub max_shard_size: Option<u64>,
-}
-
-impl Conversion {
-    /// `form` written in shards of at most `max_shard_size` (`None`: one
-    /// file).
-    pub fn of(form: Form, max_shard_size: Option<u64>) -> Conversion {
-        Conversion {
-            dtype: form.dtype(),
-            quantize: form.quantize(),
-            format: match form.format() {
-                Format::Gguf => OutputFormat::Gguf,
-                _ => OutputFormat::Safetensors,
-            },
-            max_shard_size,
-        }
-    }
-
-    /// The plan options of the conversion (the rest as `convert`'s
-    /// defaults).
-    pub fn plan_options(&self) -> PlanOptions {
-        PlanOptions {
-            max_shard_size: self.max_shard_size.unwrap_or(u64::MAX),
-            dtype: self.dtype,
-            quantize: self.quantize,
-            format: self.format,
-            ..PlanOptions::default()
-        }
-    }
-
-    /// The `convert` flags that ask for it, each with its leading space.
-    pub fn flags(&self) -> String {
-        let mut c = String::new();
-        if let Some(size) = self.max_shard_size {
-            c.push_str(&format!(" --max-shard-size {}", size_arg(size)));
-        }
-        if let Some(d) = self.dtype {
-            c.push_str(&format!(" --dtype {}", d.name().to_ascii_lowercase()));
-        }
-        if let Some(q) = self.quantize {
-            c.push_str(&format!(" --quantize {}", q.name()));
-        }
-        c
-    }
 }
 
 /// A form the program reads that this checkpoint cannot take, and why.

@@ -7,6 +7,7 @@
 //! recommend one. It reads headers only (through the [`Checkpoint`] and the
 //! [`Plan`]s it builds), returns a plain [`FitReport`] and never prints.
 
+mod conversion;
 pub mod device_map;
 mod judge;
 pub mod loader;
