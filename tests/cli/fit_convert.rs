@@ -198,6 +198,16 @@ fn fit_convert_nothing_fitting_exits_1_and_writes_nothing() {
         "{out}"
     );
     assert!(!dst.exists());
+    // -q: the verdict line alone.
+    args.push("-q".into());
+    let (code, out, _) = run(&fixture("tiny-llama"), &dst, &args);
+    assert_eq!(code, 1);
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(
+        out.contains("the smallest form, fp8-channel, needs"),
+        "{out}"
+    );
+    args.pop();
     args.push("--json".into());
     let (code, out, _) = run(&fixture("tiny-llama"), &dst, &args);
     assert_eq!(code, 1);

@@ -52,6 +52,8 @@ pub(super) fn choose(
     let Some(options) = choice.apply(base) else {
         if args.print.json {
             printer::json(&serde_json::json!({ "fit": choice }))?;
+        } else if args.quiet {
+            printer::text(&format!("{}\n", choice.nothing_fits()))?;
         } else {
             let path = args.src.display().to_string();
             printer::text(&crate::cli::fit_for::render(&path, &choice.plan))?;
