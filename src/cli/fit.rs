@@ -11,6 +11,7 @@ use reshard::fit::loader::{Loader, Os};
 use reshard::fit::machine::{Figure, Machine, Source};
 use reshard::fit::{self, FitOptions, FitReport, HostBudgetKind, LoaderFit, Scenario};
 use reshard::format::{self, Dtype};
+use reshard::names::escape;
 use reshard::plan::PlanOptions;
 use reshard::units::{human, ByteSize};
 
@@ -191,7 +192,7 @@ fn render(path: &str, r: &FitReport) -> String {
         Some(v) => format!("weights to GPU 0 ({} dedicated)", human(v)),
         None => "no GPU: weights stay in host memory".into(),
     };
-    let _ = writeln!(o, "{path}: {budget}; {target}");
+    let _ = writeln!(o, "{}: {budget}; {target}", escape(path));
     let _ = writeln!(
         o,
         "baseline: {} for the loader's Python process before it reads a weight (--baseline), added to each Python loader's commit when judging",

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use anyhow::Context;
 
 use reshard::fit::make::{Candidate, MakeFit, Placement};
+use reshard::names::escape;
 use reshard::units::human;
 
 /// The names `--for` accepts (the programs of the crate's table).
@@ -30,7 +31,7 @@ pub fn parse_program(s: &str) -> Result<String, String> {
 
 pub fn render(path: &str, r: &MakeFit) -> String {
     let mut o = String::new();
-    let _ = writeln!(o, "{path} for {}:", r.program);
+    let _ = writeln!(o, "{} for {}:", escape(path), r.program);
     match r.vram_budget {
         Some(v) => {
             let _ = writeln!(

@@ -268,7 +268,7 @@ pub fn render_python(r: &PythonReport) -> String {
     let _ = writeln!(
         o,
         "{}: {} on {} in {} ({})",
-        r.path,
+        escape(&r.path),
         r.loader,
         r.device,
         r.python,
@@ -366,7 +366,7 @@ pub fn render(r: &ValidateReport) -> String {
     let _ = writeln!(
         o,
         "{}: {} tensors in {} {}, {checks}",
-        r.path,
+        escape(&r.path),
         r.tensors,
         r.files,
         plural(r.files, "file", "files")
@@ -406,7 +406,7 @@ pub fn render(r: &ValidateReport) -> String {
         let _ = writeln!(
             o,
             "  {}  {:>10}  {:>4} {:<7}  {:.3} s  {rate:.2} GB/s",
-            s.file,
+            escape(&s.file),
             human(s.bytes),
             s.tensors,
             plural(s.tensors, "tensor", "tensors"),
@@ -467,7 +467,7 @@ pub fn render(r: &ValidateReport) -> String {
         let _ = writeln!(
             o,
             "against {}: {} tensors compared ({} through a cast{})",
-            a.source,
+            escape(&a.source),
             a.tensors_compared,
             a.cast_compared,
             if a.dequantized_compared > 0 {
@@ -514,7 +514,8 @@ pub fn render_verdict(r: &ValidateReport) -> String {
         let failed = paint("FAILED", Colour::Bad);
         let _ = writeln!(o, "{failed}: {n} {}", plural(n, "problem", "problems"));
         for f in &r.failures {
-            let _ = writeln!(o, "  - {f}");
+            // One failure, one line: a newline can only come from a name.
+            let _ = writeln!(o, "  - {}", escape(&f.to_string()));
         }
     }
     o

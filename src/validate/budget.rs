@@ -30,7 +30,8 @@ use serde::{Deserialize, Serialize};
 use super::error::ValidateError;
 use super::ledger::CommitLedger;
 use super::load::{self, validate};
-use super::options::ValidateOptions;
+use super::options::{Progress, ValidateOptions};
+use super::relay;
 use super::report::{Failure, ValidateReport};
 
 /// The hidden subcommand the child runs under.
@@ -42,6 +43,10 @@ pub const CHILD_ENV: &str = "RESHARD_VALIDATE_CHILD";
 struct ChildArgs {
     path: PathBuf,
     options: ValidateOptions,
+    /// Whether the child relays its progress ([`super::relay`]): the
+    /// parent has a bar to draw.
+    #[serde(default)]
+    progress: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -67,6 +72,7 @@ pub fn validate_with_budget(
     let args = ChildArgs {
         path: path.to_path_buf(),
         options: options.clone(),
+        progress: options.progress.is_some(),
     };
     let json = serde_json::to_string(&args).map_err(|e| ValidateError::Child {
         reason: e.to_string(),
@@ -104,18 +110,22 @@ fn wait_or_cancel(
     mut child: std::process::Child,
     options: &ValidateOptions,
 ) -> Result<std::process::Output, Option<std::io::Error>> {
-    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            if let Some(mut p) = pipe {
-                let _ = p.read_to_end(&mut bytes);
-            }
-            bytes
-        })
-    };
-    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
-    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let stdout = child.stdout.take();
+    let stdout = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        if let Some(mut p) = stdout {
+            let _ = std::io::Read::read_to_end(&mut p, &mut bytes);
+        }
+        bytes
+    });
+    let (events, relayed) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take();
+    let stderr = std::thread::spawn(move || match stderr {
+        Some(p) => relay::split_stderr(p, events),
+        None => Vec::new(),
+    });
     let status = loop {
+        relay::replay_pending(&relayed, &options.progress);
         if let Some(status) = child.try_wait().map_err(Some)? {
             break status;
         }
@@ -126,11 +136,13 @@ fn wait_or_cancel(
         }
         std::thread::sleep(CANCEL_POLL);
     };
-    Ok(std::process::Output {
+    let output = std::process::Output {
         status,
         stdout: stdout.join().unwrap_or_default(),
         stderr: stderr.join().unwrap_or_default(),
-    })
+    };
+    relay::replay_pending(&relayed, &options.progress);
+    Ok(output)
 }
 
 /// Turns what the child printed and how it ended into the outcome.
@@ -197,9 +209,12 @@ fn child_run() -> Result<ValidateReport, ValidateError> {
     let text = std::env::var(CHILD_ENV).map_err(|_| ValidateError::Child {
         reason: format!("{CHILD_ENV} is not set"),
     })?;
-    let args: ChildArgs = serde_json::from_str(&text).map_err(|e| ValidateError::Child {
+    let mut args: ChildArgs = serde_json::from_str(&text).map_err(|e| ValidateError::Child {
         reason: format!("bad {CHILD_ENV}: {e}"),
     })?;
+    if args.progress {
+        args.options.progress = Progress::new(std::sync::Arc::new(relay::StderrReporter::default()));
+    }
     let budget = args.options.commit_budget.unwrap_or(u64::MAX);
     let mut ledger = CommitLedger::start();
     let mut limit = None;

@@ -39,6 +39,69 @@ use crate::fit::loader::{self as model, LoadParams, Os, Pattern, ShardHold, Size
 use crate::format::{Checkpoint, DataRef};
 use crate::platform::{CopyOnWriteView, PrivateMemory};
 
+use super::options::Cancel;
+
+/// Bytes copied, read or hashed between two looks at the cancel flag: a
+/// multi-GiB tensor or shard stops within one step of Ctrl-C.
+const CANCEL_STEP: usize = 16 << 20;
+
+/// The payload of the `io::Error` a cancelled step returns, told apart
+/// from a real I/O error by [`cancelled`].
+#[derive(Debug)]
+struct Cancelled;
+
+impl std::fmt::Display for Cancelled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted")
+    }
+}
+
+impl std::error::Error for Cancelled {}
+
+/// Called after each step, so a pause there (`RESHARD_PAUSE_AT=emulate-step`,
+/// for the tests) falls inside a tensor that takes more than one step.
+fn poll(cancel: &Cancel) -> std::io::Result<()> {
+    crate::write::failpoint::named("emulate-step");
+    match cancel.is_set() {
+        true => Err(std::io::Error::other(Cancelled)),
+        false => Ok(()),
+    }
+}
+
+/// Whether `e` is a cancelled step rather than an I/O error.
+fn cancelled(e: &std::io::Error) -> bool {
+    e.get_ref().is_some_and(|r| r.is::<Cancelled>())
+}
+
+/// `dst.copy_from_slice(src)`, a step at a time.
+fn copy_polling(dst: &mut [u8], src: &[u8], cancel: &Cancel) -> std::io::Result<()> {
+    for (d, s) in dst.chunks_mut(CANCEL_STEP).zip(src.chunks(CANCEL_STEP)) {
+        d.copy_from_slice(s);
+        poll(cancel)?;
+    }
+    Ok(())
+}
+
+/// `read_exact_at(file, dst, offset)`, a step at a time.
+fn read_polling(file: &File, dst: &mut [u8], offset: u64, cancel: &Cancel) -> std::io::Result<()> {
+    let mut at = offset;
+    for d in dst.chunks_mut(CANCEL_STEP) {
+        crate::platform::read_exact_at(file, d, at)?;
+        at += d.len() as u64;
+        poll(cancel)?;
+    }
+    Ok(())
+}
+
+/// Hashes `bytes` into `check`, a step at a time.
+fn hash_polling(check: &mut ShardCheck, bytes: &[u8], cancel: &Cancel) -> std::io::Result<()> {
+    for piece in bytes.chunks(CANCEL_STEP) {
+        check.update(piece);
+        poll(cancel)?;
+    }
+    Ok(())
+}
+
 /// One shard held the way the loader holds it.
 enum Held {
     Map(CopyOnWriteView),
@@ -136,8 +199,12 @@ pub fn run(
             len: f.metadata().map_or(0, |m| m.len()),
             expected: source.size,
         };
-        let held = match hold(&f, &source.path, source.size, &pattern) {
+        let interrupted = || ValidateError::Interrupted {
+            path: ck.dir.clone(),
+        };
+        let held = match hold(&f, &source.path, source.size, &pattern, &options.cancel) {
             Ok(h) => h,
+            Err(e) if cancelled(&e) => return Err(interrupted()),
             Err(e) if crate::platform::is_out_of_memory(&e) => {
                 over(report, ledger, source.name(), source.size);
                 return Ok(());
@@ -152,9 +219,7 @@ pub fn run(
         for &i in &tensors {
             crate::write::failpoint::named("emulate");
             if options.cancel.is_set() {
-                return Err(ValidateError::Interrupted {
-                    path: ck.dir.clone(),
-                });
+                return Err(interrupted());
             }
             let t = &ck.tensors[i];
             let DataRef::Contiguous { offset } = t.data else {
@@ -171,7 +236,9 @@ pub fn run(
                 .as_deref_mut()
                 .and_then(|s| s.get_mut(cursor..cursor + len));
             let shard_io = |e: std::io::Error| {
-                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                if cancelled(&e) {
+                    interrupted()
+                } else if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     truncated()
                 } else {
                     io(e)
@@ -180,7 +247,7 @@ pub fn run(
             let data: &[u8] = match (&held, dst) {
                 (Some(h), Some(dst)) => {
                     let src = h.bytes().get(start..end).ok_or_else(truncated)?;
-                    dst.copy_from_slice(src);
+                    copy_polling(dst, src, &options.cancel).map_err(shard_io)?;
                     dst
                 }
                 (Some(h), None) => h.bytes().get(start..end).ok_or_else(truncated)?,
@@ -191,7 +258,7 @@ pub fn run(
                         let gap = read_range(&f, pos, offset).map_err(shard_io)?;
                         check.update(&gap);
                     }
-                    crate::platform::read_exact_at(&f, dst, offset).map_err(shard_io)?;
+                    read_polling(&f, dst, offset, &options.cancel).map_err(shard_io)?;
                     dst
                 }
                 (None, None) => continue,
@@ -207,7 +274,12 @@ pub fn run(
             count += 1;
         }
         match &held {
-            Some(h) => check.update(h.bytes()),
+            Some(h) => hash_polling(&mut check, h.bytes(), &options.cancel).map_err(|e| {
+                match cancelled(&e) {
+                    true => interrupted(),
+                    false => io(e),
+                }
+            })?,
             None if check.active() && pos < source.size => {
                 let tail = read_range(&f, pos, source.size).map_err(|e| {
                     if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -261,7 +333,13 @@ fn read_range(file: &File, start: u64, end: u64) -> std::io::Result<Vec<u8>> {
 /// Maps `file` copy-on-write, or reads it whole, as `pattern` holds a
 /// shard; `None` when the loader holds no shard. A file shorter than
 /// `size` (its header's claim) is an `UnexpectedEof` error.
-fn hold(file: &File, path: &Path, size: u64, pattern: &Pattern) -> std::io::Result<Option<Held>> {
+fn hold(
+    file: &File,
+    path: &Path,
+    size: u64,
+    pattern: &Pattern,
+    cancel: &Cancel,
+) -> std::io::Result<Option<Held>> {
     let short = || std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
     let map = || -> std::io::Result<CopyOnWriteView> {
         let view = CopyOnWriteView::map(file, path)?;
@@ -284,7 +362,7 @@ fn hold(file: &File, path: &Path, size: u64, pattern: &Pattern) -> std::io::Resu
                 return Ok(None);
             }
             let mut v = PrivateMemory::new(len)?;
-            crate::platform::read_exact_at(file, &mut v, 0)?;
+            read_polling(file, &mut v, 0, cancel)?;
             Ok(Some(Held::Read(v)))
         }
     }

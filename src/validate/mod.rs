@@ -50,6 +50,7 @@ pub mod budget;
 mod compare;
 pub(crate) mod emulate;
 mod load;
+mod relay;
 pub(crate) mod own;
 pub mod python;
 mod sets;

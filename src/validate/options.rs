@@ -73,8 +73,8 @@ pub struct ValidateOptions {
     #[serde(skip)]
     pub cancel: Cancel,
     /// Where the bytes read are reported as they pass (the CLI's bar).
-    /// Not sent to the budget child: under a commit budget nothing is
-    /// reported until the child ends.
+    /// Not serialized: the budget child relays its own progress to this
+    /// one ([`super::relay`]).
     #[serde(skip)]
     pub progress: Progress,
 }
@@ -90,6 +90,11 @@ pub struct Progress(Option<Arc<dyn Reporter + Send>>);
 impl Progress {
     pub fn new(reporter: Arc<dyn Reporter + Send>) -> Progress {
         Progress(Some(reporter))
+    }
+
+    /// Whether anything receives the reports.
+    pub fn is_some(&self) -> bool {
+        self.0.is_some()
     }
 
     pub fn start(&self, bytes: u64) {

@@ -117,3 +117,40 @@ fn ctrl_c_while_copying_one_large_other_file_stops_within_it() {
         2 * (16 << 20) + 1
     );
 }
+
+/// `validate --emulate` looked at the flag between tensors only, so one
+/// multi-GiB tensor was copied, read and hashed whole after Ctrl-C. It now
+/// looks after every 16 MiB step: the run below is paused after the first
+/// step of a 40 MiB tensor (the only one), and stops there.
+#[test]
+fn ctrl_c_during_an_emulated_load_stops_within_a_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    let len: u64 = 40 << 20;
+    let header = serde_json::json!({
+        "big.weight": {"dtype": "F32", "shape": [len / 4], "data_offsets": [0, len]}
+    });
+    let file = model.join("model.safetensors");
+    write_safetensors(&file, &header, &[]);
+    // Zeros, sparse where the file system allows.
+    let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    let header_len = f.metadata().unwrap().len();
+    f.set_len(header_len + len).unwrap();
+    drop(f);
+    for (i, loader) in ["per-shard-mmap", "transformers-v5-pread", "full-read"]
+        .iter()
+        .enumerate()
+    {
+        let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("reshard"));
+        cmd.args(["validate", "--no-progress", "--emulate", loader])
+            .arg(&model);
+        #[cfg(windows)]
+        std::os::windows::process::CommandExt::creation_flags(
+            &mut cmd,
+            crate::crash::CREATE_NEW_CONSOLE,
+        );
+        let status = interrupt_at(cmd, "emulate-step", &tmp.path().join(format!("go-{i}")));
+        assert_eq!(status, Some(2), "{loader}");
+    }
+}

@@ -68,3 +68,33 @@ fn folder_names_with_terminal_escapes_are_printed_escaped() {
         .collect();
     assert!(names.iter().any(|n| n == name), "{names:?}");
 }
+
+/// A newline in a file or tensor name broke validate's and fit's lines:
+/// a shard named `model\nfake passed.safetensors` printed a line reading
+/// `fake passed.safetensors ...` of its own. Names are escaped in every
+/// line those renderers print.
+#[test]
+fn a_newline_in_a_name_never_starts_a_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model\nfake");
+    std::fs::create_dir(&model).unwrap();
+    let header = serde_json::json!({
+        "layers.0\nfake.weight": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}
+    });
+    write_safetensors(&model.join("w\nfake.safetensors"), &header, &[0u8; 16]);
+    let runs: [&[&str]; 3] = [
+        &["validate"],
+        &["fit", "--os", "linux", "--ram", "8GiB"],
+        &["fit", "--for", "transformers", "--os", "linux", "--ram", "8GiB"],
+    ];
+    for args in runs {
+        let out = reshard().args(args).arg(&model).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !text.lines().any(|l| l.starts_with("fake")),
+            "{args:?}: a name started a line:\n{text}"
+        );
+        assert!(text.contains("\\nfake"), "{args:?}: the name is shown escaped:\n{text}");
+    }
+}
