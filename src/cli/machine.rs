@@ -43,7 +43,9 @@ pub struct MachineArgs {
     pread_threads: Option<u64>,
     /// Commit of the loader's Python process before it reads a weight
     /// (default: 976MiB, measured for torch + transformers on CPU); added to
-    /// every Python loader's peak when judging, shown apart.
+    /// every Python loader's peak when judging, shown apart. A measured
+    /// baseline is taken to hold the GPU runtime's commit (measure it after
+    /// the device is initialised): --cuda-overhead is then not added again.
     #[arg(long, value_name = "SIZE")]
     baseline: Option<ByteSize>,
 }
@@ -141,6 +143,7 @@ impl MachineArgs {
             window: fit::DEFAULT_WINDOW,
             cuda_overhead: self.cuda_overhead.bytes(),
             baseline: self.baseline.map_or(defaults.baseline, ByteSize::bytes),
+            baseline_holds_device: self.baseline.is_some(),
             what_if,
             path,
         }

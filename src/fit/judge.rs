@@ -80,6 +80,10 @@ pub struct FitOptions {
     pub cuda_overhead: u64,
     /// The Python process's commit before the load (`--baseline`).
     pub baseline: u64,
+    /// `baseline` was measured in the loader's process with its device
+    /// runtime up (`--baseline` given): it holds the CUDA context's host
+    /// commit, which the Python loaders then do not add again.
+    pub baseline_holds_device: bool,
     /// Judge the checkpoint as `convert` would write it with these options.
     pub what_if: Option<PlanOptions>,
     /// The path to print in the recommended command line.
@@ -95,6 +99,7 @@ impl Default for FitOptions {
             window: calibrated.window,
             cuda_overhead: calibrated.cuda_overhead,
             baseline: calibrated.baseline,
+            baseline_holds_device: false,
             what_if: None,
             path: String::new(),
         }
@@ -157,8 +162,14 @@ impl Budget {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoaderFit {
     pub loader: Loader,
-    /// Peak commit of the load, above the process baseline.
+    /// Peak commit held during the load, above the process baseline: what
+    /// a sampler of the process's commit sees.
     pub peak_commit: u64,
+    /// The commit at the instant a shard is opened, above the baseline:
+    /// `peak_commit` plus safetensors' short-lived header view on Windows
+    /// ([`Peak::open_commit`]). The Windows verdict judges this one.
+    #[serde(default)]
+    pub open_commit: u64,
     /// The loader's process before the load (0 for reshard's own loader),
     /// added to the peaks when judging.
     pub baseline: u64,
@@ -190,19 +201,22 @@ impl LoaderFit {
         } else {
             0
         };
+        // Windows checks each view against the commit limit when it is
+        // mapped, so the instant of an open counts, however short.
         let host_needed = if params.os == Os::Windows {
-            p.commit
+            p.open_commit
         } else {
             p.rss_private
         }
         .saturating_add(baseline);
-        let total_commit = p.commit.saturating_add(baseline);
+        let total_commit = p.open_commit.saturating_add(baseline);
         let commit_short = b.commit_bytes.map_or(0, |c| total_commit.saturating_sub(c));
         let host_shortfall = host_needed.saturating_sub(b.host_bytes).max(commit_short);
         let vram_shortfall = b.vram_bytes.map_or(0, |v| p.vram.saturating_sub(v));
         LoaderFit {
             loader,
             peak_commit: p.commit,
+            open_commit: p.open_commit,
             baseline,
             peak_rss: p.rss(),
             peak_rss_private: p.rss_private,
@@ -543,6 +557,7 @@ pub(super) fn load_params(machine: &Machine, budget: &Budget, options: &FitOptio
         cuda_overhead: options.cuda_overhead,
         baseline: options.baseline,
         vram: budget.vram_bytes,
+        baseline_holds_device: options.baseline_holds_device,
     }
 }
 
@@ -669,6 +684,10 @@ pub(super) fn size_arg(bytes: u64) -> String {
 #[cfg(test)]
 #[path = "judge_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "windows_reports_tests.rs"]
+mod windows_reports_tests;
 
 /// The plan `convert` would make under `options`, for its sizes: a GGUF's
 /// tensors keep their GGUF names here, since names do not change sizes and

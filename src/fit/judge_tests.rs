@@ -108,36 +108,64 @@ fn windows_commit_per_loader_against_ram_plus_pagefile() {
     )
     .unwrap();
     assert_eq!(r.budget.host_bytes, 14 * GIB);
+    // (loader, held commit, commit at a shard's open, shortfall): Windows
+    // judges the open, where the mapping loaders' header view of max(S)
+    // = 6 GiB + 4 KiB comes on top of what they hold.
     let cases = [
-        // sum(S) + 26 MiB + max(S) (header view) + cuda
-        //   = (10 GiB + 12 KiB) + 26 MiB + (6 GiB + 4 KiB) + 512 MiB: 2.5 GiB + 26 MiB + 16 KiB short.
+        // sum(S) + 26 MiB + cuda = (10 GiB + 12 KiB) + 538 MiB; + max(S)
+        // at the last open: 2.5 GiB + 26 MiB + 16 KiB short.
         (
             Loader::TransformersV5Mmap,
+            10 * GIB + 538 * MIB + 12 * KIB,
             16 * GIB + 538 * MIB + 16 * KIB,
             2 * GIB + 538 * MIB + 16 * KIB,
         ),
-        // 26 MiB + 4 threads x (24 MiB + one 1 GiB tensor staged) + cuda: fits.
-        (Loader::TransformersV5Pread, 4 * GIB + 634 * MIB, 0),
-        // 8 MiB + max(S) + max(S) (header view) + cuda = 12.5 GiB + 8 MiB + 8 KiB: fits.
-        (Loader::PerShardMmap, 12 * GIB + 520 * MIB + 8 * KIB, 0),
-        // one shard read whole + cuda = 6.5 GiB + 4 KiB: fits.
-        (Loader::FullRead, 6 * GIB + 512 * MIB + 4 * KIB, 0),
-        // every shard mapped + max(S) (header view) + cuda: 2.5 GiB + 16 KiB short.
+        // 26 MiB + 4 threads x (24 MiB + one 1 GiB tensor staged) + cuda,
+        // no view: fits.
+        (
+            Loader::TransformersV5Pread,
+            4 * GIB + 634 * MIB,
+            4 * GIB + 634 * MIB,
+            0,
+        ),
+        // max(S) + 8 MiB + cuda; + max(S) at the open = 12.5 GiB + 8 MiB
+        // + 8 KiB: fits.
+        (
+            Loader::PerShardMmap,
+            6 * GIB + 520 * MIB + 4 * KIB,
+            12 * GIB + 520 * MIB + 8 * KIB,
+            0,
+        ),
+        // one shard read whole + cuda = 6.5 GiB + 4 KiB, no view: fits.
+        (
+            Loader::FullRead,
+            6 * GIB + 512 * MIB + 4 * KIB,
+            6 * GIB + 512 * MIB + 4 * KIB,
+            0,
+        ),
+        // every shard mapped + cuda; + max(S) at the open: 2.5 GiB + 16 KiB short.
         (
             Loader::Diffusers,
+            10 * GIB + 512 * MIB + 12 * KIB,
             16 * GIB + 512 * MIB + 16 * KIB,
             2 * GIB + 512 * MIB + 16 * KIB,
         ),
         // min(256 MiB, 1 GiB) + cuda = 768 MiB: fits.
-        (Loader::Reshard, 768 * MIB, 0),
+        (Loader::Reshard, 768 * MIB, 768 * MIB, 0),
     ];
-    for (loader, commit, short) in cases {
+    for (loader, commit, open, short) in cases {
         let got = row(&r.today, loader);
         assert_eq!(
-            (got.peak_commit, got.host_shortfall, got.fits),
-            (commit, short, short == 0),
+            (
+                got.peak_commit,
+                got.open_commit,
+                got.host_shortfall,
+                got.fits
+            ),
+            (commit, open, short, short == 0),
             "{loader}"
         );
+        assert_eq!(got.host_needed, open, "{loader}: Windows judges the open");
         assert_eq!(got.vram, 10 * GIB + 4 * KIB, "{loader}: VRAM is sum(T)");
     }
     assert!(!r.fits);
@@ -312,15 +340,22 @@ fn what_if_scenario_decides_the_verdict() {
         ..PlanOptions::default()
     });
     let r = fit(&llama(), windows(10 * GIB, GIB, Some(16 * GIB)), &o).unwrap();
-    // Today 2 x (6 GiB + 4 KiB) + 8 MiB + 0.5 GiB > 11 GiB; with 1 GiB
-    // shards every tensor is alone: 2 x (1 GiB + header) + 8 MiB + 0.5 GiB fits.
+    // Today the open of the 6 GiB shard, 2 x (6 GiB + 4 KiB) + 8 MiB +
+    // 0.5 GiB > 11 GiB; with 1 GiB shards every tensor is alone: held
+    // 1 GiB + header + 8 MiB + 0.5 GiB, and twice the shard at its open,
+    // 2 x (1 GiB + header) + 8 MiB + 0.5 GiB, fits.
     assert!(!r.today.all_fit());
     let after = r.what_if.as_ref().unwrap();
     assert_eq!(after.max_shard_size, Some(GIB));
-    let peak = row(after, Loader::PerShardMmap).peak_commit;
+    let got = row(after, Loader::PerShardMmap);
+    let (peak, open) = (got.peak_commit, got.open_commit);
     assert!(
-        peak > 2 * GIB + 520 * MIB && peak < 2 * GIB + 520 * MIB + 8 * KIB,
+        peak > GIB + 520 * MIB && peak < GIB + 520 * MIB + 4 * KIB,
         "{peak}"
+    );
+    assert!(
+        open > 2 * GIB + 520 * MIB && open < 2 * GIB + 520 * MIB + 8 * KIB,
+        "{open}"
     );
     // Every 1 GiB tensor alone, and the 4 KiB norm alone between two full
     // shards: 1 + 8 + 1 + 1 = 11 shards.

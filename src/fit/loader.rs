@@ -214,6 +214,12 @@ pub struct LoadParams {
     /// does not fit (llama.cpp's `--fit`/`-ngl`, ComfyUI's lowvram mode).
     #[serde(default)]
     pub vram: Option<u64>,
+    /// The baseline was measured in the loader's own process with its
+    /// device runtime up (`fit --baseline`): the CUDA (or XPU) context's
+    /// host commit is already in it, so the Python loaders do not add
+    /// `cuda_overhead` again (docs/fit.md, "The Windows rows").
+    #[serde(default)]
+    pub baseline_holds_device: bool,
 }
 
 impl LoadParams {
@@ -229,6 +235,20 @@ impl LoadParams {
             cuda_overhead: DEFAULT_CUDA_OVERHEAD,
             baseline: DEFAULT_BASELINE,
             vram: None,
+            baseline_holds_device: false,
+        }
+    }
+
+    /// The device runtime's host commit that `loader`'s peak carries:
+    /// Windows with a GPU only (WDDM charges a context's host side; Linux
+    /// does not), and not for a Python loader whose measured baseline
+    /// already holds it.
+    fn device_term(&self, loader: Loader) -> u64 {
+        let in_baseline = loader.in_python() && self.baseline_holds_device;
+        if self.gpu && self.os == Os::Windows && !in_baseline {
+            self.cuda_overhead
+        } else {
+            0
         }
     }
 }
@@ -236,9 +256,19 @@ impl LoadParams {
 /// Predicted peaks of one loader, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Peak {
-    /// Host commit: what Windows charges against the commit limit, and what
-    /// Linux charges under strict overcommit (`vm.overcommit_memory=2`).
+    /// Host commit held while the load runs: what Windows charges against
+    /// the commit limit, and what Linux charges under strict overcommit
+    /// (`vm.overcommit_memory=2`). A sampler of the process's commit
+    /// (`psutil`'s `private`, `PrivateUsage`) sees this figure.
     pub commit: u64,
+    /// The commit at the instant a shard is opened: `commit` plus, on
+    /// Windows, safetensors' own copy-on-write view of the file being
+    /// opened, which lives only while torch maps the same file (a few
+    /// milliseconds, which a sampler at 0.1 s misses) but is charged when
+    /// Windows checks the next view against the commit limit. Equals
+    /// `commit` where there is no such view. The figure fit judges.
+    #[serde(default)]
+    pub open_commit: u64,
     /// Resident anonymous (private) memory: needs RAM (or swap).
     pub rss_private: u64,
     /// Resident file-backed pages of mapped shards that are only read: page
@@ -288,7 +318,9 @@ pub struct Pattern {
     /// pages) rather than bytes read into private memory.
     pub mapped: bool,
     /// Windows: safetensors' second, short-lived copy-on-write view of a
-    /// file to read its header, max(S) at open.
+    /// file to read its header (memmap2's `map_copy_read_only`, kept until
+    /// torch's `from_file` has mapped the file again): max(S) at open, in
+    /// [`Peak::open_commit`] only.
     pub header_view: bool,
     /// Held shards are read-only shared mappings (the GGUF loaders), which
     /// no OS charges to commit; `validate --emulate` does not reproduce
@@ -405,7 +437,8 @@ impl Pattern {
 /// The predicted peaks of `loader` on a checkpoint of `sizes`, above the
 /// loader's process baseline (which [`super`] adds when judging): the sum
 /// of its [`pattern`]'s terms, plus the CUDA context's commit on Windows
-/// with a GPU.
+/// with a GPU unless the baseline holds it; the header view counts in
+/// [`Peak::open_commit`] only.
 pub fn peak(loader: Loader, s: &Sizes, p: &LoadParams) -> Peak {
     if matches!(loader, Loader::LlamaCpp | Loader::ComfyuiGguf) {
         return gguf_peak(loader, s, p);
@@ -413,22 +446,18 @@ pub fn peak(loader: Loader, s: &Sizes, p: &LoadParams) -> Peak {
     let t = pattern(loader, s, p);
     let held = t.held(s);
     let view = if t.header_view { s.shard_max } else { 0 };
-    let cuda = if p.gpu && p.os == Os::Windows {
-        p.cuda_overhead
-    } else {
-        0
-    };
     let private = t.storage.saturating_add(t.overhead);
     let (private, file) = if t.mapped {
         (private, held)
     } else {
         (private.saturating_add(held), 0)
     };
+    let commit = private
+        .saturating_add(file)
+        .saturating_add(p.device_term(loader));
     Peak {
-        commit: private
-            .saturating_add(file)
-            .saturating_add(view)
-            .saturating_add(cuda),
+        commit,
+        open_commit: commit.saturating_add(view),
         rss_private: private,
         rss_file: file,
         vram: if p.gpu { s.tensor_sum } else { 0 },
@@ -457,11 +486,7 @@ pub const COMFYUI_CPU_DEQUANT_BYTES: u64 = 4;
 ///   in lowvram mode what does not fit is copied to the GPU and back to
 ///   release the mapping, so it becomes private host memory.
 fn gguf_peak(loader: Loader, s: &Sizes, p: &LoadParams) -> Peak {
-    let cuda = if p.gpu && p.os == Os::Windows {
-        p.cuda_overhead
-    } else {
-        0
-    };
+    let cuda = p.device_term(loader);
     let n = s.quantized_elements_max;
     let (private, vram, offloaded) = match loader {
         Loader::LlamaCpp if p.gpu => {
@@ -480,8 +505,10 @@ fn gguf_peak(loader: Loader, s: &Sizes, p: &LoadParams) -> Peak {
         }
         _ => (n.saturating_mul(COMFYUI_CPU_DEQUANT_BYTES), 0, 0),
     };
+    let commit = private.saturating_add(cuda);
     Peak {
-        commit: private.saturating_add(cuda),
+        commit,
+        open_commit: commit,
         rss_private: private,
         rss_file: s.shard_sum,
         vram,
@@ -505,6 +532,7 @@ mod tests {
             cuda_overhead: 512 * MIB,
             baseline: 0,
             vram: None,
+            baseline_holds_device: false,
         }
     }
 
@@ -652,23 +680,46 @@ mod tests {
     }
 
     #[test]
-    fn windows_adds_the_header_view_to_mapping_loaders_and_cuda_with_a_gpu() {
+    fn windows_opens_with_a_header_view_and_charges_cuda_with_a_gpu() {
         let s = sizes();
         for loader in Loader::ALL {
-            let linux = peak(loader, &s, &params(Os::Linux, false)).commit;
-            let windows = peak(loader, &s, &params(Os::Windows, false)).commit;
+            let at = |os, gpu| peak(loader, &s, &params(os, gpu));
+            let (linux, windows) = (at(Os::Linux, false), at(Os::Windows, false));
             let view = if pattern(loader, &s, &params(Os::Windows, false)).header_view {
                 10 * GIB
             } else {
                 0
             };
-            assert_eq!(windows, linux + view, "{loader}");
-            let gpu_l = peak(loader, &s, &params(Os::Linux, true)).commit;
-            let gpu_w = peak(loader, &s, &params(Os::Windows, true)).commit;
-            assert_eq!(gpu_w, gpu_l + view + 512 * MIB, "{loader}");
+            // The held commit is the same on both; the header view exists
+            // only at the instant a shard is opened, on Windows.
+            assert_eq!(windows.commit, linux.commit, "{loader}");
+            assert_eq!(linux.open_commit, linux.commit, "{loader}");
+            assert_eq!(windows.open_commit, windows.commit + view, "{loader}");
+            let (gpu_l, gpu_w) = (at(Os::Linux, true), at(Os::Windows, true));
+            assert_eq!(gpu_w.commit, gpu_l.commit + 512 * MIB, "{loader}");
+            assert_eq!(gpu_w.open_commit, gpu_w.commit + view, "{loader}");
         }
         assert!(pattern(Loader::TransformersV5Mmap, &s, &params(Os::Windows, false)).header_view);
+        assert!(pattern(Loader::PerShardMmap, &s, &params(Os::Windows, false)).header_view);
         assert!(!pattern(Loader::TransformersV5Pread, &s, &params(Os::Windows, false)).header_view);
+        assert!(!pattern(Loader::FullRead, &s, &params(Os::Windows, false)).header_view);
+    }
+
+    #[test]
+    fn a_baseline_measured_with_the_device_up_holds_the_cuda_term() {
+        let s = sizes();
+        let p = LoadParams {
+            baseline_holds_device: true,
+            ..params(Os::Windows, true)
+        };
+        for loader in Loader::ALL {
+            let measured = peak(loader, &s, &p).commit;
+            let default = peak(loader, &s, &params(Os::Windows, true)).commit;
+            // Python loaders: the context is in the measured baseline;
+            // reshard and llama.cpp have no baseline and keep the term.
+            let term = if loader.in_python() { 0 } else { 512 * MIB };
+            assert_eq!(measured + 512 * MIB, default + term, "{loader}");
+        }
     }
 
     #[test]

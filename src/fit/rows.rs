@@ -26,8 +26,9 @@ impl Loader {
     }
 
     /// The peak host commit without a GPU, above the loader's process
-    /// baseline, as a formula (Windows adds max(S) for the header view to
-    /// the loaders that open shards with safetensors' mmap).
+    /// baseline, as a formula: what the load holds. On Windows the loaders
+    /// that open shards through safetensors' mmap path add max(S) at the
+    /// instant of an open (the header view, [`super::loader::Peak::open_commit`]).
     pub fn formula(self) -> String {
         match self {
             Loader::TransformersV5Mmap => format!("sum(S) + {}", mib(TRANSFORMERS_OVERHEAD)),

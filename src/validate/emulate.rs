@@ -147,7 +147,7 @@ pub fn run(
         shards: order.len(),
         sum_shards: sizes.iter().sum(),
         max_shard: sizes.iter().copied().max().unwrap_or(0),
-        predicted_peak: peak.commit,
+        predicted_peak: peak.open_commit,
     });
     let over = |report: &mut ValidateReport, ledger: &mut CommitLedger, shard: String, needed| {
         let committed = ledger.sample();

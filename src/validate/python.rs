@@ -310,7 +310,7 @@ pub fn run(
     };
     let prediction = Prediction {
         loader: row,
-        peak_commit: model::peak(row, &sizes, &params).commit,
+        peak_commit: model::peak(row, &sizes, &params).open_commit,
         baseline: options.baseline,
     };
     let device = match options.device {
