@@ -18,6 +18,7 @@ use super::judge::{
     candidate_sizes, load_params, sized_plan, vram_fit, Budget, Context, FitError, FitOptions,
     LoaderFit, Scenario,
 };
+use super::loader::Loader;
 use super::machine::Machine;
 use super::program::{Form, Program};
 use crate::format::{Checkpoint, Dtype, Format};
@@ -132,6 +133,7 @@ pub fn make_fit(
         budget: &budget,
         vram_budget,
         path: &options.path,
+        loaders: &options.loaders,
     };
     let mut candidates = Vec::new();
     let mut refused = Vec::new();
@@ -182,6 +184,8 @@ struct Judge<'a> {
     budget: &'a Budget,
     vram_budget: Option<u64>,
     path: &'a str,
+    /// `--loader`: narrows the program's rows ([`Program::row_among`]).
+    loaders: &'a [Loader],
 }
 
 impl Judge<'_> {
@@ -228,10 +232,23 @@ impl Judge<'_> {
             Some(_) => form.format(),
             None => self.ck.format,
         };
-        let row = self
-            .program
-            .row(format, self.params.os)
-            .ok_or_else(|| format!("{} does not read {format:?} files", self.program.name))?;
+        let row = match self.program.row_among(format, self.params.os, self.loaders) {
+            Some(row) => row,
+            None if self.program.row(format, self.params.os).is_none() => {
+                return Err(format!("{} does not read {format:?} files", self.program.name));
+            }
+            None => {
+                let names = |ls: &[Loader]| {
+                    ls.iter().map(|l| l.name()).collect::<Vec<_>>().join(", ")
+                };
+                return Err(format!(
+                    "--loader {} names none of {}'s rows ({})",
+                    names(self.loaders),
+                    self.program.name,
+                    names(&self.program.rows())
+                ));
+            }
+        };
         let loaders = [row];
         let ctx = Context {
             loaders: &loaders,

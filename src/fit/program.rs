@@ -172,6 +172,46 @@ impl Program {
         }
     }
 
+    /// [`Program::row`], narrowed to the loaders in `among` when it is not
+    /// empty (`fit --for P --loader L`): the first of the program's rows
+    /// for `format` that `among` names, the OS's own first, so
+    /// `--for transformers --os windows --loader transformers-v5-mmap`
+    /// judges transformers 5.4-5.16, which map every shard, instead of the
+    /// pread backend of 5.17 on. `None`: no row of this program for
+    /// `format` is among them.
+    pub fn row_among(&self, format: Format, os: Os, among: &[Loader]) -> Option<Loader> {
+        if among.is_empty() {
+            return self.row(format, os);
+        }
+        let rows = match format {
+            Format::Gguf => [self.host.gguf, None, None],
+            _ => [
+                self.row(format, os),
+                self.host.safetensors_windows,
+                self.host.safetensors,
+            ],
+        };
+        rows.into_iter().flatten().find(|l| among.contains(l))
+    }
+
+    /// Every loader row of the program, for messages.
+    pub fn rows(&self) -> Vec<Loader> {
+        let mut rows = Vec::new();
+        for l in [
+            self.host.safetensors,
+            self.host.safetensors_windows,
+            self.host.gguf,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if !rows.contains(&l) {
+                rows.push(l);
+            }
+        }
+        rows
+    }
+
     /// The dtype `form` is held in once loaded, when the program converts it.
     pub fn loaded_as(&self, form: Form) -> Option<Dtype> {
         self.dequantizes.get(&form.name()).copied()

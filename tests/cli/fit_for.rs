@@ -203,3 +203,52 @@ fn device_map_places_the_leading_blocks_on_the_gpu_and_refuses_to_overwrite() {
         .code(2);
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "mine");
 }
+
+/// `--loader` with `--for` narrows the program's rows (issue 29 item 5):
+/// transformers on Windows is judged by the pread backend of 5.17 on, and
+/// `--loader transformers-v5-mmap` judges 5.4-5.16, which map every shard;
+/// a loader that is none of the program's rows leaves no form, exit 1,
+/// saying why for each.
+#[test]
+fn loader_narrows_the_programs_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = flux(dir.path());
+    let rows = |r: &serde_json::Value| -> Vec<String> {
+        r["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["host"]["loader"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (_, r) = plan(&src, "transformers", &WINDOWS_12G);
+    let default_rows = rows(&r);
+    assert!(!default_rows.is_empty());
+    assert!(default_rows.iter().all(|l| l == "transformers-v5-pread"), "{r}");
+    let mut narrowed = WINDOWS_12G.to_vec();
+    narrowed.extend(["--loader", "transformers-v5-mmap"]);
+    let (_, r) = plan(&src, "transformers", &narrowed);
+    let mmap_rows = rows(&r);
+    assert_eq!(mmap_rows.len(), default_rows.len(), "{r}");
+    assert!(mmap_rows.iter().all(|l| l == "transformers-v5-mmap"), "{r}");
+    let mut foreign = WINDOWS_12G.to_vec();
+    foreign.extend(["--loader", "llama.cpp"]);
+    let (code, r) = plan(&src, "comfyui", &foreign);
+    assert_eq!(code, 1, "{r}");
+    assert!(r["candidates"].as_array().unwrap().is_empty(), "{r}");
+    // (bf16 is refused first for what it is: the checkpoint's own dtype.)
+    let refused: Vec<&str> = r["refused"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["reason"].as_str().unwrap())
+        .filter(|why| !why.contains("already has this dtype"))
+        .collect();
+    assert!(refused.len() >= 4, "{r}");
+    for why in refused {
+        assert!(
+            why.contains("--loader llama.cpp names none of comfyui's rows (per-shard-mmap)"),
+            "{why}"
+        );
+    }
+}
