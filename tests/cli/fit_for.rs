@@ -252,3 +252,58 @@ fn loader_narrows_the_programs_rows() {
         );
     }
 }
+
+/// What `--device-map FILE` writes loads in transformers (issue 29: "the
+/// device-map JSON loads with transformers on the CPU, the GPU index
+/// replaced by `cpu`, with every tensor placed"): accelerate's own
+/// `check_device_map` finds no parameter without a device, every key is a
+/// module of the model, the load succeeds and its logits are the
+/// checkpoint's. A 300 KiB card splits the tiny Llama's 2 blocks, so the
+/// map has both a GPU and a CPU part.
+#[test]
+fn the_device_map_loads_in_transformers_with_every_tensor_placed() {
+    let Some(python) = python_with("torch, transformers, accelerate") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let map = dir.path().join("device_map.json");
+    let model = fixture("tiny-llama");
+    reshard()
+        .arg("fit")
+        .arg(&model)
+        .args(["--for", "transformers", "--os", "linux", "--ram", "16GiB"])
+        .args(["--vram", "300KiB", "--reserve", "0", "--device-map"])
+        .arg(&map)
+        .assert()
+        .success();
+    let written: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(&map).unwrap()).unwrap();
+    assert!(written.values().any(|v| v == 0), "{written:?}");
+    assert!(written.values().any(|v| v == "cpu"), "{written:?}");
+    let code = r#"
+import json, sys, torch
+from accelerate.utils import check_device_map
+from transformers import AutoModelForCausalLM
+model_dir, map_file = sys.argv[1], sys.argv[2]
+dm = {k: ("cpu" if v == 0 else v) for k, v in json.load(open(map_file)).items()}
+ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+modules = dict(ref.named_modules())
+unknown = [k for k in dm if k not in modules]
+assert not unknown, f"not modules of the model: {unknown}"
+check_device_map(ref, dm)
+m = AutoModelForCausalLM.from_pretrained(model_dir, device_map=dm, dtype=torch.float32)
+off = [n for n, p in list(m.named_parameters()) + list(m.named_buffers()) if p.device.type != "cpu"]
+assert not off, f"not placed: {off}"
+ids = torch.tensor([[1, 2, 3, 4, 5]])
+with torch.no_grad():
+    d = (m(ids).logits - ref(ids).logits).abs().max().item()
+assert d == 0.0, d
+print("ok")
+"#;
+    let out = run_python(
+        &python,
+        Program::Code(code),
+        &[model.as_os_str(), map.as_os_str()],
+    );
+    assert!(out.contains("ok"), "{out}");
+}
