@@ -753,3 +753,55 @@ fn fit_quiet_prints_the_verdict_and_advice_only() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with("fits\n"), "{text}");
 }
+
+/// docs/fit.md's 302 MiB calibration Llama, as sparse files: each shard is
+/// the header transformers wrote (tests/fixtures/llama-302m-headers) and
+/// zeros to its size, beside the real index and config. fit reads headers
+/// and sizes only, so it judges this exactly as the real checkpoint.
+pub(crate) fn llama_302m(dir: &Path) -> PathBuf {
+    let src = fixture("llama-302m-headers");
+    let dst = dir.join("llama-302m");
+    std::fs::create_dir_all(&dst).unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        let Some(shard) = name.strip_suffix(".header") else {
+            std::fs::copy(&path, dst.join(&name)).unwrap();
+            continue;
+        };
+        let header = std::fs::read(&path).unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&header[8..]).unwrap();
+        let data_end = json
+            .as_object()
+            .unwrap()
+            .values()
+            .filter_map(|t| t["data_offsets"][1].as_u64())
+            .max()
+            .unwrap();
+        let file = std::fs::File::create(dst.join(shard)).unwrap();
+        std::io::Write::write_all(&mut &file, &header).unwrap();
+        file.set_len(header.len() as u64 + data_end).unwrap();
+    }
+    dst
+}
+
+/// The sparse copy has the real checkpoint's shard sizes (transformers'
+/// files of 146,819,824, 142,633,832 and 27,275,904 bytes) and opens as
+/// its 57 tensors.
+#[test]
+fn the_sparse_calibration_llama_is_the_real_ones_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = llama_302m(dir.path());
+    let sizes: Vec<u64> = (1..=3)
+        .map(|k| {
+            std::fs::metadata(model.join(format!("model-0000{k}-of-00003.safetensors")))
+                .unwrap()
+                .len()
+        })
+        .collect();
+    assert_eq!(sizes, [146_819_824, 142_633_832, 27_275_904]);
+    let out = reshard().arg("inspect").arg(&model).arg("--json").output().unwrap();
+    assert!(out.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["tensors"].as_array().map(|t| t.len()), Some(57), "{j}");
+}
