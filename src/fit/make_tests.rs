@@ -2,58 +2,60 @@
 //! planner never reads a weight), each case saying why its choice is the
 //! highest-precision form that fits.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::*;
 use crate::fit::loader::Os;
 use crate::fit::machine::{Detected, Given};
 use crate::fit::program::program;
-use crate::format::{DataRef, Layout, SourceFile, Tensor};
 
 const GIB: u64 = 1 << 30;
 
 /// FLUX.1-dev's transformer as one bf16 file: 19 double and 38 single
 /// blocks of width 3072 and the input and output layers, 11.9 billion
 /// weights, 23.7 GB (the shapes tests/cli/fit_for.rs writes as a file).
-fn flux() -> Checkpoint {
-    let shapes: Vec<(String, Vec<u64>)> =
-        serde_json::from_str(include_str!("../../tests/fixtures/flux1-dev-shapes.json")).unwrap();
-    one_file("flux1-dev.safetensors", shapes, Dtype::BF16)
+fn flux_shapes() -> Vec<(String, Vec<u64>)> {
+    serde_json::from_str(include_str!("../../tests/fixtures/flux1-dev-shapes.json")).unwrap()
 }
 
-fn one_file(name: &str, shapes: Vec<(String, Vec<u64>)>, dtype: Dtype) -> Checkpoint {
-    let mut offset = 0;
-    let tensors: Vec<Tensor> = shapes
-        .into_iter()
-        .map(|(name, shape)| {
-            let len = shape.iter().product::<u64>() * (dtype.bits() / 8);
-            let t = Tensor {
-                name,
-                dtype,
-                shape,
-                len,
-                file: 0,
-                data: DataRef::Contiguous { offset },
-            };
-            offset += len;
-            t
-        })
-        .collect();
-    Checkpoint {
-        dir: PathBuf::from("model"),
-        format: Format::Safetensors,
-        layout: Layout::Loose,
-        prefix: String::new(),
-        files: vec![SourceFile {
-            path: PathBuf::from(name),
-            size: offset + 64 * 1024,
-            mtime_ns: 0,
-        }],
-        tensors,
-        metadata: BTreeMap::new(),
-        findings: Vec::new(),
+fn flux(dir: &Path) -> Checkpoint {
+    open(&sparse(
+        dir,
+        "flux1-dev.safetensors",
+        &flux_shapes(),
+        Dtype::BF16,
+    ))
+}
+
+/// A safetensors file of `shapes` in `dtype` whose data section is a
+/// hole: only the header is written, so a 24 GB model costs nothing, and
+/// the error estimate's sample is all zeros ("n/a").
+fn sparse(dir: &Path, name: &str, shapes: &[(String, Vec<u64>)], dtype: Dtype) -> PathBuf {
+    let mut header = serde_json::Map::new();
+    let mut offset = 0u64;
+    for (name, shape) in shapes {
+        let len = shape.iter().product::<u64>() * (dtype.bits() / 8);
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": dtype.name(), "shape": shape, "data_offsets": [offset, offset + len]}),
+        );
+        offset += len;
     }
+    let path = dir.join(name);
+    let mut json = serde_json::to_vec(&header).unwrap();
+    while !json.len().is_multiple_of(8) {
+        json.push(b' ');
+    }
+    let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(&json);
+    std::fs::write(&path, &bytes).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(bytes.len() as u64 + offset).unwrap();
+    path
+}
+
+fn open(path: &Path) -> Checkpoint {
+    crate::format::open(path).unwrap()
 }
 
 fn machine(os: Os, ram: u64, pagefile: u64, vram: Option<u64>) -> Machine {
@@ -69,7 +71,12 @@ fn machine(os: Os, ram: u64, pagefile: u64, vram: Option<u64>) -> Machine {
 
 fn plan_for(ck: &Checkpoint, m: Machine, name: &str) -> MakeFit {
     let options = FitOptions {
-        path: "flux1-dev.safetensors".into(),
+        path: ck.files[0]
+            .path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into(),
         ..FitOptions::default()
     };
     make_fit(ck, m, &options, program(name).unwrap(), None).unwrap()
@@ -88,8 +95,9 @@ fn flux_on_a_12_gib_windows_card_in_comfyui_offloads_the_bf16_weights() {
     // GiB: no form ComfyUI reads (8-bit at best: 11.9 GB) fits VRAM, and it
     // offloads in lowvram mode, so the highest precision whose host side
     // fits wins: the model as it is.
+    let dir = tempfile::tempdir().unwrap();
     let r = plan_for(
-        &flux(),
+        &flux(dir.path()),
         machine(Os::Windows, 32 * GIB, 32 * GIB, Some(12 * GIB)),
         "comfyui",
     );
@@ -117,8 +125,9 @@ fn flux_on_a_12_gib_card_with_comfyui_gguf_takes_the_best_gguf_that_fits_whole()
     // ComfyUI-GGUF reads GGUF: Q8_0 (8.5 bits, 12.6 GB) is over the
     // 9.85 GB (0.88 x 12 GiB - 1.4 GiB) budget, Q6_K (6.56 bits, 9.74 GB)
     // fits it whole, and a form wholly on the GPU beats any that offloads.
+    let dir = tempfile::tempdir().unwrap();
     let r = plan_for(
-        &flux(),
+        &flux(dir.path()),
         machine(Os::Windows, 32 * GIB, 32 * GIB, Some(12 * GIB)),
         "comfyui-gguf",
     );
@@ -138,8 +147,9 @@ fn flux_in_invokeai_counts_scaled_fp8_as_the_bf16_it_folds_into() {
     // on the GPU: fp8-scaled needs the bf16 23.8 GB of VRAM, so on a 16
     // GiB card (15 GiB for weights) it does not fit, and the best that
     // fits whole is GGUF Q8_0 (8.5 bits, 12.6 GB).
+    let dir = tempfile::tempdir().unwrap();
     let r = plan_for(
-        &flux(),
+        &flux(dir.path()),
         machine(Os::Linux, 64 * GIB, 0, Some(16 * GIB)),
         "invokeai",
     );
@@ -159,8 +169,9 @@ fn when_nothing_fits_the_smallest_machine_is_named() {
     // vLLM neither offloads nor reads a 4-bit form: on a 4 GiB card the
     // smallest it reads (8-bit, 13.0 GB with the kept layers) needs that
     // and the 1 GiB reserve.
+    let dir = tempfile::tempdir().unwrap();
     let r = plan_for(
-        &flux(),
+        &flux(dir.path()),
         machine(Os::Linux, 64 * GIB, 0, Some(4 * GIB)),
         "vllm",
     );
