@@ -81,7 +81,7 @@ pub fn render(path: &str, r: &MakeFit) -> String {
             "  error: relative RMS estimated on {} of the weights each form changes{}",
             share(sampled),
             if r.candidates.iter().any(|c| c.error_estimate.is_none()) {
-                " (n/a: the sample is all zeros)"
+                " (n/a: every sampled value is zero or not finite)"
             } else {
                 ""
             }

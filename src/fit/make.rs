@@ -67,7 +67,7 @@ pub struct Candidate {
     /// The relative RMS error of the form's values, estimated on a sample
     /// of this checkpoint's weights ([`super::sample`]): 0 for the
     /// checkpoint as it is, `None` ("n/a") when every sampled value is
-    /// zero (a sparse file).
+    /// zero (a sparse file) or not finite.
     pub error_estimate: Option<f64>,
     /// The share of the elements the form changes that were sampled.
     pub sampled_fraction: f64,

@@ -69,7 +69,9 @@ pub const SEGMENT: u64 = 4096;
 /// A form's estimated error, and how much of it was sampled.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Estimate {
-    /// Relative RMS error; `None` when every sampled value is zero.
+    /// Relative RMS error; `None` when every sampled value is zero or
+    /// not finite (NaN and infinities are never measured, as in the
+    /// quality report).
     pub relative_rms: Option<f64>,
     /// Elements sampled.
     pub sampled: u64,
