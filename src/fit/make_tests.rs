@@ -54,6 +54,24 @@ fn sparse(dir: &Path, name: &str, shapes: &[(String, Vec<u64>)], dtype: Dtype) -
     path
 }
 
+/// Writes F32 `value(i)` for every element of the sparse F32 file at
+/// `path` (its data section in order), so its sample is not zeros.
+fn fill_f32(path: &Path, value: impl Fn(u64) -> f32) {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut n = [0u8; 8];
+    f.read_exact(&mut n).unwrap();
+    let start = 8 + u64::from_le_bytes(n);
+    let len = f.metadata().unwrap().len() - start;
+    let data: Vec<u8> = (0..len / 4).flat_map(|i| value(i).to_le_bytes()).collect();
+    f.seek(SeekFrom::Start(start)).unwrap();
+    f.write_all(&data).unwrap();
+}
+
 fn open(path: &Path) -> Checkpoint {
     crate::format::open(path).unwrap()
 }
@@ -488,4 +506,43 @@ fn wan_14b_with_comfyui_on_a_24_gib_card_takes_scaled_fp8_whole() {
     let as_is = r.candidates.iter().find(|c| c.form == Form::AsIs).unwrap();
     assert!(matches!(as_is.placement, Placement::Offload { .. }));
     assert!(best.bits_per_weight > 8.0 && best.bits_per_weight < 8.5);
+}
+
+#[test]
+fn within_a_width_the_lower_sampled_error_ranks_first() {
+    // An F32 checkpoint: bf16 and f16 are both 16-bit casts, bf16 first in
+    // ComfyUI's list, but f16 keeps 3 more mantissa bits of these values
+    // (all within its range): its sampled error is about 8 times lower,
+    // and it ranks above bf16 (both fit whole on the 24 GiB card).
+    let dir = tempfile::tempdir().unwrap();
+    let shapes: Vec<(String, Vec<u64>)> = (0..4)
+        .flat_map(|b| {
+            [
+                (format!("blocks.{b}.attn.qkv.weight"), vec![384, 128]),
+                (format!("blocks.{b}.mlp.0.weight"), vec![512, 128]),
+            ]
+        })
+        .collect();
+    let path = sparse(dir.path(), "f32.safetensors", &shapes, Dtype::F32);
+    fill_f32(&path, |i| {
+        let h = (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as f32 / (1u64 << 24) as f32;
+        0.05 * (h - 0.5)
+    });
+    let r = plan_for(
+        &open(&path),
+        machine(Os::Linux, 64 * GIB, 0, Some(24 * GIB)),
+        "comfyui",
+    );
+    let at = |f: Form| r.candidates.iter().position(|c| c.form == f).unwrap();
+    let error = |f: Form| r.candidates[at(f)].error_estimate.unwrap();
+    assert!(
+        error(Form::F16) * 4.0 < error(Form::Bf16),
+        "{:?}",
+        forms(&r)
+    );
+    assert!(at(Form::F16) < at(Form::Bf16), "{:?}", forms(&r));
+    assert_eq!(assert_highest_precision_that_fits(&r).form, Form::AsIs);
+    // The estimate's sample stays under 10% of the weights.
+    assert!(r.candidates.iter().all(|c| c.sampled_fraction < 0.10));
+    assert!(r.candidates[at(Form::F16)].sampled_fraction > 0.0);
 }

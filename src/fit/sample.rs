@@ -261,8 +261,11 @@ fn targets(ck: &Checkpoint, plan: &Plan) -> Vec<Target> {
         let d = ck.tensors[i].dtype;
         matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16 | Dtype::F64) && ck.tensors[i].numel() > 0
     };
+    // A value past the target's range is measured at the largest finite
+    // value (never left out as an infinity would be), unless the plan
+    // writes infinities.
     let policy = match plan.options.on_overflow {
-        OverflowPolicy::Error => OverflowPolicy::Inf,
+        OverflowPolicy::Error => OverflowPolicy::Saturate,
         p => p,
     };
     let mut out = Vec::new();
