@@ -180,13 +180,14 @@ fn error(c: &Candidate) -> String {
     match c.error_estimate {
         None => "n/a".into(),
         Some(e) if e == 0.0 && c.sampled_fraction == 0.0 => "exact".into(),
+        Some(0.0) => "0%".into(),
         // A 16-bit cast's error can be far below 0.01%.
         Some(e) if e * 100.0 < 0.005 => "<0.01%".into(),
         Some(e) => format!("{:.2}%", e * 100.0),
     }
 }
 
-/// A sampled share, "at most 5%" or "0.035%".
+/// A sampled share: "at most 5%", "at most 0.04%".
 fn share(f: f64) -> String {
     let pct = f * 100.0;
     match pct {
