@@ -1,6 +1,8 @@
-//! "Make it fit" on checkpoints shaped like real ones (headers only: the
-//! planner never reads a weight), each case saying why its choice is the
-//! highest-precision form that fits.
+//! "Make it fit" on checkpoints shaped like real ones, written as sparse
+//! files (the header and a hole: the error estimate's sample reads zeros,
+//! so ties keep the table's order), each case saying why its choice is
+//! the highest-precision form that fits; and one small dense file whose
+//! sampled errors reorder a width.
 
 use std::path::{Path, PathBuf};
 
