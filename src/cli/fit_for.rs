@@ -54,20 +54,38 @@ pub fn render(path: &str, r: &MakeFit) -> String {
     let _ = writeln!(o, "  host budget: {}", human(r.budget.host_bytes));
     let _ = writeln!(
         o,
-        "  {:<19} {:>6} {:>11} {:>11} {:>11}  placement",
-        "form", "bits", "file", "VRAM", "host"
+        "  {:<19} {:>6} {:>8} {:>11} {:>11} {:>11}  placement",
+        "form", "bits", "error", "file", "VRAM", "host"
     );
     for c in &r.candidates {
         let _ = writeln!(
             o,
-            "  {} {:<17} {:>6.2} {:>11} {:>11} {:>11}  {}",
+            "  {} {:<17} {:>6.2} {:>8} {:>11} {:>11} {:>11}  {}",
             if c.fits { "+" } else { "-" },
             c.form.name(),
             c.bits_per_weight,
+            error(c),
             human(c.file_bytes),
             human(c.vram_weights),
             human(c.host.host_needed),
             placement(c)
+        );
+    }
+    let sampled = r
+        .candidates
+        .iter()
+        .map(|c| c.sampled_fraction)
+        .fold(0.0, f64::max);
+    if sampled > 0.0 {
+        let _ = writeln!(
+            o,
+            "  error: relative RMS estimated on {} of the weights each form changes{}",
+            share(sampled),
+            if r.candidates.iter().any(|c| c.error_estimate.is_none()) {
+                " (n/a: every sampled value is zero or not finite)"
+            } else {
+                ""
+            }
         );
     }
     for f in &r.refused {
@@ -156,6 +174,28 @@ pub fn write_device_map(
     std::io::Write::write_all(&mut f, text.as_bytes())
         .with_context(|| format!("cannot write {}", file.display()))?;
     Ok(())
+}
+
+/// The error column: "exact" for a form that changes nothing.
+fn error(c: &Candidate) -> String {
+    match c.error_estimate {
+        None => "n/a".into(),
+        Some(e) if e == 0.0 && c.sampled_fraction == 0.0 => "exact".into(),
+        Some(0.0) => "0%".into(),
+        // A 16-bit cast's error can be far below 0.01%.
+        Some(e) if e * 100.0 < 0.005 => "<0.01%".into(),
+        Some(e) => format!("{:.2}%", e * 100.0),
+    }
+}
+
+/// A sampled share: "at most 5%", "at most 0.04%".
+fn share(f: f64) -> String {
+    let pct = f * 100.0;
+    match pct {
+        p if p >= 1.0 => format!("at most {p:.0}%"),
+        p if p >= 0.01 => format!("at most {p:.2}%"),
+        p => format!("at most {p:.4}%"),
+    }
 }
 
 fn placement(c: &Candidate) -> String {

@@ -65,6 +65,8 @@ pub enum FitError {
     NoRam { os: Os },
     #[error(transparent)]
     Plan(#[from] PlanError),
+    #[error(transparent)]
+    Sample(#[from] super::sample::SampleError),
 }
 
 /// What to judge, besides the checkpoint and the machine.

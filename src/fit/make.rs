@@ -5,8 +5,10 @@
 //!
 //! Best follows the precision order of [`Form::class`] (as is > 16-bit >
 //! 8-bit > 6-bit > 4-bit), every form wholly on the GPU before any that
-//! offloads; within one class, the finer-grained scales first (the order
-//! of the program's `forms` list, which `programs.json` writes that way).
+//! offloads; within one class, the lower error estimated on a sample of
+//! this checkpoint's weights ([`super::sample`]), then the order of the
+//! program's `forms` list (finer-grained scales first, as `programs.json`
+//! writes them).
 //! Host memory: a folder output takes the largest shard size
 //! ([`candidate_sizes`]) at which the program's row fits; a program that
 //! loads one file gets one file.
@@ -21,6 +23,7 @@ use super::judge::{
 use super::loader::Loader;
 use super::machine::Machine;
 use super::program::{Form, Program};
+use super::sample::{Estimate, Sampler};
 use crate::format::{Checkpoint, Dtype, Format};
 use crate::plan::{OutputFormat, Plan, PlanOptions};
 
@@ -63,6 +66,13 @@ pub struct Candidate {
     pub vram_weights: u64,
     pub placement: Placement,
     pub fits: bool,
+    /// The relative RMS error of the form's values, estimated on a sample
+    /// of this checkpoint's weights ([`super::sample`]): 0 for the
+    /// checkpoint as it is, `None` ("n/a") when every sampled value is
+    /// zero (a sparse file) or not finite.
+    pub error_estimate: Option<f64>,
+    /// The share of the elements the form changes that were sampled.
+    pub sampled_fraction: f64,
     /// The conversion to run (`None` for "as is" with its own shards):
     /// what [`Candidate::command`] spells and `convert --fit` runs.
     pub conversion: Option<Conversion>,
@@ -137,6 +147,7 @@ pub fn make_fit(
     };
     let mut candidates = Vec::new();
     let mut refused = Vec::new();
+    let mut sampler = Sampler::new(ck);
     for &form in &program.forms {
         if let Some(why) = judge.pointless(form) {
             refused.push(Refused {
@@ -146,12 +157,25 @@ pub fn make_fit(
             continue;
         }
         match judge.candidate(form) {
-            Ok(c) => candidates.push(c),
+            Ok((mut c, plan)) => {
+                let e = match plan {
+                    Some(p) => sampler.estimate(&p)?,
+                    None => Estimate::EXACT,
+                };
+                c.error_estimate = e.relative_rms;
+                c.sampled_fraction = e.fraction();
+                candidates.push(c);
+            }
             Err(reason) => refused.push(Refused { form, reason }),
         }
     }
-    // Stable: the table's order breaks ties within a class.
-    candidates.sort_by_key(|c| (!c.fits, placement_rank(&c.placement), c.form.class()));
+    // Stable: the table's order breaks ties the estimate leaves (and
+    // orders the forms whose sample is all zeros).
+    candidates.sort_by(|a, b| {
+        let key = |c: &Candidate| (!c.fits, placement_rank(&c.placement), c.form.class());
+        let error = |c: &Candidate| c.error_estimate.unwrap_or(f64::INFINITY);
+        key(a).cmp(&key(b)).then(error(a).total_cmp(&error(b)))
+    });
     let smallest_machine = match candidates.iter().any(|c| c.fits) {
         true => None,
         false => judge.smallest_machine(&candidates),
@@ -265,7 +289,9 @@ impl Judge<'_> {
             .ok_or_else(|| format!("{} does not read {format:?} files", row.name()))
     }
 
-    fn candidate(&self, form: Form) -> Result<Candidate, String> {
+    /// The judged form and the plan that writes it (`None`: the
+    /// checkpoint as it is).
+    fn candidate(&self, form: Form) -> Result<(Candidate, Option<Plan>), String> {
         let single = self.program.single_file || form.format() == Format::Gguf;
         // (plan, shard size) for a conversion; `None` for the checkpoint.
         let mut chosen: Option<(Plan, Option<u64>)> = None;
@@ -337,7 +363,7 @@ impl Judge<'_> {
         let shard = chosen.as_ref().and_then(|c| c.1);
         let conversion = chosen.is_some().then(|| Conversion::of(form, shard));
         let command = conversion.map(|c| self.command(&c));
-        Ok(Candidate {
+        let candidate = Candidate {
             form,
             max_shard_size: shard,
             file_bytes,
@@ -346,9 +372,12 @@ impl Judge<'_> {
             vram_weights,
             placement,
             fits,
+            error_estimate: None,
+            sampled_fraction: 0.0,
             conversion,
             command,
-        })
+        };
+        Ok((candidate, chosen.map(|c| c.0)))
     }
 
     fn placement(&self, on_gpu: &[(String, u64)]) -> Placement {

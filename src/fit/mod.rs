@@ -5,7 +5,9 @@
 //! machine's budget ([`machine`]) for the checkpoint as it is, for a
 //! what-if conversion, and for a few candidate conversions it searches to
 //! recommend one. It reads headers only (through the [`Checkpoint`] and the
-//! [`Plan`]s it builds), returns a plain [`FitReport`] and never prints.
+//! [`Plan`]s it builds), except for the error estimate of `fit --for`,
+//! which quantizes a small sample of the weights ([`sample`]); it returns
+//! plain reports and never prints.
 
 mod conversion;
 pub mod device_map;
@@ -15,6 +17,7 @@ pub mod machine;
 pub mod make;
 pub mod program;
 mod rows;
+pub mod sample;
 
 pub use self::judge::*;
 pub use self::loader::{DEFAULT_BASELINE, DEFAULT_CUDA_OVERHEAD, DEFAULT_WINDOW};

@@ -204,6 +204,163 @@ fn device_map_places_the_leading_blocks_on_the_gpu_and_refuses_to_overwrite() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "mine");
 }
 
+/// A small FLUX-named bf16 model with real values: four double blocks of
+/// five Linear kinds, each with its own distribution and a scale that
+/// grows with the block (Gaussian q/k/v, uniform projections, a Laplace
+/// MLP input, an MLP output with 0.5% outliers twenty times its spread,
+/// text q/k/v of tiny values below plain FP8's normal range), norms, and
+/// the input and output layers. 4.0 million weights.
+fn varied_flux(path: &Path) {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut uniform = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    let gauss = move |u: &mut dyn FnMut() -> f64| {
+        (-2.0 * u().ln()).sqrt() * (std::f64::consts::TAU * u()).cos()
+    };
+    let mut header = serde_json::Map::new();
+    let mut data: Vec<u8> = Vec::new();
+    let mut tensor = |name: String, shape: Vec<u64>, value: &mut dyn FnMut() -> f64| {
+        let start = data.len();
+        for _ in 0..shape.iter().product::<u64>() {
+            let bits = (value() as f32).to_bits();
+            let bf16 = ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16;
+            data.extend_from_slice(&bf16.to_le_bytes());
+        }
+        header.insert(
+            name,
+            serde_json::json!({"dtype": "BF16", "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    };
+    tensor("img_in.weight".into(), vec![256, 64], &mut || {
+        0.05 * gauss(&mut uniform)
+    });
+    for b in 0..4u64 {
+        let s = 1.0 + b as f64;
+        let p = |n: &str| format!("double_blocks.{b}.{n}");
+        tensor(p("img_attn.qkv.weight"), vec![768, 256], &mut || {
+            0.02 * s * gauss(&mut uniform)
+        });
+        tensor(p("img_attn.proj.weight"), vec![256, 256], &mut || {
+            0.05 * s * (2.0 * uniform() - 1.0)
+        });
+        tensor(p("img_mlp.0.weight"), vec![1024, 256], &mut || {
+            let sign = if uniform() < 0.5 { -1.0 } else { 1.0 };
+            0.03 * s * sign * uniform().ln()
+        });
+        tensor(p("img_mlp.2.weight"), vec![256, 1024], &mut || {
+            let outlier = if uniform() < 0.005 { 20.0 } else { 1.0 };
+            0.01 * s * outlier * gauss(&mut uniform)
+        });
+        tensor(p("txt_attn.qkv.weight"), vec![768, 256], &mut || {
+            1e-3 * s * gauss(&mut uniform)
+        });
+        tensor(p("img_attn.norm.query_norm.scale"), vec![128], &mut || 1.0);
+    }
+    tensor(
+        "final_layer.linear.weight".into(),
+        vec![64, 256],
+        &mut || 0.02 * gauss(&mut uniform),
+    );
+    write_safetensors(path, &serde_json::Value::Object(header), &data);
+}
+
+/// The relative RMS of a quality report's totals (JSON).
+fn relative_rms(quality: &serde_json::Value) -> f64 {
+    let total = &quality["total"];
+    let (e, x) = (
+        total["sum_sq_error"].as_f64(),
+        total["sum_sq_source"].as_f64(),
+    );
+    (e.unwrap() / x.unwrap()).sqrt()
+}
+
+/// `validate OUT --against SRC --json`'s quality report: the error of the
+/// whole converted checkpoint.
+fn whole_error(out: &Path, src: &Path) -> f64 {
+    let o = reshard()
+        .arg("validate")
+        .arg(out)
+        .arg("--against")
+        .arg(src)
+        .args(["--json", "--no-progress"])
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
+    relative_rms(&r["against"]["quality"])
+}
+
+#[test]
+fn the_sampled_error_estimate_is_within_20_percent_of_the_whole_conversion() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("flux-small.safetensors");
+    varied_flux(&src);
+    let machine = ["--os", "linux", "--ram", "64GiB", "--vram", "24GiB"];
+    let (_, r) = plan(&src, "comfyui-gguf", &machine);
+    let candidate = |form: &str| {
+        r["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["form"] == form)
+            .unwrap_or_else(|| panic!("no {form}: {r}"))
+            .clone()
+    };
+    for (form, out) in [
+        ("fp8-scaled", "out-fp8.safetensors"),
+        ("q8_0", "out-q8_0.gguf"),
+        ("q4_k", "out-q4_k.gguf"),
+    ] {
+        let c = candidate(form);
+        let sampled = c["sampled_fraction"].as_f64().unwrap();
+        assert!(sampled > 0.0 && sampled < 0.10, "{form}: {c}");
+        let estimate = c["error_estimate"].as_f64().unwrap();
+        let out = dir.path().join(out);
+        convert(&src, &out, &["-q", "--quantize", form]).success();
+        let whole = whole_error(&out, &src);
+        assert!(
+            (estimate / whole - 1.0).abs() < 0.20,
+            "{form}: estimate {estimate} on {sampled} of the weights, whole {whole}"
+        );
+    }
+    // Plain FP8 loses the tiny text q/k/v values (below E4M3's smallest
+    // normal without a scale): the estimate says so, and scaled FP8, of
+    // the same width, ranks above it.
+    let plain = candidate("fp8")["error_estimate"].as_f64().unwrap();
+    let scaled = candidate("fp8-scaled")["error_estimate"].as_f64().unwrap();
+    assert!(plain > scaled, "{plain} {scaled}");
+    let order: Vec<&str> = r["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["form"].as_str().unwrap())
+        .collect();
+    let at = |f: &str| order.iter().position(|o| *o == f).unwrap();
+    assert!(at("fp8-scaled") < at("fp8"), "{order:?}");
+    // Q4_K's error is below Q4_0's on the same weights: it ranks first.
+    let q4k = candidate("q4_k")["error_estimate"].as_f64().unwrap();
+    let q40 = candidate("q4_0")["error_estimate"].as_f64().unwrap();
+    assert!(
+        q4k < q40 && at("q4_k") < at("q4_0"),
+        "{q4k} {q40} {order:?}"
+    );
+    // The text shows the column.
+    let out = reshard()
+        .arg("fit")
+        .arg(&src)
+        .args(["--for", "comfyui-gguf"])
+        .args(machine)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains(" error ") && text.contains('%'), "{text}");
+    assert!(text.contains("relative RMS estimated on at most"), "{text}");
+}
+
 /// `--loader` with `--for` narrows the program's rows (issue 29 item 5):
 /// transformers on Windows is judged by the pread backend of 5.17 on, and
 /// `--loader transformers-v5-mmap` judges 5.4-5.16, which map every shard;
