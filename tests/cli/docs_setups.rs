@@ -1,0 +1,210 @@
+//! The folders docs_output.rs runs the pages' command blocks in: each
+//! function lays out, under a temporary folder, the files one block names
+//! (copies of tests/fixtures and examples/, or tiny synthesized checkpoints
+//! with the page's names; fit reads only headers, so a sparse data section
+//! stands in for a large model).
+
+use std::path::{Path, PathBuf};
+
+use crate::common::{copy_dir, fixture, write_safetensors_raw};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub(crate) fn readme(dir: &Path) {
+    copy_dir(
+        &repo().join("examples/tiny-llama"),
+        &dir.join("examples/tiny-llama"),
+    );
+}
+
+pub(crate) fn moe(dir: &Path) {
+    copy_dir(
+        &fixture("tiny-moe-sharded"),
+        &dir.join("tests/fixtures/tiny-moe-sharded"),
+    );
+}
+
+pub(crate) fn tiny_llama(dir: &Path) {
+    copy_dir(&fixture("tiny-llama"), &dir.join("tiny-llama"));
+}
+
+/// fit.md's FLUX.1-dev-shaped file: real names and dims, sparse data.
+pub(crate) fn flux_dev(dir: &Path) {
+    crate::fit_for::flux(dir);
+}
+
+/// gguf.md's FLUX-shaped file: the shapes its dry run shows (the plan
+/// reads no values, so they are zeros).
+pub(crate) fn flux(dir: &Path) {
+    let tensors: [(&str, &[u64]); 5] = [
+        ("double_blocks.0.img_attn.proj.weight", &[64, 256]),
+        ("double_blocks.0.img_attn.proj.bias", &[64]),
+        ("double_blocks.0.img_mlp.0.weight", &[48, 96]),
+        ("img_in.weight", &[64, 40]),
+        ("final_layer.linear.weight", &[16, 16]),
+    ];
+    let mut header = serde_json::Map::new();
+    let mut at = 0u64;
+    for (name, shape) in tensors {
+        let len = shape.iter().product::<u64>() * 4;
+        header.insert(
+            name.into(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, at + len]}),
+        );
+        at += len;
+    }
+    let json = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
+    write_safetensors_raw(
+        &dir.join("flux.safetensors"),
+        &json,
+        &vec![0u8; at as usize],
+    );
+}
+
+/// One F32 tensor with three values past F16's range.
+pub(crate) fn overflowing(dir: &Path) {
+    let data: Vec<u8> = [1e6f32, -1e6, 7e4, 1.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    write_safetensors_raw(
+        &dir.join("big.safetensors"),
+        br#"{"__metadata__":{"format":"pt"},"model.layers.3.mlp.down_proj.weight":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#,
+        &data,
+    );
+}
+
+/// inspect.md's folder with four findings: no `format: pt`, a misaligned
+/// tensor, a shard the index does not list, a wrong total_size.
+pub(crate) fn damaged(dir: &Path) {
+    let d = dir.join("damaged-folder");
+    std::fs::create_dir_all(&d).unwrap();
+    // A header of 128 bytes puts "b" (data offset 3) at byte 139.
+    let json = br#"{"a":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},"b":{"dtype":"F32","shape":[2],"data_offsets":[3,11]}}"#;
+    let mut header = json.to_vec();
+    header.resize(128, b' ');
+    write_safetensors_raw(
+        &d.join("model-00001-of-00002.safetensors"),
+        &header,
+        &[1; 11],
+    );
+    write_safetensors_raw(
+        &d.join("model-00002-of-00002.safetensors"),
+        br#"{"c":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#,
+        &[0],
+    );
+    std::fs::write(
+        d.join("model.safetensors.index.json"),
+        br#"{"metadata": {"total_size": 99}, "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors"}}"#,
+    )
+    .unwrap();
+}
+
+/// batch.md's small ROOT, already converted into `out`.
+pub(crate) fn batch_root(dir: &Path) {
+    for f in ["tiny-gpt2", "tiny-t5"] {
+        copy_dir(&fixture(f), &dir.join("root").join(f));
+    }
+    crate::common::reshard()
+        .arg("batch")
+        .arg(dir.join("root"))
+        .arg("--out")
+        .arg(dir.join("out"))
+        .arg("-q")
+        .assert()
+        .success();
+}
+
+/// A fixture where the page names it: `tests/fixtures/NAME` under `dir`.
+fn at_fixtures(dir: &Path, name: &str) {
+    copy_dir(&fixture(name), &dir.join("tests/fixtures").join(name));
+}
+
+pub(crate) fn tiny_moe_and_t5(dir: &Path) {
+    moe(dir);
+    at_fixtures(dir, "tiny-t5");
+}
+
+pub(crate) fn gpt2_bin(dir: &Path) {
+    at_fixtures(dir, "tiny-gpt2-bin");
+}
+
+pub(crate) fn fixture_tiny_llama(dir: &Path) {
+    at_fixtures(dir, "tiny-llama");
+}
+
+/// The gguf fixtures (the split set and the llama.cpp-converted tiny
+/// Llama with its source) at tests/fixtures/gguf.
+pub(crate) fn gguf_fixtures(dir: &Path) {
+    at_fixtures(dir, "gguf");
+}
+
+/// inspect.md's tiny Llama cut off at 300000 bytes.
+pub(crate) fn truncated(dir: &Path) {
+    let d = dir.join("truncated-model");
+    copy_dir(&fixture("tiny-llama"), &d);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.join("model.safetensors"))
+        .unwrap();
+    file.set_len(300_000).unwrap();
+}
+
+/// layouts.md's tiny Llama with a file named as a Windows device.
+pub(crate) fn tiny_llama_aux(dir: &Path) {
+    tiny_llama(dir);
+    std::fs::write(dir.join("tiny-llama/aux.json"), b"{}").unwrap();
+}
+
+/// gguf.md's files: llama.cpp's Q8_0 tiny Llama beside the flux file of
+/// the page's later blocks.
+pub(crate) fn llama_q8_0(dir: &Path) {
+    std::fs::copy(
+        fixture("gguf/llm/llama-q8_0.gguf"),
+        dir.join("llama-q8_0.gguf"),
+    )
+    .unwrap();
+}
+
+/// gguf.md after its first conversion: tiny-llama converted from
+/// llama-q8_0.gguf to bf16, and the flux file converted to Q8_0.
+pub(crate) fn gguf_page_converted(dir: &Path) {
+    llama_q8_0(dir);
+    flux(dir);
+    for args in [
+        ["llama-q8_0.gguf", "tiny-llama", "--dtype", "bf16"],
+        ["flux.safetensors", "flux-q8_0.gguf", "--quantize", "q8_0"],
+    ] {
+        crate::common::reshard()
+            .arg("convert")
+            .args(args)
+            .arg("-q")
+            .current_dir(dir)
+            .assert()
+            .success();
+    }
+}
+
+/// gguf.md's tiny Llama quantized to Q8_0.
+pub(crate) fn gguf_page_quantized(dir: &Path) {
+    gguf_page_converted(dir);
+    crate::common::reshard()
+        .args([
+            "convert",
+            "tiny-llama",
+            "tiny-llama-q8_0.gguf",
+            "--quantize",
+            "q8_0",
+            "-q",
+        ])
+        .current_dir(dir)
+        .assert()
+        .success();
+}
+
+/// The gguf LLM fixtures at tests/fixtures/gguf/llm.
+pub(crate) fn gguf_llm(dir: &Path) {
+    at_fixtures(dir, "gguf/llm/llama");
+}
