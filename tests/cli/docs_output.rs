@@ -4,7 +4,8 @@
 //! uses, see docs_setups.rs) and what they print must be the block's other
 //! lines. Times, rates, the SECONDS column and the buffer peak (it depends
 //! on how many workers run at once) are masked on both sides; everything
-//! else is compared as printed. A line that is exactly `...` in a block
+//! else is compared as printed, but for the temporary folder's path, which
+//! prints as `/tmp/demo`. A line that is exactly `...` in a block
 //! stands for any number of lines the page leaves out.
 //!
 //! Every fenced block of these pages with a `$ reshard` line is either
@@ -192,6 +193,41 @@ const EXAMPLES: &[Example] = &[
         first: "reshard fit flux1-dev.safetensors --for transformers --os linux --ram 64GiB --vram 12GiB --device-map device_map.json",
         setup: flux_dev,
     },
+    Example {
+        page: "docs/batch.md",
+        first: "reshard batch models --out converted --dry-run",
+        setup: batch_models,
+    },
+    Example {
+        page: "docs/batch.md",
+        first: "reshard batch models --out converted --jobs 2 --report converted/.reports/batch.json",
+        setup: batch_models,
+    },
+    Example {
+        page: "docs/batch.md",
+        first: "reshard batch models --out converted",
+        setup: batch_converted,
+    },
+    Example {
+        page: "docs/batch.md",
+        first: "reshard batch models --out converted --verify-source",
+        setup: batch_corrupted,
+    },
+    Example {
+        page: "docs/batch.md",
+        first: "reshard batch models --out converted --plan-parts 3",
+        setup: batch_models,
+    },
+    Example {
+        page: "docs/batch.md",
+        first: "reshard batch models --out converted --dry-run --part 2/3",
+        setup: batch_models,
+    },
+    Example {
+        page: "docs/batch.md",
+        first: "reshard batch-report merge converted/.reports/part-*.json -o converted/.reports/all.json",
+        setup: batch_parts,
+    },
 ];
 
 fn repo() -> PathBuf {
@@ -352,6 +388,8 @@ fn mask(text: &str) -> String {
             "buffers peaked at PEAK",
         ),
         (r"(?m)^(\S+ +\S+ [KMGT]?i?B) +\d+\.\d\d ", "$1 SECONDS "),
+        (r"(?m)( [KMGT]?i?B) +\d+\.\d\d$", "$1 SECONDS"),
+        (r"longest part \d+(\.\d+)? s\b", "longest part T s"),
     ];
     let mut text = text.to_string();
     for (re, with) in rules {
@@ -408,6 +446,7 @@ fn run(cmd: &str, dir: &Path) -> Vec<String> {
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout)
+        .replace(&dir.display().to_string(), "/tmp/demo")
         .lines()
         .map(str::to_string)
         .collect()
@@ -479,7 +518,16 @@ fn the_mask_hides_only_what_varies() {
         mask("tiny-gpt2  109.81 KiB      0.03  passed"),
         "tiny-gpt2  109.81 KiB SECONDS  passed"
     );
+    assert_eq!(
+        mask("0/3             2          1           0       0        1  857.35 KiB      0.07"),
+        "0/3             2          1           0       0        1  857.35 KiB SECONDS"
+    );
+    assert_eq!(
+        mask("1.62 MiB; longest part 0.15 s"),
+        "1.62 MiB; longest part T s"
+    );
     assert_eq!(mask("short by 984.23 MiB"), "short by 984.23 MiB");
+    assert_eq!(mask("max abs error 1.6748e-3"), "max abs error 1.6748e-3");
 }
 
 #[test]

@@ -6,6 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
+use sha2::Digest;
+
 use crate::common::{copy_dir, fixture, write_safetensors_raw};
 
 fn repo() -> PathBuf {
@@ -207,4 +209,95 @@ pub(crate) fn gguf_page_quantized(dir: &Path) {
 /// The gguf LLM fixtures at tests/fixtures/gguf/llm.
 pub(crate) fn gguf_llm(dir: &Path) {
     at_fixtures(dir, "gguf/llm/llama");
+}
+
+/// Runs `reshard ARGS -q` in `dir` and requires exit `code`.
+fn reshard_in(dir: &Path, args: &[&str], code: i32) {
+    crate::common::reshard()
+        .args(args)
+        .arg("-q")
+        .current_dir(dir)
+        .assert()
+        .code(code);
+}
+
+/// batch.md's `models/`: five model folders (`broken` cut short), a
+/// Hugging Face cache repo of the tiny gpt2, and a symlink loop.
+pub(crate) fn batch_models(dir: &Path) {
+    let m = dir.join("models");
+    for (from, to) in [
+        ("tiny-t5", "google/t5-tiny"),
+        ("tiny-gpt2", "gpt2"),
+        ("tiny-llama", "meta/llama-tiny"),
+        ("tiny-llama-f32-sharded", "meta/llama-tiny-sharded"),
+        ("tiny-llama", "broken"),
+    ] {
+        copy_dir(&fixture(from), &m.join(to));
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.join("broken/model.safetensors"))
+        .unwrap()
+        .set_len(100_000)
+        .unwrap();
+    let repo = m.join("hub/models--acme--tiny");
+    let snapshot = repo.join("snapshots/5f2c9e1");
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "5f2c9e1").unwrap();
+    for file in ["config.json", "model.safetensors"] {
+        let bytes = std::fs::read(fixture("tiny-gpt2").join(file)).unwrap();
+        let name = crate::common::hex(&sha2::Sha256::digest(&bytes));
+        std::fs::write(repo.join("blobs").join(&name), &bytes).unwrap();
+        crate::common::symlink(format!("../../blobs/{name}"), snapshot.join(file));
+    }
+    std::fs::create_dir_all(m.join("notes")).unwrap();
+    std::fs::write(m.join("notes/README.md"), "notes\n").unwrap();
+    crate::common::symlink("..", m.join("notes/up"));
+}
+
+/// `models/` converted once into `converted/`.
+pub(crate) fn batch_converted(dir: &Path) {
+    batch_models(dir);
+    reshard_in(dir, &["batch", "models", "--out", "converted"], 1);
+}
+
+/// `models/` converted, then the cache repo's weight blob corrupted (its
+/// last byte changed; its name still the old content's hash).
+pub(crate) fn batch_corrupted(dir: &Path) {
+    batch_converted(dir);
+    let blobs = dir.join("models/hub/models--acme--tiny/blobs");
+    for entry in std::fs::read_dir(blobs).unwrap() {
+        let path = entry.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        if bytes.len() > 100_000 {
+            *bytes.last_mut().unwrap() ^= 0xff;
+            std::fs::write(&path, bytes).unwrap();
+        }
+    }
+}
+
+/// `models/` converted in three parts, each with its own report.
+pub(crate) fn batch_parts(dir: &Path) {
+    batch_models(dir);
+    for i in 0..3 {
+        let part = format!("{i}/3");
+        let report = format!("converted/.reports/part-{i}.json");
+        let code = if i == 2 { 1 } else { 0 };
+        reshard_in(
+            dir,
+            &[
+                "batch",
+                "models",
+                "--out",
+                "converted",
+                "--part",
+                &part,
+                "--report",
+                &report,
+            ],
+            code,
+        );
+    }
 }
