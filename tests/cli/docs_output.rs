@@ -5,8 +5,9 @@
 //! lines. Times, rates, the SECONDS column and the buffer peak (it depends
 //! on how many workers run at once) are masked on both sides; everything
 //! else is compared as printed, but for the temporary folder's path, which
-//! prints as `/tmp/demo`. A line that is exactly `...` in a block
-//! stands for any number of lines the page leaves out.
+//! prints as `/tmp/demo`; `$EDITOR` is `sh .edit` (a setup writes `.edit`
+//! where a block edits a file). A line that is only `...` (indented or
+//! not) in a block stands for any number of lines the page leaves out.
 //!
 //! Every fenced block of these pages with a `$ reshard` line is either
 //! listed in EXAMPLES (checked here) or carries, on the line right above its
@@ -228,6 +229,41 @@ const EXAMPLES: &[Example] = &[
         first: "reshard batch-report merge converted/.reports/part-*.json -o converted/.reports/all.json",
         setup: batch_parts,
     },
+    Example {
+        page: "docs/batch.md",
+        first: "reshard batch gguf --out converted --dry-run",
+        setup: batch_gguf,
+    },
+    Example {
+        page: "docs/layouts.md",
+        first: "reshard convert tiny-llama out",
+        setup: tiny_llama_editor,
+    },
+    Example {
+        page: "docs/validate.md",
+        first: "reshard validate tiny-llama --loader python:transformers --python ./hangs --loader-timeout 2s",
+        setup: tiny_llama_hangs,
+    },
+    Example {
+        page: "docs/layouts.md",
+        first: "reshard convert sd15-aio.safetensors sd15-parts --split-components",
+        setup: sd15_aio,
+    },
+    Example {
+        page: "docs/quantize.md",
+        first: "reshard convert flux-tiny.safetensors flux-fp8 --quantize fp8 --dry-run",
+        setup: flux_tiny,
+    },
+    Example {
+        page: "docs/quantize.md",
+        first: "reshard convert flux-tiny.safetensors flux-fp8 --quantize fp8-scaled",
+        setup: flux_tiny,
+    },
+    Example {
+        page: "docs/quantize.md",
+        first: "reshard validate flux-fp8 --against flux-tiny.safetensors",
+        setup: flux_tiny_scaled,
+    },
 ];
 
 fn repo() -> PathBuf {
@@ -406,7 +442,7 @@ fn mask(text: &str) -> String {
 fn matches(shown: &[String], got: &[String]) -> bool {
     match shown.split_first() {
         None => got.is_empty(),
-        Some((s, rest)) if s == "..." => (0..=got.len()).any(|k| matches(rest, &got[k..])),
+        Some((s, rest)) if s.trim() == "..." => (0..=got.len()).any(|k| matches(rest, &got[k..])),
         Some((s, rest)) => got
             .split_first()
             .is_some_and(|(g, more)| mask(s) == mask(g) && matches(rest, more)),
@@ -435,21 +471,25 @@ fn path_with_reshard() -> std::ffi::OsString {
     std::env::join_paths(dirs).unwrap()
 }
 
-/// Runs one command line in `dir` as the pages' reader would.
-fn run(cmd: &str, dir: &Path) -> Vec<String> {
+/// Runs one command line in `dir` as the pages' reader would, `$?` being
+/// `prev`, the exit status of the block's command before; returns what it
+/// printed and its own exit status.
+fn run(cmd: &str, dir: &Path, prev: i32) -> (Vec<String>, i32) {
     let out = std::process::Command::new("sh")
         .arg("-c")
-        .arg(format!("{cmd} 2>&1"))
+        .arg(format!("(exit {prev}); {{ {cmd}\n}} 2>&1"))
         .current_dir(dir)
         .env("PATH", path_with_reshard())
         .env("NO_COLOR", "1")
+        .env("EDITOR", "sh .edit")
         .output()
         .unwrap();
-    String::from_utf8_lossy(&out.stdout)
+    let printed = String::from_utf8_lossy(&out.stdout)
         .replace(&dir.display().to_string(), "/tmp/demo")
         .lines()
         .map(str::to_string)
-        .collect()
+        .collect();
+    (printed, out.status.code().unwrap_or(1))
 }
 
 #[cfg(unix)] // the blocks are POSIX shell command lines
@@ -464,16 +504,18 @@ fn doc_blocks_show_what_the_binary_prints() {
         let tmp = tempfile::tempdir().unwrap();
         (ex.setup)(tmp.path());
         let mut edits = Vec::new();
+        let mut status = 0;
         for step in block(ex.page, &lines, ex.first) {
             let shown: Vec<String> = lines[step.shown.clone()]
                 .iter()
                 .map(|l| l.to_string())
                 .collect();
-            let got = run(&step.cmd, tmp.path());
+            let got;
+            (got, status) = run(&step.cmd, tmp.path(), status);
             if matches(&shown, &got) {
                 continue;
             }
-            let abridged = shown.iter().any(|l| l == "...");
+            let abridged = shown.iter().any(|l| l.trim() == "...");
             if bless && !abridged {
                 edits.push((step.shown.clone(), blessed(&shown, &got)));
                 continue;
@@ -535,6 +577,7 @@ fn an_ellipsis_stands_for_any_lines_and_bless_keeps_masked_lines() {
     let v = |s: &[&str]| s.iter().map(|l| l.to_string()).collect::<Vec<_>>();
     assert!(matches(&v(&["a", "...", "d"]), &v(&["a", "b", "c", "d"])));
     assert!(matches(&v(&["a", "...", "d"]), &v(&["a", "d"])));
+    assert!(matches(&v(&["a", "  ..."]), &v(&["a", "b"])));
     assert!(!matches(&v(&["a", "...", "d"]), &v(&["a", "b", "e"])));
     assert!(!matches(&v(&["a", "b"]), &v(&["a", "b", "c"])));
     assert_eq!(

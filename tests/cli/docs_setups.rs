@@ -301,3 +301,130 @@ pub(crate) fn batch_parts(dir: &Path) {
         );
     }
 }
+
+/// batch.md's `gguf/`: a folder of GGUF files (a split set among them) and
+/// a gpt2 folder with a GGUF beside its safetensors.
+pub(crate) fn batch_gguf(dir: &Path) {
+    let g = dir.join("gguf");
+    std::fs::create_dir_all(g.join("llama")).unwrap();
+    for f in [
+        "kinds.gguf",
+        "types.gguf",
+        "split-00001-of-00002.gguf",
+        "split-00002-of-00002.gguf",
+    ] {
+        std::fs::copy(fixture("gguf").join(f), g.join("llama").join(f)).unwrap();
+    }
+    copy_dir(&fixture("tiny-gpt2"), &g.join("mixed"));
+    std::fs::copy(fixture("gguf/kinds.gguf"), g.join("mixed/gpt2-q8.gguf")).unwrap();
+}
+
+/// layouts.md's tiny Llama and an `$EDITOR` (`sh .edit`, which the runner
+/// sets) that appends a line to the file it is given.
+pub(crate) fn tiny_llama_editor(dir: &Path) {
+    tiny_llama(dir);
+    std::fs::write(dir.join(".edit"), "echo >> \"$1\"\n").unwrap();
+}
+
+/// validate.md's tiny Llama and `./hangs`, a "Python" that never answers.
+pub(crate) fn tiny_llama_hangs(dir: &Path) {
+    tiny_llama(dir);
+    let hangs = dir.join("hangs");
+    std::fs::write(&hangs, "#!/bin/sh\nexec sleep 60\n").unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&hangs, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+/// quantize.md's tiny FLUX-shaped file (real FLUX key names, small dims).
+/// BF16 values in (-1, 1), from a fixed linear congruential sequence.
+pub(crate) fn flux_tiny(dir: &Path) {
+    let names: [(&str, &[u64]); 9] = [
+        ("img_in.weight", &[64, 32]),
+        ("time_in.in_layer.weight", &[64, 32]),
+        ("double_blocks.0.img_attn.qkv.weight", &[96, 64]),
+        ("double_blocks.0.img_attn.norm.query_norm.scale", &[32]),
+        ("double_blocks.0.img_mlp.0.weight", &[128, 64]),
+        ("double_blocks.0.img_mlp.0.bias", &[128]),
+        ("double_blocks.0.img_mod.lin.weight", &[96, 64]),
+        ("single_blocks.0.linear1.weight", &[96, 64]),
+        ("final_layer.linear.weight", &[64, 64]),
+    ];
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
+    let mut data = Vec::new();
+    let mut i = 0u32;
+    for (name, shape) in names {
+        let start = data.len();
+        for _ in 0..shape.iter().product::<u64>() {
+            i = i.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            let v = ((i >> 8) as f32 / (1 << 24) as f32 - 0.5) * 2.0;
+            data.extend(&((v.to_bits() >> 16) as u16).to_le_bytes());
+        }
+        header.insert(
+            name.into(),
+            serde_json::json!({"dtype": "BF16", "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    crate::common::write_safetensors(
+        &dir.join("flux-tiny.safetensors"),
+        &serde_json::Value::Object(header),
+        &data,
+    );
+}
+
+/// quantize.md's file quantized with fp8-scaled into `flux-fp8`.
+pub(crate) fn flux_tiny_scaled(dir: &Path) {
+    flux_tiny(dir);
+    reshard_in(
+        dir,
+        &[
+            "convert",
+            "flux-tiny.safetensors",
+            "flux-fp8",
+            "--quantize",
+            "fp8-scaled",
+        ],
+        0,
+    );
+}
+
+/// layouts.md's all-in-one SD 1.5-shaped file: one tensor or two under each
+/// component's prefix (zeros: splitting reads no values).
+pub(crate) fn sd15_aio(dir: &Path) {
+    let tensors: [(&str, &[u64]); 6] = [
+        ("alphas_cumprod", &[1000]),
+        (
+            "cond_stage_model.transformer.text_model.embeddings.token_embedding.weight",
+            &[1000, 32],
+        ),
+        ("first_stage_model.decoder.conv_out.weight", &[3, 32, 3, 3]),
+        ("first_stage_model.encoder.conv_in.weight", &[32, 3, 3, 3]),
+        (
+            "model.diffusion_model.input_blocks.0.0.weight",
+            &[32, 4, 3, 3],
+        ),
+        (
+            "model.diffusion_model.middle_block.1.proj_in.weight",
+            &[400, 400],
+        ),
+    ];
+    let mut header = serde_json::Map::new();
+    let mut at = 0u64;
+    for (name, shape) in tensors {
+        let len = shape.iter().product::<u64>() * 4;
+        header.insert(
+            name.into(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, at + len]}),
+        );
+        at += len;
+    }
+    let json = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
+    write_safetensors_raw(
+        &dir.join("sd15-aio.safetensors"),
+        &json,
+        &vec![0u8; at as usize],
+    );
+}
