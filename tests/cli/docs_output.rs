@@ -402,8 +402,13 @@ fn block(page: &str, lines: &[&str], first: &str) -> Vec<Step> {
         .find(|f| lines.get(f.open + 1) == Some(&head.as_str()))
         .unwrap_or_else(|| panic!("{page}: no block starts with {head:?}"));
     let mut steps: Vec<Step> = Vec::new();
-    for i in fence.open + 1..fence.close {
-        match lines[i].strip_prefix("$ ") {
+    for (i, line) in lines
+        .iter()
+        .enumerate()
+        .take(fence.close)
+        .skip(fence.open + 1)
+    {
+        match line.strip_prefix("$ ") {
             Some(cmd) => steps.push(Step {
                 cmd: cmd.to_string(),
                 shown: i + 1..i + 1,
