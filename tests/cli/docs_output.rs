@@ -1,16 +1,39 @@
 //! The command blocks of README.md and docs/ run against the real binary:
 //! each listed block's `$ ` lines are run in order (through `sh`, stdout and
 //! stderr together, in a temporary folder laid out with the names the page
-//! uses) and what they print must be the block's other lines. Times, rates,
-//! the SECONDS column and the buffer peak (it depends on how many workers
-//! run at once) are masked on both sides; everything else is compared as
-//! printed. A block that is not listed here is either checked elsewhere
-//! (docs_examples.rs: the scheduler examples) or needs what this suite has
-//! not (a GPU, Wine, Slurm, the Python venv, a large download).
+//! uses, see docs_setups.rs) and what they print must be the block's other
+//! lines. Times, rates, the SECONDS column and the buffer peak (it depends
+//! on how many workers run at once) are masked on both sides; everything
+//! else is compared as printed, but for the temporary folder's path, which
+//! prints as `/tmp/demo`; `$EDITOR` is `sh .edit` (a setup writes `.edit`
+//! where a block edits a file). A line that is only `...` (indented or
+//! not) in a block stands for any number of lines the page leaves out.
+//!
+//! Every fenced block of these pages with a `$ reshard` line is either
+//! listed in EXAMPLES (checked here) or carries, on the line right above its
+//! opening fence, a marker saying why not:
+//!
+//! ```text
+//! <!-- not checked: needs the Python venv (python:transformers) -->
+//! ```
+//!
+//! The reason must start with one of REASONS (the Python venv, a GPU, Wine,
+//! Slurm, a large checkpoint, or `illustrative` for a block that only shows
+//! the shape of a run); anything after it is free text. A block that is
+//! neither fails `every_command_block_is_checked_or_marked`, naming the page
+//! and line. Blocks that need the venv, a GPU, Wine or Slurm run in those
+//! suites (tests/cli/loaders.rs, cuda.rs, windows-smoke, slurm-test).
+//!
+//! Bless mode: `RESHARD_BLESS_DOCS=1 cargo test --test cli -- docs_output`
+//! rewrites the output lines of every checked block that differs with what
+//! the binary printed. A printed line equal to the page's line once masked
+//! keeps the page's text (its times stay as they were); the others are the
+//! real output. An abridged block (one with `...`) is not rewritten: the
+//! test names it, to be fixed by hand.
 
 use std::path::{Path, PathBuf};
 
-use crate::common::{copy_dir, fixture, write_safetensors_raw};
+use crate::docs_setups::*;
 
 /// One block to check: the page, its first command (after `$ `), and what
 /// the folder it runs in must hold first.
@@ -19,6 +42,36 @@ struct Example {
     first: &'static str,
     setup: fn(&Path),
 }
+
+/// Why a block may go unchecked here: the marker's text after
+/// `not checked: ` must start with one of these.
+const REASONS: &[&str] = &[
+    "needs the Python venv",
+    "needs a GPU",
+    "needs Wine",
+    "needs Slurm",
+    "needs a large checkpoint",
+    "illustrative",
+];
+
+/// Blocks of docs/fit.md (a page other branches are rewriting) neither
+/// checked nor marked yet: two on the 302 MiB calibration Llama, which is
+/// not in the repository, and one whose calibration lines say `vram` where
+/// the binary says `VRAM`. To be emptied, not grown.
+const NOT_YET_MARKED: &[(&str, &str)] = &[
+    (
+        "docs/fit.md",
+        "reshard fit tests/fixtures/gguf/split-00002-of-00002.gguf --os windows --ram 8GiB --pagefile 1GiB --vram 1KiB",
+    ),
+    (
+        "docs/fit.md",
+        "reshard fit llama-302m --os windows --ram 1GiB --pagefile 512MiB",
+    ),
+    (
+        "docs/fit.md",
+        "reshard fit llama-302m --os windows --ram 1GiB --pagefile 512MiB --loader per-shard-mmap --loader transformers-v5-mmap --max-shard-size 64MiB",
+    ),
+];
 
 const EXAMPLES: &[Example] = &[
     Example {
@@ -76,139 +129,294 @@ const EXAMPLES: &[Example] = &[
         first: "reshard batch root --out out --mode fit --os windows --ram 16GiB --pagefile 4GiB --vram 8GiB",
         setup: batch_root,
     },
+    Example {
+        page: "docs/inspect.md",
+        first: "reshard inspect tests/fixtures/tiny-moe-sharded",
+        setup: tiny_moe_and_t5,
+    },
+    Example {
+        page: "docs/inspect.md",
+        first: "reshard inspect tests/fixtures/tiny-t5 --tensors | head -5",
+        setup: tiny_moe_and_t5,
+    },
+    Example {
+        page: "docs/inspect.md",
+        first: "reshard inspect truncated-model",
+        setup: truncated,
+    },
+    Example {
+        page: "docs/pytorch.md",
+        first: "reshard inspect tests/fixtures/tiny-gpt2-bin",
+        setup: gpt2_bin,
+    },
+    Example {
+        page: "docs/convert.md",
+        first: "reshard convert tests/fixtures/tiny-llama tests/fixtures/tiny-llama/out",
+        setup: fixture_tiny_llama,
+    },
+    Example {
+        page: "docs/layouts.md",
+        first: "reshard convert tiny-llama out2",
+        setup: tiny_llama_aux,
+    },
+    Example {
+        page: "docs/gguf.md",
+        first: "reshard inspect tests/fixtures/gguf/split-00002-of-00002.gguf",
+        setup: gguf_fixtures,
+    },
+    Example {
+        page: "docs/gguf.md",
+        first: "reshard convert llama-q8_0.gguf tiny-llama --dtype bf16 --dry-run",
+        setup: llama_q8_0,
+    },
+    Example {
+        page: "docs/gguf.md",
+        first: "reshard validate tiny-llama --against llama-q8_0.gguf --device cpu",
+        setup: gguf_page_converted,
+    },
+    Example {
+        page: "docs/gguf.md",
+        first: "reshard convert tiny-llama tiny-llama-q8_0.gguf --quantize q8_0",
+        setup: gguf_page_converted,
+    },
+    Example {
+        page: "docs/gguf.md",
+        first: "reshard validate tiny-llama-q8_0.gguf --device cpu",
+        setup: gguf_page_quantized,
+    },
+    Example {
+        page: "docs/gguf.md",
+        first: "reshard convert tests/fixtures/gguf/llm/llama llama-q8_0.gguf --quantize q8_0 -q",
+        setup: gguf_llm,
+    },
+    Example {
+        page: "docs/fit.md",
+        first: "reshard fit flux1-dev.safetensors --for transformers --os linux --ram 64GiB --vram 12GiB --device-map device_map.json",
+        setup: flux_dev,
+    },
+    Example {
+        page: "docs/batch.md",
+        first: "reshard batch models --out converted --dry-run",
+        setup: batch_models,
+    },
+    Example {
+        page: "docs/batch.md",
+        first: "reshard batch models --out converted --jobs 2 --report converted/.reports/batch.json",
+        setup: batch_models,
+    },
+    Example {
+        page: "docs/batch.md",
+        first: "reshard batch models --out converted",
+        setup: batch_converted,
+    },
+    Example {
+        page: "docs/batch.md",
+        first: "reshard batch models --out converted --verify-source",
+        setup: batch_corrupted,
+    },
+    Example {
+        page: "docs/batch.md",
+        first: "reshard batch models --out converted --plan-parts 3",
+        setup: batch_models,
+    },
+    Example {
+        page: "docs/batch.md",
+        first: "reshard batch models --out converted --dry-run --part 2/3",
+        setup: batch_models,
+    },
+    Example {
+        page: "docs/batch.md",
+        first: "reshard batch-report merge converted/.reports/part-*.json -o converted/.reports/all.json",
+        setup: batch_parts,
+    },
+    Example {
+        page: "docs/batch.md",
+        first: "reshard batch gguf --out converted --dry-run",
+        setup: batch_gguf,
+    },
+    Example {
+        page: "docs/layouts.md",
+        first: "reshard convert tiny-llama out",
+        setup: tiny_llama_editor,
+    },
+    Example {
+        page: "docs/validate.md",
+        first: "reshard validate tiny-llama --loader python:transformers --python ./hangs --loader-timeout 2s",
+        setup: tiny_llama_hangs,
+    },
+    Example {
+        page: "docs/layouts.md",
+        first: "reshard convert sd15-aio.safetensors sd15-parts --split-components",
+        setup: sd15_aio,
+    },
+    Example {
+        page: "docs/quantize.md",
+        first: "reshard convert flux-tiny.safetensors flux-fp8 --quantize fp8 --dry-run",
+        setup: flux_tiny,
+    },
+    Example {
+        page: "docs/quantize.md",
+        first: "reshard convert flux-tiny.safetensors flux-fp8 --quantize fp8-scaled",
+        setup: flux_tiny,
+    },
+    Example {
+        page: "docs/quantize.md",
+        first: "reshard validate flux-fp8 --against flux-tiny.safetensors",
+        setup: flux_tiny_scaled,
+    },
 ];
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn readme(dir: &Path) {
-    copy_dir(
-        &repo().join("examples/tiny-llama"),
-        &dir.join("examples/tiny-llama"),
-    );
-}
-
-fn moe(dir: &Path) {
-    copy_dir(
-        &fixture("tiny-moe-sharded"),
-        &dir.join("tests/fixtures/tiny-moe-sharded"),
-    );
-}
-
-fn tiny_llama(dir: &Path) {
-    copy_dir(&fixture("tiny-llama"), &dir.join("tiny-llama"));
-}
-
-/// fit.md's FLUX.1-dev-shaped file: real names and dims, sparse data.
-fn flux_dev(dir: &Path) {
-    crate::fit_for::flux(dir);
-}
-
-/// gguf.md's FLUX-shaped file: the shapes its dry run shows (the plan
-/// reads no values, so they are zeros).
-fn flux(dir: &Path) {
-    let tensors: [(&str, &[u64]); 5] = [
-        ("double_blocks.0.img_attn.proj.weight", &[64, 256]),
-        ("double_blocks.0.img_attn.proj.bias", &[64]),
-        ("double_blocks.0.img_mlp.0.weight", &[48, 96]),
-        ("img_in.weight", &[64, 40]),
-        ("final_layer.linear.weight", &[16, 16]),
-    ];
-    let mut header = serde_json::Map::new();
-    let mut at = 0u64;
-    for (name, shape) in tensors {
-        let len = shape.iter().product::<u64>() * 4;
-        header.insert(
-            name.into(),
-            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, at + len]}),
-        );
-        at += len;
-    }
-    let json = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
-    write_safetensors_raw(
-        &dir.join("flux.safetensors"),
-        &json,
-        &vec![0u8; at as usize],
-    );
-}
-
-/// One F32 tensor with three values past F16's range.
-fn overflowing(dir: &Path) {
-    let data: Vec<u8> = [1e6f32, -1e6, 7e4, 1.0]
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
+/// README.md and every page of docs/.
+fn pages() -> Vec<String> {
+    let mut pages = vec!["README.md".to_string()];
+    let mut docs: Vec<String> = std::fs::read_dir(repo().join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("docs/{n}"))
         .collect();
-    write_safetensors_raw(
-        &dir.join("big.safetensors"),
-        br#"{"__metadata__":{"format":"pt"},"model.layers.3.mlp.down_proj.weight":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#,
-        &data,
-    );
+    docs.sort();
+    pages.extend(docs);
+    pages
 }
 
-/// inspect.md's folder with four findings: no `format: pt`, a misaligned
-/// tensor, a shard the index does not list, a wrong total_size.
-fn damaged(dir: &Path) {
-    let d = dir.join("damaged-folder");
-    std::fs::create_dir_all(&d).unwrap();
-    // A header of 128 bytes puts "b" (data offset 3) at byte 139.
-    let json = br#"{"a":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},"b":{"dtype":"F32","shape":[2],"data_offsets":[3,11]}}"#;
-    let mut header = json.to_vec();
-    header.resize(128, b' ');
-    write_safetensors_raw(
-        &d.join("model-00001-of-00002.safetensors"),
-        &header,
-        &[1; 11],
-    );
-    write_safetensors_raw(
-        &d.join("model-00002-of-00002.safetensors"),
-        br#"{"c":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#,
-        &[0],
-    );
-    std::fs::write(
-        d.join("model.safetensors.index.json"),
-        br#"{"metadata": {"total_size": 99}, "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors"}}"#,
-    )
-    .unwrap();
+/// A fenced block: the index of its opening fence's line and of its
+/// closing one.
+struct Fence {
+    open: usize,
+    close: usize,
 }
 
-/// batch.md's small ROOT, already converted into `out`.
-fn batch_root(dir: &Path) {
-    for f in ["tiny-gpt2", "tiny-t5"] {
-        copy_dir(&fixture(f), &dir.join("root").join(f));
-    }
-    crate::common::reshard()
-        .arg("batch")
-        .arg(dir.join("root"))
-        .arg("--out")
-        .arg(dir.join("out"))
-        .arg("-q")
-        .assert()
-        .success();
-}
-
-/// The block of `page` whose first line is `$ first`, as (command, the
-/// lines it prints) pairs.
-fn block(page: &str, first: &str) -> Vec<(String, String)> {
-    let md = std::fs::read_to_string(repo().join(page)).unwrap();
-    let head = format!("$ {first}");
-    let mut lines = md.lines().skip_while(|l| *l != head).peekable();
-    assert!(
-        lines.peek().is_some(),
-        "{page}: no block starts with {head:?}"
-    );
-    let mut out: Vec<(String, String)> = Vec::new();
-    for line in lines.take_while(|l| !l.starts_with("```")) {
-        match line.strip_prefix("$ ") {
-            Some(cmd) => out.push((cmd.to_string(), String::new())),
-            None => {
-                let last = out.last_mut().unwrap();
-                last.1.push_str(line);
-                last.1.push('\n');
-            }
+fn fences(lines: &[&str]) -> Vec<Fence> {
+    let mut out = Vec::new();
+    let mut open = None;
+    for (i, line) in lines.iter().enumerate() {
+        if !line.starts_with("```") {
+            continue;
+        }
+        match open.take() {
+            None => open = Some(i),
+            Some(o) => out.push(Fence { open: o, close: i }),
         }
     }
     out
+}
+
+/// The first `$ ` command of a block, when one of its commands runs reshard.
+fn first_reshard_block(body: &[&str]) -> Option<String> {
+    let runs_reshard = body.iter().any(|l| {
+        l.strip_prefix("$ ")
+            .is_some_and(|c| c.split_whitespace().any(|w| w == "reshard"))
+    });
+    let first = body.iter().find_map(|l| l.strip_prefix("$ "))?;
+    runs_reshard.then(|| first.to_string())
+}
+
+/// What is wrong with the marker right above a block's fence, if anything:
+/// `Ok(true)` for a valid marker, `Ok(false)` for none.
+fn marker(above: Option<&str>) -> Result<bool, String> {
+    let Some(text) = above.and_then(|l| l.trim().strip_prefix("<!-- not checked:")) else {
+        return Ok(false);
+    };
+    let Some(reason) = text.strip_suffix("-->") else {
+        return Err("a marker must end with -->".into());
+    };
+    let reason = reason.trim();
+    if REASONS.iter().any(|r| reason.starts_with(r)) {
+        Ok(true)
+    } else {
+        Err(format!(
+            "marker reason {reason:?} is not one of {REASONS:?}"
+        ))
+    }
+}
+
+#[test]
+fn every_command_block_is_checked_or_marked() {
+    let mut wrong = Vec::new();
+    let mut seen = Vec::new();
+    for page in pages() {
+        let md = std::fs::read_to_string(repo().join(&page)).unwrap();
+        let lines: Vec<&str> = md.lines().collect();
+        for f in fences(&lines) {
+            let above = f.open.checked_sub(1).map(|i| lines[i]);
+            let marked = marker(above);
+            let Some(first) = first_reshard_block(&lines[f.open + 1..f.close]) else {
+                if marked != Ok(false) {
+                    wrong.push(format!(
+                        "{page}:{}: a marker above a block that runs no reshard command",
+                        f.open + 1
+                    ));
+                }
+                continue;
+            };
+            let checked = EXAMPLES.iter().any(|e| e.page == page && e.first == first);
+            let pending = NOT_YET_MARKED
+                .iter()
+                .any(|(p, c)| *p == page && *c == first);
+            if checked || pending {
+                seen.push((page.clone(), first.clone()));
+            }
+            match (marked, checked || pending) {
+                (Err(why), _) => wrong.push(format!("{page}:{}: {why}", f.open + 1)),
+                (Ok(true), true) => wrong.push(format!(
+                    "{page}:{}: block `$ {first}` is checked but marked not checked",
+                    f.open + 1
+                )),
+                (Ok(false), false) => wrong.push(format!(
+                    "{page}:{}: block `$ {first}` is neither in docs_output.rs's EXAMPLES nor marked `<!-- not checked: REASON -->` (REASON one of {REASONS:?})",
+                    f.open + 1
+                )),
+                _ => {}
+            }
+        }
+    }
+    for (page, first) in EXAMPLES
+        .iter()
+        .map(|e| (e.page, e.first))
+        .chain(NOT_YET_MARKED.iter().copied())
+    {
+        if !seen.iter().any(|(p, c)| p == page && c == first) {
+            wrong.push(format!("{page}: no block starts with `$ {first}`"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// One command of a block and the lines the page shows it printing (as
+/// indices into the page's lines).
+struct Step {
+    cmd: String,
+    shown: std::ops::Range<usize>,
+}
+
+/// The block of `lines` whose first line is `$ first`.
+fn block(page: &str, lines: &[&str], first: &str) -> Vec<Step> {
+    let head = format!("$ {first}");
+    let fence = fences(lines)
+        .into_iter()
+        .find(|f| lines.get(f.open + 1) == Some(&head.as_str()))
+        .unwrap_or_else(|| panic!("{page}: no block starts with {head:?}"));
+    let mut steps: Vec<Step> = Vec::new();
+    for (i, line) in lines
+        .iter()
+        .enumerate()
+        .take(fence.close)
+        .skip(fence.open + 1)
+    {
+        match line.strip_prefix("$ ") {
+            Some(cmd) => steps.push(Step {
+                cmd: cmd.to_string(),
+                shown: i + 1..i + 1,
+            }),
+            None => steps.last_mut().unwrap().shown.end = i + 1,
+        }
+    }
+    steps
 }
 
 /// What differs between runs of the same command, masked.
@@ -221,6 +429,8 @@ fn mask(text: &str) -> String {
             "buffers peaked at PEAK",
         ),
         (r"(?m)^(\S+ +\S+ [KMGT]?i?B) +\d+\.\d\d ", "$1 SECONDS "),
+        (r"(?m)( [KMGT]?i?B) +\d+\.\d\d$", "$1 SECONDS"),
+        (r"longest part \d+(\.\d+)? s\b", "longest part T s"),
     ];
     let mut text = text.to_string();
     for (re, with) in rules {
@@ -230,6 +440,30 @@ fn mask(text: &str) -> String {
             .into_owned();
     }
     text
+}
+
+/// Whether the printed lines are the shown ones, masked, a shown `...`
+/// standing for any number of printed lines.
+fn matches(shown: &[String], got: &[String]) -> bool {
+    match shown.split_first() {
+        None => got.is_empty(),
+        Some((s, rest)) if s.trim() == "..." => (0..=got.len()).any(|k| matches(rest, &got[k..])),
+        Some((s, rest)) => got
+            .split_first()
+            .is_some_and(|(g, more)| mask(s) == mask(g) && matches(rest, more)),
+    }
+}
+
+/// The lines to write in place of `shown`: the printed ones, each kept as
+/// the page has it where it is the same once masked.
+fn blessed(shown: &[String], got: &[String]) -> Vec<String> {
+    got.iter()
+        .enumerate()
+        .map(|(i, g)| match shown.get(i) {
+            Some(s) if mask(s) == mask(g) => s.clone(),
+            _ => g.clone(),
+        })
+        .collect()
 }
 
 /// A PATH with the tested binary first.
@@ -242,29 +476,80 @@ fn path_with_reshard() -> std::ffi::OsString {
     std::env::join_paths(dirs).unwrap()
 }
 
+/// Runs one command line in `dir` as the pages' reader would, `$?` being
+/// `prev`, the exit status of the block's command before; returns what it
+/// printed and its own exit status.
+fn run(cmd: &str, dir: &Path, prev: i32) -> (Vec<String>, i32) {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("(exit {prev}); {{ {cmd}\n}} 2>&1"))
+        .current_dir(dir)
+        .env("PATH", path_with_reshard())
+        .env("NO_COLOR", "1")
+        .env("EDITOR", "sh .edit")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout)
+        .replace(&dir.display().to_string(), "/tmp/demo")
+        .lines()
+        .map(str::to_string)
+        .collect();
+    (printed, out.status.code().unwrap_or(1))
+}
+
 #[cfg(unix)] // the blocks are POSIX shell command lines
 #[test]
 fn doc_blocks_show_what_the_binary_prints() {
+    let bless = std::env::var_os("RESHARD_BLESS_DOCS").is_some_and(|v| v == "1");
     let mut wrong = Vec::new();
     for ex in EXAMPLES {
+        let path = repo().join(ex.page);
+        let md = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = md.lines().collect();
         let tmp = tempfile::tempdir().unwrap();
         (ex.setup)(tmp.path());
-        for (cmd, want) in block(ex.page, ex.first) {
-            let out = std::process::Command::new("sh")
-                .arg("-c")
-                .arg(format!("{cmd} 2>&1"))
-                .current_dir(tmp.path())
-                .env("PATH", path_with_reshard())
-                .env("NO_COLOR", "1")
-                .output()
-                .unwrap();
-            let got = String::from_utf8_lossy(&out.stdout);
-            if mask(&got) != mask(&want) {
-                wrong.push(format!(
-                    "{}: $ {cmd}\n--- the page shows\n{want}--- the binary prints\n{got}",
-                    ex.page
-                ));
+        let mut edits = Vec::new();
+        let mut status = 0;
+        for step in block(ex.page, &lines, ex.first) {
+            let shown: Vec<String> = lines[step.shown.clone()]
+                .iter()
+                .map(|l| l.to_string())
+                .collect();
+            let got;
+            (got, status) = run(&step.cmd, tmp.path(), status);
+            if matches(&shown, &got) {
+                continue;
             }
+            let abridged = shown.iter().any(|l| l.trim() == "...");
+            if bless && !abridged {
+                edits.push((step.shown.clone(), blessed(&shown, &got)));
+                continue;
+            }
+            wrong.push(format!(
+                "{}:{}: $ {}{}\n--- the page shows\n{}\n--- the binary prints\n{}",
+                ex.page,
+                step.shown.start,
+                step.cmd,
+                if bless {
+                    " (abridged: fix it by hand)"
+                } else {
+                    ""
+                },
+                shown.join("\n"),
+                got.join("\n")
+            ));
+        }
+        if !edits.is_empty() {
+            let mut out: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+            for (range, with) in edits.into_iter().rev() {
+                out.splice(range, with);
+            }
+            let mut text = out.join("\n");
+            if md.ends_with('\n') {
+                text.push('\n');
+            }
+            std::fs::write(&path, text).unwrap();
+            eprintln!("blessed {} (block `$ {}`)", ex.page, ex.first);
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
@@ -280,7 +565,47 @@ fn the_mask_hides_only_what_varies() {
         mask("tiny-gpt2  109.81 KiB      0.03  passed"),
         "tiny-gpt2  109.81 KiB SECONDS  passed"
     );
+    assert_eq!(
+        mask("0/3             2          1           0       0        1  857.35 KiB      0.07"),
+        "0/3             2          1           0       0        1  857.35 KiB SECONDS"
+    );
+    assert_eq!(
+        mask("1.62 MiB; longest part 0.15 s"),
+        "1.62 MiB; longest part T s"
+    );
     assert_eq!(mask("short by 984.23 MiB"), "short by 984.23 MiB");
+    assert_eq!(mask("max abs error 1.6748e-3"), "max abs error 1.6748e-3");
+}
+
+#[test]
+fn an_ellipsis_stands_for_any_lines_and_bless_keeps_masked_lines() {
+    let v = |s: &[&str]| s.iter().map(|l| l.to_string()).collect::<Vec<_>>();
+    assert!(matches(&v(&["a", "...", "d"]), &v(&["a", "b", "c", "d"])));
+    assert!(matches(&v(&["a", "...", "d"]), &v(&["a", "d"])));
+    assert!(matches(&v(&["a", "  ..."]), &v(&["a", "b"])));
+    assert!(!matches(&v(&["a", "...", "d"]), &v(&["a", "b", "e"])));
+    assert!(!matches(&v(&["a", "b"]), &v(&["a", "b", "c"])));
+    assert_eq!(
+        blessed(
+            &v(&["done in 1.00 s", "x"]),
+            &v(&["done in 2.00 s", "y", "z"])
+        ),
+        v(&["done in 1.00 s", "y", "z"])
+    );
+}
+
+/// Markers: a fixed reason passes, another reason or no `-->` fails.
+#[test]
+fn a_marker_reason_must_be_one_of_the_fixed_set() {
+    assert_eq!(
+        marker(Some("<!-- not checked: needs a GPU (cuda) -->")),
+        Ok(true)
+    );
+    assert_eq!(marker(Some("<!-- not checked: illustrative -->")), Ok(true));
+    assert_eq!(marker(Some("some prose")), Ok(false));
+    assert_eq!(marker(None), Ok(false));
+    assert!(marker(Some("<!-- not checked: too slow -->")).is_err());
+    assert!(marker(Some("<!-- not checked: illustrative")).is_err());
 }
 
 /// The long flags `reshard SUBCOMMAND --help` lists.

@@ -15,6 +15,7 @@ mod cuda;
 mod digest;
 mod docs_examples;
 mod docs_output;
+mod docs_setups;
 mod fit;
 mod fit_convert;
 mod fit_for;
