@@ -168,7 +168,8 @@ mod tests {
         term.0.lock().unwrap().clone()
     }
 
-    const LONG: &str = "model-00001-of-00002-with-a-name-long-enough-to-need-two-lines-of-a-terminal-\
+    const LONG: &str =
+        "model-00001-of-00002-with-a-name-long-enough-to-need-two-lines-of-a-terminal-\
                         that-is-only-eighty-columns-wide.safetensors";
 
     /// At 80 columns the bar vanished and each redraw left a line padded to
@@ -189,10 +190,17 @@ mod tests {
         let lines = drawn(&term);
         let last = lines.iter().rev().find(|l| !l.trim().is_empty()).unwrap();
         for l in &lines {
-            assert!(l.chars().count() <= 80, "{} columns: {l:?}", l.chars().count());
+            assert!(
+                l.chars().count() <= 80,
+                "{} columns: {l:?}",
+                l.chars().count()
+            );
         }
         assert!(last.contains("1.02 GiB/4.10 GiB"), "{last:?}");
-        assert!(last.contains("model-00001"), "the name is cut, not dropped: {last:?}");
+        assert!(
+            last.contains("model-00001"),
+            "the name is cut, not dropped: {last:?}"
+        );
     }
 
     /// batch's job bars started full over "0 B/0 B" before the size was

@@ -259,12 +259,14 @@ impl Judge<'_> {
         let row = match self.program.row_among(format, self.params.os, self.loaders) {
             Some(row) => row,
             None if self.program.row(format, self.params.os).is_none() => {
-                return Err(format!("{} does not read {format:?} files", self.program.name));
+                return Err(format!(
+                    "{} does not read {format:?} files",
+                    self.program.name
+                ));
             }
             None => {
-                let names = |ls: &[Loader]| {
-                    ls.iter().map(|l| l.name()).collect::<Vec<_>>().join(", ")
-                };
+                let names =
+                    |ls: &[Loader]| ls.iter().map(|l| l.name()).collect::<Vec<_>>().join(", ");
                 return Err(format!(
                     "--loader {} names none of {}'s rows ({})",
                     names(self.loaders),

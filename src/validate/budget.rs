@@ -213,7 +213,8 @@ fn child_run() -> Result<ValidateReport, ValidateError> {
         reason: format!("bad {CHILD_ENV}: {e}"),
     })?;
     if args.progress {
-        args.options.progress = Progress::new(std::sync::Arc::new(relay::StderrReporter::default()));
+        args.options.progress =
+            Progress::new(std::sync::Arc::new(relay::StderrReporter::default()));
     }
     let budget = args.options.commit_budget.unwrap_or(u64::MAX);
     let mut ledger = CommitLedger::start();

@@ -274,12 +274,14 @@ pub fn run(
             count += 1;
         }
         match &held {
-            Some(h) => hash_polling(&mut check, h.bytes(), &options.cancel).map_err(|e| {
-                match cancelled(&e) {
-                    true => interrupted(),
-                    false => io(e),
-                }
-            })?,
+            Some(h) => {
+                hash_polling(&mut check, h.bytes(), &options.cancel).map_err(
+                    |e| match cancelled(&e) {
+                        true => interrupted(),
+                        false => io(e),
+                    },
+                )?
+            }
             None if check.active() && pos < source.size => {
                 let tail = read_range(&f, pos, source.size).map_err(|e| {
                     if e.kind() == std::io::ErrorKind::UnexpectedEof {

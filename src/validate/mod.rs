@@ -50,9 +50,9 @@ pub mod budget;
 mod compare;
 pub(crate) mod emulate;
 mod load;
-mod relay;
 pub(crate) mod own;
 pub mod python;
+mod relay;
 mod sets;
 
 pub use self::budget::validate_with_budget;

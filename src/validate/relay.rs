@@ -155,7 +155,10 @@ mod tests {
         ];
         let mut stderr = String::from("warning: one\n");
         for e in &events {
-            stderr.push_str(&format!("{LINE_PREFIX}{}\n", serde_json::to_string(e).unwrap()));
+            stderr.push_str(&format!(
+                "{LINE_PREFIX}{}\n",
+                serde_json::to_string(e).unwrap()
+            ));
         }
         stderr.push_str("memory allocation of 4096 bytes failed\n");
         let (tx, rx) = std::sync::mpsc::channel();
@@ -168,7 +171,12 @@ mod tests {
         replay_pending(&rx, &Progress::new(record.clone()));
         assert_eq!(
             *record.0.lock().unwrap(),
-            ["start 100", "shard a\nb.safetensors", "advance 60", "finish"]
+            [
+                "start 100",
+                "shard a\nb.safetensors",
+                "advance 60",
+                "finish"
+            ]
         );
     }
 }

@@ -54,26 +54,47 @@ const REASONS: &[&str] = &[
     "illustrative",
 ];
 
-/// Blocks of docs/fit.md (a page other branches are rewriting) neither
-/// checked nor marked yet: two on the 302 MiB calibration Llama, which is
-/// not in the repository, and one whose calibration lines say `vram` where
-/// the binary says `VRAM`. To be emptied, not grown.
-const NOT_YET_MARKED: &[(&str, &str)] = &[
-    (
-        "docs/fit.md",
-        "reshard fit tests/fixtures/gguf/split-00002-of-00002.gguf --os windows --ram 8GiB --pagefile 1GiB --vram 1KiB",
-    ),
-    (
-        "docs/fit.md",
-        "reshard fit llama-302m --os windows --ram 1GiB --pagefile 512MiB",
-    ),
-    (
-        "docs/fit.md",
-        "reshard fit llama-302m --os windows --ram 1GiB --pagefile 512MiB --loader per-shard-mmap --loader transformers-v5-mmap --max-shard-size 64MiB",
-    ),
-];
-
 const EXAMPLES: &[Example] = &[
+    Example {
+        page: "docs/fit.md",
+        first: "reshard fit llama-302m --os windows --ram 1GiB --pagefile 512MiB",
+        setup: llama_302m,
+    },
+    Example {
+        page: "docs/fit.md",
+        first: "reshard fit llama-302m --os windows --ram 1GiB --pagefile 512MiB --loader per-shard-mmap --loader transformers-v5-mmap --max-shard-size 64MiB",
+        setup: llama_302m,
+    },
+    Example {
+        page: "docs/fit.md",
+        first: "reshard fit tests/fixtures/gguf/split-00002-of-00002.gguf --os windows --ram 8GiB --pagefile 1GiB --vram 1KiB",
+        setup: gguf_split,
+    },
+    Example {
+        page: "docs/fit.md",
+        first: "reshard fit qwen2-14b --os windows --ram 32GiB --pagefile 8GiB --vram 32GiB --baseline 10.93GiB --loader transformers-v5-mmap --loader per-shard-mmap",
+        setup: qwen2_14b,
+    },
+    Example {
+        page: "docs/fit.md",
+        first: "reshard convert flux1-dev.safetensors flux1-dev-fp8.safetensors --fit --for comfyui --os windows --ram 32GiB --pagefile 8GiB --vram 12GiB --dry-run",
+        setup: flux_dev,
+    },
+    Example {
+        page: "docs/fit.md",
+        first: "reshard convert tiny-llama out --fit --for transformers --os linux --ram 16GiB --vram 345KiB --reserve 0 --validate",
+        setup: tiny_llama,
+    },
+    Example {
+        page: "docs/fit.md",
+        first: "reshard convert tiny-llama out2 --fit --for vllm --os linux --ram 16GiB --vram 1KiB --reserve 0; echo \"exit $?\"",
+        setup: tiny_llama,
+    },
+    Example {
+        page: "docs/batch.md",
+        first: "reshard batch root --out out --fit --for transformers --os linux --ram 4GiB --vram 345KiB --reserve 0",
+        setup: fit_root,
+    },
     Example {
         page: "README.md",
         first: "reshard fit examples/tiny-llama --os windows --ram 8GiB --pagefile 2GiB -q",
@@ -355,13 +376,10 @@ fn every_command_block_is_checked_or_marked() {
                 continue;
             };
             let checked = EXAMPLES.iter().any(|e| e.page == page && e.first == first);
-            let pending = NOT_YET_MARKED
-                .iter()
-                .any(|(p, c)| *p == page && *c == first);
-            if checked || pending {
+            if checked {
                 seen.push((page.clone(), first.clone()));
             }
-            match (marked, checked || pending) {
+            match (marked, checked) {
                 (Err(why), _) => wrong.push(format!("{page}:{}: {why}", f.open + 1)),
                 (Ok(true), true) => wrong.push(format!(
                     "{page}:{}: block `$ {first}` is checked but marked not checked",
@@ -375,11 +393,7 @@ fn every_command_block_is_checked_or_marked() {
             }
         }
     }
-    for (page, first) in EXAMPLES
-        .iter()
-        .map(|e| (e.page, e.first))
-        .chain(NOT_YET_MARKED.iter().copied())
-    {
+    for (page, first) in EXAMPLES.iter().map(|e| (e.page, e.first)) {
         if !seen.iter().any(|(p, c)| p == page && c == first) {
             wrong.push(format!("{page}: no block starts with `$ {first}`"));
         }
@@ -431,6 +445,8 @@ fn mask(text: &str) -> String {
         (r"(?m)^(\S+ +\S+ [KMGT]?i?B) +\d+\.\d\d ", "$1 SECONDS "),
         (r"(?m)( [KMGT]?i?B) +\d+\.\d\d$", "$1 SECONDS"),
         (r"longest part \d+(\.\d+)? s\b", "longest part T s"),
+        // validate's per-shard line: `  NAME  SIZE  N tensors  0.006 s  0.06 GB/s`.
+        (r"\d+\.\d{3} s  \d+\.\d\d GB/s", "T s  RATE"),
     ];
     let mut text = text.to_string();
     for (re, with) in rules {

@@ -428,3 +428,75 @@ pub(crate) fn sd15_aio(dir: &Path) {
         &vec![0u8; at as usize],
     );
 }
+
+/// fit.md's llama-302m: the calibration Llama's real headers over sparse
+/// data (tests/fixtures/llama-302m-headers).
+pub(crate) fn llama_302m(dir: &Path) {
+    crate::fit::llama_302m(dir);
+}
+
+/// fit.md's gguf split set where the page names it.
+pub(crate) fn gguf_split(dir: &Path) {
+    gguf_fixtures(dir);
+}
+
+/// fit.md's qwen2-14b: the layout of the Windows report (4 bf16 shards of
+/// 8,718,768,250, 8,708,030,832 twice and 3,403,745,670 bytes, 27.51 GiB),
+/// as 1 GiB tensors and a remainder per shard, sparse. fit's Windows terms
+/// depend on the shard sizes, not on how a shard is cut.
+pub(crate) fn qwen2_14b(dir: &Path) {
+    let d = dir.join("qwen2-14b");
+    std::fs::create_dir_all(&d).unwrap();
+    let files: [(u64, usize); 4] = [
+        (8_718_768_250, 1024),
+        (8_708_030_832, 1024),
+        (8_708_030_832, 1024),
+        (3_403_745_670, 472),
+    ];
+    let mut weight_map = serde_json::Map::new();
+    for (k, &(size, header_len)) in files.iter().enumerate() {
+        let name = format!("model-{:05}-of-00004.safetensors", k + 1);
+        let data = size - 8 - header_len as u64;
+        let mut header = serde_json::Map::new();
+        let (mut at, mut t) = (0u64, 0);
+        while at < data {
+            let len = (data - at).min(1 << 30) / 2 * 2;
+            if len == 0 {
+                break;
+            }
+            let tensor = format!("model.layers.{k}.t{t}.weight");
+            header.insert(
+                tensor.clone(),
+                serde_json::json!({"dtype": "BF16", "shape": [len / 2], "data_offsets": [at, at + len]}),
+            );
+            weight_map.insert(tensor, name.clone().into());
+            at += len;
+            t += 1;
+        }
+        header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
+        let mut json = serde_json::to_vec(&header).unwrap();
+        assert!(json.len() <= header_len);
+        json.resize(header_len, b' ');
+        let file = std::fs::File::create(d.join(&name)).unwrap();
+        let mut prefix = (header_len as u64).to_le_bytes().to_vec();
+        prefix.extend_from_slice(&json);
+        std::io::Write::write_all(&mut &file, &prefix).unwrap();
+        file.set_len(size).unwrap();
+    }
+    let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": weight_map});
+    std::fs::write(
+        d.join("model.safetensors.index.json"),
+        serde_json::to_vec(&index).unwrap(),
+    )
+    .unwrap();
+}
+
+/// batch.md's `--fit` root: the tiny Llama (bf16), the f32 Llama of the
+/// GGUF fixtures and a FLUX-shaped file.
+pub(crate) fn fit_root(dir: &Path) {
+    let root = dir.join("root");
+    copy_dir(&fixture("tiny-llama"), &root.join("tiny-llama"));
+    copy_dir(&fixture("gguf/llm/llama"), &root.join("llama"));
+    std::fs::create_dir_all(root.join("flux")).unwrap();
+    crate::fit_for::flux(&root.join("flux"));
+}

@@ -2,7 +2,7 @@
 //! safetensors headers over sparse data sections, so ~128 GiB of weights
 //! cost no disk. fit reads headers only; a test checks it reads no data.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
@@ -800,8 +800,13 @@ fn the_sparse_calibration_llama_is_the_real_ones_layout() {
         })
         .collect();
     assert_eq!(sizes, [146_819_824, 142_633_832, 27_275_904]);
-    let out = reshard().arg("inspect").arg(&model).arg("--json").output().unwrap();
+    let out = reshard()
+        .arg("inspect")
+        .arg(&model)
+        .arg("--json")
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(j["tensors"].as_array().map(|t| t.len()), Some(57), "{j}");
+    assert_eq!(j["tensor_count"], 57, "{j}");
 }

@@ -252,7 +252,9 @@ fn batch_fit_converts_each_model_to_its_own_best_form() {
     let out = dir.path().join("out");
     // 345 KiB of VRAM and 4 GiB of RAM for transformers: tiny-llama
     // (bf16) takes fp8-channel as above; llama is f32 (444 KiB), whose
-    // bf16 cast (222 KiB) fits wholly on the GPU; the 23.8 GB FLUX-shaped
+    // 16-bit casts (222 KiB) fit wholly on the GPU, and of the two f16
+    // has the lower sampled error (10 mantissa bits to bf16's 7, and
+    // these weights are within f16's range); the 23.8 GB FLUX-shaped
     // file needs its offloaded weights in host memory, over 4 GiB in
     // every form transformers reads.
     let o = reshard()
@@ -290,7 +292,7 @@ fn batch_fit_converts_each_model_to_its_own_best_form() {
             .clone();
         (m["status"].as_str().unwrap().to_string(), m)
     };
-    for (name, form) in [("tiny-llama", "fp8-channel"), ("llama", "bf16")] {
+    for (name, form) in [("tiny-llama", "fp8-channel"), ("llama", "f16")] {
         let (st, m) = status(name);
         assert_eq!(st, "converted", "{m}");
         let note = m["notes"][0].as_str().unwrap();
@@ -302,7 +304,7 @@ fn batch_fit_converts_each_model_to_its_own_best_form() {
     let tiny = dtypes(&out.join("tiny-llama"));
     assert_eq!(tiny["model.layers.0.self_attn.q_proj.weight"], "F8_E4M3");
     let llama = dtypes(&out.join("llama"));
-    assert!(llama.values().all(|d| d == "BF16"), "{llama:?}");
+    assert!(llama.values().all(|d| d == "F16"), "{llama:?}");
     let (flux, m) = status("flux");
     assert_eq!(flux, "failed");
     let reason = m["reason"].as_str().unwrap();

@@ -381,7 +381,10 @@ fn loader_narrows_the_programs_rows() {
     let (_, r) = plan(&src, "transformers", &WINDOWS_12G);
     let default_rows = rows(&r);
     assert!(!default_rows.is_empty());
-    assert!(default_rows.iter().all(|l| l == "transformers-v5-pread"), "{r}");
+    assert!(
+        default_rows.iter().all(|l| l == "transformers-v5-pread"),
+        "{r}"
+    );
     let mut narrowed = WINDOWS_12G.to_vec();
     narrowed.extend(["--loader", "transformers-v5-mmap"]);
     let (_, r) = plan(&src, "transformers", &narrowed);

@@ -85,7 +85,15 @@ fn a_newline_in_a_name_never_starts_a_line() {
     let runs: [&[&str]; 3] = [
         &["validate"],
         &["fit", "--os", "linux", "--ram", "8GiB"],
-        &["fit", "--for", "transformers", "--os", "linux", "--ram", "8GiB"],
+        &[
+            "fit",
+            "--for",
+            "transformers",
+            "--os",
+            "linux",
+            "--ram",
+            "8GiB",
+        ],
     ];
     for args in runs {
         let out = reshard().args(args).arg(&model).output().unwrap();
@@ -95,6 +103,9 @@ fn a_newline_in_a_name_never_starts_a_line() {
             !text.lines().any(|l| l.starts_with("fake")),
             "{args:?}: a name started a line:\n{text}"
         );
-        assert!(text.contains("\\nfake"), "{args:?}: the name is shown escaped:\n{text}");
+        assert!(
+            text.contains("\\nfake"),
+            "{args:?}: the name is shown escaped:\n{text}"
+        );
     }
 }
