@@ -120,16 +120,7 @@ pub fn render(path: &str, r: &MakeFit) -> String {
         None => {
             let _ = writeln!(o, "nothing {} reads fits this machine", r.program);
             if let Some(m) = &r.smallest_machine {
-                let _ = write!(
-                    o,
-                    "  the smallest form, {}, needs a host budget of {}",
-                    m.form.name(),
-                    human(m.host)
-                );
-                if let Some(v) = m.vram {
-                    let _ = write!(o, " and {} of dedicated VRAM", human(v));
-                }
-                o.push('\n');
+                let _ = writeln!(o, "  {}", m.describe());
             }
         }
     }

@@ -141,15 +141,7 @@ impl FitChoice {
             );
         }
         if let Some(m) = &p.smallest_machine {
-            let _ = write!(
-                o,
-                ": the smallest form, {}, needs a host budget of {}",
-                m.form.name(),
-                human(m.host)
-            );
-            if let Some(v) = m.vram {
-                let _ = write!(o, " and {} of dedicated VRAM", human(v));
-            }
+            let _ = write!(o, ": {}", m.describe());
         }
         o
     }

@@ -121,6 +121,25 @@ pub struct SmallestMachine {
     pub vram: Option<u64>,
 }
 
+impl SmallestMachine {
+    /// "the smallest form, F, needs a host budget of H[ and V of dedicated
+    /// VRAM]": the one wording of fit's, convert's and batch's verdicts.
+    pub fn describe(&self) -> String {
+        let mut o = format!(
+            "the smallest form, {}, needs a host budget of {}",
+            self.form.name(),
+            crate::units::human(self.host)
+        );
+        if let Some(v) = self.vram {
+            o.push_str(&format!(
+                " and {} of dedicated VRAM",
+                crate::units::human(v)
+            ));
+        }
+        o
+    }
+}
+
 /// Plans `program`'s forms of `ck` on `machine`. `reserve`: the
 /// activation reserve of the plain VRAM rule.
 pub fn make_fit(

@@ -47,22 +47,24 @@ pub(crate) fn flux(dir: &Path) {
         ("img_in.weight", &[64, 40]),
         ("final_layer.linear.weight", &[16, 16]),
     ];
+    zeros_f32(&dir.join("flux.safetensors"), &tensors);
+}
+
+/// A safetensors file of F32 `tensors` (name, shape), all zeros: what a
+/// page's plan or split shows depends on names and shapes only.
+fn zeros_f32(path: &Path, tensors: &[(&str, &[u64])]) {
     let mut header = serde_json::Map::new();
     let mut at = 0u64;
     for (name, shape) in tensors {
         let len = shape.iter().product::<u64>() * 4;
         header.insert(
-            name.into(),
+            name.to_string(),
             serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, at + len]}),
         );
         at += len;
     }
     let json = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
-    write_safetensors_raw(
-        &dir.join("flux.safetensors"),
-        &json,
-        &vec![0u8; at as usize],
-    );
+    write_safetensors_raw(path, &json, &vec![0u8; at as usize]);
 }
 
 /// One F32 tensor with three values past F16's range.
@@ -411,22 +413,7 @@ pub(crate) fn sd15_aio(dir: &Path) {
             &[400, 400],
         ),
     ];
-    let mut header = serde_json::Map::new();
-    let mut at = 0u64;
-    for (name, shape) in tensors {
-        let len = shape.iter().product::<u64>() * 4;
-        header.insert(
-            name.into(),
-            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, at + len]}),
-        );
-        at += len;
-    }
-    let json = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
-    write_safetensors_raw(
-        &dir.join("sd15-aio.safetensors"),
-        &json,
-        &vec![0u8; at as usize],
-    );
+    zeros_f32(&dir.join("sd15-aio.safetensors"), &tensors);
 }
 
 /// fit.md's llama-302m: the calibration Llama's real headers over sparse
