@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::exec::{self, ExecOptions, Reporter, WindowPool};
+use crate::exec::{self, ExecOptions, PeakMeter, Reporter, WindowPool};
 use crate::format::{Checkpoint, Format};
 use crate::plan::Plan;
 use crate::plan::PlanOptions;
@@ -125,6 +125,9 @@ pub fn convert_gated(
     before_commit: BeforeCommit,
 ) -> Result<ConvertSummary, ConvertError> {
     let started = Instant::now();
+    // This conversion's own peak: a pipeline's weight sets and
+    // `--split-components`' components share one pool, one after another.
+    let meter = pool.meter();
     let job = prepare(ck, dst, options)?;
     std::fs::create_dir_all(dst).map_err(|e| WriteError::io(dst, e))?;
     let mut scope = job.scope;
@@ -161,7 +164,7 @@ pub fn convert_gated(
         dst::DstState::UpToDate(mut manifest) => {
             let refreshed =
                 other::refresh(&mut others, dst, config.as_deref(), &mut manifest, cancel)?;
-            let mut s = summary(dst, true, 0, &plan, 0, started, pool, options, manifest);
+            let mut s = summary(dst, true, 0, &plan, 0, started, &meter, options, manifest);
             s.refreshed_files = refreshed;
             s.skipped_files = others.skipped;
             s.copied_as_is = others.copied_as_is;
@@ -239,7 +242,7 @@ pub fn convert_gated(
     commit(dst, &beside, &mut manifest, cancel)?;
     drop(lock);
     let mut s = summary(
-        dst, false, resumed, &plan, todo_bytes, started, pool, options, manifest,
+        dst, false, resumed, &plan, todo_bytes, started, &meter, options, manifest,
     );
     s.set_aside = set_aside;
     s.skipped_files = others.skipped;
@@ -489,7 +492,7 @@ fn summary(
     plan: &Plan,
     bytes_read: u64,
     started: Instant,
-    pool: &WindowPool,
+    meter: &PeakMeter<'_>,
     options: &ConvertOptions,
     manifest: Manifest,
 ) -> ConvertSummary {
@@ -507,7 +510,7 @@ fn summary(
             manifest.shards.iter().map(|s| s.size).sum()
         },
         seconds: started.elapsed().as_secs_f64(),
-        peak_buffer_bytes: pool.peak(),
+        peak_buffer_bytes: meter.peak(),
         window: options.window,
         skipped_files: Vec::new(),
         copied_as_is: Vec::new(),

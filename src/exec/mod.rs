@@ -36,7 +36,7 @@ use crate::write::WriteError;
 use self::job::Job;
 pub use self::job::{CopyPath, ExecError, ExecOptions, MAX_CHUNK};
 pub use self::reporter::{NoReport, Reporter};
-pub use self::window::{WindowBuf, WindowPool, WindowTooSmall};
+pub use self::window::{PeakMeter, WindowBuf, WindowPool, WindowTooSmall};
 
 /// Writes the shards of `plan` that `options.skip` does not rule out into
 /// `dst`, calling `options.on_shard` as each one is committed.

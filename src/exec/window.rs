@@ -17,6 +17,36 @@ pub struct WindowPool {
 struct PoolState {
     in_use: u64,
     peak: u64,
+    /// The peaks of the open [`PeakMeter`]s, by id.
+    meters: Vec<(u64, u64)>,
+    next_meter: u64,
+}
+
+/// The most bytes handed out at once from its start on: the peak of one
+/// conversion among several that share a pool one after another (a
+/// pipeline's weight sets, `--split-components`' components), where
+/// [`WindowPool::peak`] is the whole run's.
+#[derive(Debug)]
+pub struct PeakMeter<'a> {
+    pool: &'a WindowPool,
+    id: u64,
+}
+
+impl PeakMeter<'_> {
+    pub fn peak(&self) -> u64 {
+        let state = self.pool.lock();
+        state
+            .meters
+            .iter()
+            .find(|m| m.0 == self.id)
+            .map_or(0, |m| m.1)
+    }
+}
+
+impl Drop for PeakMeter<'_> {
+    fn drop(&mut self) {
+        self.pool.lock().meters.retain(|m| m.0 != self.id);
+    }
 }
 
 /// A request the pool can never satisfy.
@@ -43,6 +73,16 @@ impl WindowPool {
     /// The most bytes ever handed out at once.
     pub fn peak(&self) -> u64 {
         self.lock().peak
+    }
+
+    /// A meter of the peak from now on (starting at what is in use now).
+    pub fn meter(&self) -> PeakMeter<'_> {
+        let mut state = self.lock();
+        let id = state.next_meter;
+        state.next_meter += 1;
+        let now = state.in_use;
+        state.meters.push((id, now));
+        PeakMeter { pool: self, id }
     }
 
     /// Bytes handed out now.
@@ -132,6 +172,10 @@ impl WindowPool {
         }
         state.in_use += requested;
         state.peak = state.peak.max(state.in_use);
+        let in_use = state.in_use;
+        for m in &mut state.meters {
+            m.1 = m.1.max(in_use);
+        }
         Ok(())
     }
 
@@ -204,6 +248,24 @@ mod tests {
         drop(a);
         assert_eq!(pool.in_use(), 0);
         assert_eq!(pool.peak(), 60);
+    }
+
+    /// `--split-components` reported each component's "buffers peaked at"
+    /// as the most of the whole run so far (a 7 KiB VAE "peaked at" the
+    /// UNet's 693 KiB): a meter starts at its own conversion.
+    #[test]
+    fn a_meter_sees_only_the_peak_from_its_start() {
+        let pool = WindowPool::new(100);
+        drop(pool.acquire(80).unwrap());
+        let held = pool.acquire(10).unwrap();
+        let meter = pool.meter();
+        assert_eq!(meter.peak(), 10);
+        drop(pool.acquire(30).unwrap());
+        assert_eq!(meter.peak(), 40);
+        assert_eq!(pool.peak(), 80);
+        drop(held);
+        drop(meter);
+        assert!(pool.lock().meters.is_empty());
     }
 
     #[test]
