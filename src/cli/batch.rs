@@ -159,6 +159,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         return Ok(ExitStatus::Ok);
     }
 
+    if args.machine.any_given() && !args.fit.fit && args.mode != ModeArg::Fit {
+        anyhow::bail!(
+            "the machine flags (--os, --ram, --pagefile, --commit-limit, --vram, --loader, --cuda-overhead, --pread-threads, --baseline) describe the machine of --mode fit or --fit; give one of them, or leave the flags out"
+        );
+    }
     if args.fit.fit && args.mode != ModeArg::Convert {
         anyhow::bail!(
             "--fit chooses each model's conversion: it takes --mode convert (the default)"

@@ -97,7 +97,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
         )
         .with_context(|| format!("cannot plan {} for {name}", args.path.display()))?;
         if let Some(file) = &args.device_map {
-            crate::cli::fit_for::write_device_map(file, &ck, &r)?;
+            crate::cli::fit_for::write_device_map(file, &args.path, &ck, &r)?;
         }
         if args.print.json {
             printer::json(&r)?;

@@ -130,8 +130,38 @@ pub fn render(path: &str, r: &MakeFit) -> String {
 /// Writes the best candidate's `device_map` to `file` (which must not
 /// exist: it is the user's path, and nothing there is reshard's to
 /// replace).
+/// The device_map may not land on or in the checkpoint being judged: a
+/// map written as `SRC/model.safetensors.index.json` (or any new file in a
+/// model folder) changes the model fit read, and is not reshard's to write
+/// there. `src` as given: a file protects itself (and the files it
+/// names), a folder everything in it.
+fn refuse_inside_the_checkpoint(
+    file: &std::path::Path,
+    src: &std::path::Path,
+    ck: &reshard::format::Checkpoint,
+) -> anyhow::Result<()> {
+    let real = reshard::write::scope::resolve(file)?;
+    let on_a_file = ck
+        .files
+        .iter()
+        .any(|f| reshard::platform::canonicalize(&f.path).is_ok_and(|p| p == real));
+    let folder = match src.is_dir() {
+        true => reshard::platform::canonicalize(src).ok(),
+        false => None,
+    };
+    if on_a_file || folder.is_some_and(|d| real.starts_with(d)) {
+        anyhow::bail!(
+            "{}: is in the checkpoint being judged ({}); refusing to write the device_map there",
+            file.display(),
+            src.display()
+        );
+    }
+    Ok(())
+}
+
 pub fn write_device_map(
     file: &std::path::Path,
+    src: &std::path::Path,
     ck: &reshard::format::Checkpoint,
     r: &MakeFit,
 ) -> anyhow::Result<()> {
@@ -154,6 +184,7 @@ pub fn write_device_map(
             best.form.name()
         );
     }
+    refuse_inside_the_checkpoint(file, src, ck)?;
     let names: Vec<&str> = ck.tensors.iter().map(|t| t.name.as_str()).collect();
     let map = reshard::fit::device_map::device_map(&names, blocks_on_gpu);
     let text = serde_json::to_string_pretty(&map)? + "\n";

@@ -34,9 +34,10 @@ pub struct MachineArgs {
     /// depends on these only.
     #[arg(long = "loader", value_enum, value_name = "NAME")]
     loaders: Vec<LoaderArg>,
-    /// Host memory a CUDA context commits on Windows (an estimate).
-    #[arg(long, value_name = "SIZE", default_value = "512MiB")]
-    cuda_overhead: ByteSize,
+    /// Host memory a CUDA context commits on Windows (an estimate;
+    /// default 512MiB).
+    #[arg(long, value_name = "SIZE")]
+    cuda_overhead: Option<ByteSize>,
     /// Reader threads of transformers' pread backend (default: min(4, cpus),
     /// as transformers 5.24 runs them).
     #[arg(long = "pread-threads", value_name = "N")]
@@ -111,7 +112,24 @@ impl From<LoaderArg> for Loader {
     }
 }
 
+/// `--cuda-overhead` when not given.
+const DEFAULT_CUDA_OVERHEAD: u64 = 512 << 20;
+
 impl MachineArgs {
+    /// Whether any machine flag was given: `batch` takes them only where
+    /// they are used (`--mode fit`, `--fit`).
+    pub fn any_given(&self) -> bool {
+        self.os.is_some()
+            || self.ram.is_some()
+            || self.pagefile.is_some()
+            || self.commit_limit.is_some()
+            || self.vram.is_some()
+            || !self.loaders.is_empty()
+            || self.cuda_overhead.is_some()
+            || self.pread_threads.is_some()
+            || self.baseline.is_some()
+    }
+
     /// The machine: given figures over detected ones.
     pub fn machine(&self) -> Machine {
         let mut detected = machine::detect();
@@ -141,7 +159,9 @@ impl MachineArgs {
             loaders: self.loaders.iter().map(|&l| l.into()).collect(),
             threads: self.pread_threads.unwrap_or(defaults.threads),
             window: fit::DEFAULT_WINDOW,
-            cuda_overhead: self.cuda_overhead.bytes(),
+            cuda_overhead: self
+                .cuda_overhead
+                .map_or(DEFAULT_CUDA_OVERHEAD, ByteSize::bytes),
             baseline: self.baseline.map_or(defaults.baseline, ByteSize::bytes),
             baseline_holds_device: self.baseline.is_some(),
             what_if,

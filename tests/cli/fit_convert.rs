@@ -378,3 +378,59 @@ fn batch_fit_takes_only_mode_convert() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--mode convert"));
     assert!(!out.exists());
 }
+
+/// Found by the adversarial review of `--fit`:
+/// - `fit --device-map SRC/model.safetensors.index.json` replaced the
+///   index of the checkpoint it judged (validate and fit then refused the
+///   model): a device_map may not land on or in the checkpoint;
+/// - `batch --vram 1GiB` (no `--fit`, no `--mode fit`) and
+///   `convert --cuda-overhead 1GiB` (no `--fit`) ran, ignoring the flags;
+/// - `convert --fit` of a model with infinite weights failed in FP8 with
+///   "use --on-overflow saturate", which `--fit` refused.
+#[test]
+fn fit_flags_found_by_the_adversarial_review() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    copy_dir(&fixture("tiny-llama"), &src);
+    let before = tree_hashes(&src);
+    for map in ["model.safetensors.index.json", "device_map.json"] {
+        let out = reshard()
+            .arg("fit")
+            .arg(&src)
+            .args(["--for", "transformers", "--os", "linux", "--ram", "16GiB"])
+            .args(["--vram", "300KiB", "--reserve", "0", "--device-map"])
+            .arg(src.join(map))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{map}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("in the checkpoint being judged"), "{err}");
+    }
+    assert_eq!(tree_hashes(&src), before, "the checkpoint changed");
+    copy_dir(&fixture("tiny-llama"), &dir.path().join("root/tiny-llama"));
+    let out = reshard()
+        .args(["batch"])
+        .arg(&dir.path().join("root"))
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .args(["--vram", "1GiB"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--mode fit or --fit"), "{err}");
+    assert!(!dir.path().join("out").exists());
+    let (code, _, err) = run(
+        &src,
+        &dir.path().join("o1"),
+        &["--cuda-overhead".into(), "1GiB".into()],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(!dir.path().join("o1").exists());
+    // --on-overflow is taken beside --fit (the plan picks the dtype).
+    let mut args: Vec<String> = vec!["--fit".into(), "--for".into(), "transformers".into()];
+    args.extend(machine("345KiB"));
+    args.extend(["--on-overflow".into(), "saturate".into()]);
+    let (code, out, err) = run(&src, &dir.path().join("o2"), &args);
+    assert_eq!(code, 0, "{out}{err}");
+}

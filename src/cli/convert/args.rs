@@ -59,7 +59,7 @@ pub struct Args {
 }
 
 /// The machine flags (fit's [`MachineArgs`]), which only `--fit` reads.
-const MACHINE_FLAGS: [&str; 8] = [
+const MACHINE_FLAGS: [&str; 9] = [
     "os",
     "ram",
     "pagefile",
@@ -68,6 +68,7 @@ const MACHINE_FLAGS: [&str; 8] = [
     "loaders",
     "pread_threads",
     "baseline",
+    "cuda_overhead",
 ];
 
 /// `--fit`, `--for` and `--reserve`: shared by `convert` and `batch`.
@@ -98,7 +99,7 @@ pub struct FitArgs {
 
 /// The options `convert` and `batch` share.
 #[derive(Debug, Clone, clap::Args)]
-#[command(group(clap::ArgGroup::new("narrows").args(["dtype", "quantize"]).multiple(true)))]
+#[command(group(clap::ArgGroup::new("narrows").args(["dtype", "quantize", "fit"]).multiple(true)))]
 pub struct ConvertArgs {
     /// Largest shard (tensor bytes). IEC units (KiB, MiB, GiB) are powers of
     /// 1024; SI units (KB, MB, GB) are powers of 1000, as Hugging Face uses.
