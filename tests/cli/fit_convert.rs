@@ -410,7 +410,7 @@ fn fit_flags_found_by_the_adversarial_review() {
     copy_dir(&fixture("tiny-llama"), &dir.path().join("root/tiny-llama"));
     let out = reshard()
         .args(["batch"])
-        .arg(&dir.path().join("root"))
+        .arg(dir.path().join("root"))
         .arg("--out")
         .arg(dir.path().join("out"))
         .args(["--vram", "1GiB"])
