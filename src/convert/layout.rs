@@ -165,7 +165,11 @@ fn component_options(options: &ConvertOptions, component: &ComponentPrefix) -> C
     o.copy_other_files = false;
     o.walk = Walk::Flat;
     o.id_salt = Some(format!("split {}={}", component.name, component.prefix));
-    if o.keep_components.contains(&component.name) {
+    // `other` holds what no model reads as a weight: a scheduler's tables
+    // (`alphas_cumprod`, `betas`), EMA counters. `--dtype f16` would round
+    // `alphas_cumprod` (0.99915 -> 0.99902) for nothing, so it keeps its
+    // dtype, as a kept component does.
+    if o.keep_components.contains(&component.name) || component.name == split::OTHER {
         o.plan.dtype = None;
     }
     o

@@ -240,7 +240,8 @@ fn split_components_writes_one_file_per_component_whose_union_is_the_input() {
             .clone()
     };
     assert_eq!(dtype_of("vae", "encoder.conv_in.weight"), "\"F32\"");
-    assert_eq!(dtype_of("other", "alphas_cumprod"), "\"BF16\"");
+    // A scheduler's table is not a weight: `other` keeps its dtype.
+    assert_eq!(dtype_of("other", "alphas_cumprod"), "\"F32\"");
     assert_eq!(dtype_of("unet", "input_blocks.0.0.weight"), "\"BF16\"");
     assert_eq!(
         dtype_of(
