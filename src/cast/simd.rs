@@ -128,10 +128,14 @@ unsafe fn run_avx512<V: Vectorized>(job: V) -> V::Output {
     job.run()
 }
 
-/// Every build of [`vectorized`] this CPU can run, by name, for tests.
+/// One build of [`vectorized`], by name.
 #[cfg(test)]
-pub(super) fn vectorized_builds<V: Vectorized>() -> Vec<(&'static str, fn(V) -> V::Output)> {
-    let mut builds: Vec<(&'static str, fn(V) -> V::Output)> = vec![("baseline", V::run)];
+pub(super) type VectorBuild<V> = (&'static str, fn(V) -> <V as Vectorized>::Output);
+
+/// Every build of [`vectorized`] this CPU can run, for tests.
+#[cfg(test)]
+pub(super) fn vectorized_builds<V: Vectorized>() -> Vec<VectorBuild<V>> {
+    let mut builds: Vec<VectorBuild<V>> = vec![("baseline", V::run)];
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") {
