@@ -10,6 +10,10 @@
 //! (`vpmovdw`) per 16 elements (f32 -> bf16 runs about twice as fast from
 //! cache as on AVX2, `cargo bench --bench cast`). There are no intrinsics
 //! here and no other precondition than the CPU features.
+//!
+//! [`vectorized`] does the same for any other loop of the cast stage (the
+//! quantize kernels): a [`Vectorized`] job whose `run` is inlined into each
+//! build.
 
 #![allow(unsafe_code)]
 
@@ -69,6 +73,84 @@ unsafe fn cast_avx512<const SAT: bool>(
     o: &mut [u8],
 ) -> CastStats {
     super::generic::cast_generic::<SAT>(from, to, i, o)
+}
+
+/// A loop to run on the widest vector unit, by [`vectorized`]. Its `run`
+/// must be `#[inline(always)]` (and so must what it calls), so that each
+/// build compiles its own copy for its features.
+pub(super) trait Vectorized {
+    type Output;
+    fn run(self) -> Self::Output;
+}
+
+/// Runs `job` compiled for the widest vector unit this CPU has (the same
+/// code, so the same results: Rust never contracts or reorders float
+/// arithmetic, whatever the features).
+pub(super) fn vectorized<V: Vectorized>(job: V) -> V::Output {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+        {
+            // SAFETY: `run_avx512` only requires the AVX-512 F, BW and VL
+            // instructions it was compiled for, and the CPU has just been
+            // seen to support them.
+            return unsafe { run_avx512(job) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: `run_avx2` only requires AVX2, which the CPU has.
+            return unsafe { run_avx2(job) };
+        }
+    }
+    job.run()
+}
+
+/// `job.run()` compiled for AVX2.
+///
+/// # Safety
+///
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn run_avx2<V: Vectorized>(job: V) -> V::Output {
+    job.run()
+}
+
+/// `job.run()` compiled for AVX-512 (F, BW, VL).
+///
+/// # Safety
+///
+/// The CPU must support AVX-512 F, BW and VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn run_avx512<V: Vectorized>(job: V) -> V::Output {
+    job.run()
+}
+
+/// One build of [`vectorized`], by name.
+#[cfg(test)]
+pub(super) type VectorBuild<V> = (&'static str, fn(V) -> <V as Vectorized>::Output);
+
+/// Every build of [`vectorized`] this CPU can run, for tests.
+#[cfg(test)]
+pub(super) fn vectorized_builds<V: Vectorized>() -> Vec<VectorBuild<V>> {
+    let mut builds: Vec<VectorBuild<V>> = vec![("baseline", V::run)];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: as in `vectorized`: the CPU has AVX2.
+            builds.push(("avx2", |j| unsafe { run_avx2(j) }));
+        }
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+        {
+            // SAFETY: as in `vectorized`: the CPU has AVX-512 F, BW and VL.
+            builds.push(("avx512", |j| unsafe { run_avx512(j) }));
+        }
+    }
+    builds
 }
 
 /// A build of the kernels, as a plain function.

@@ -147,15 +147,20 @@ pub fn source_value(from: Dtype, bytes: &[u8], i: usize) -> (f32, f64) {
 /// NaN left out, as f32 (an F64 source's values rounded to f32 first).
 /// Rounding to the working dtype is monotonic, so the working-dtype absmax
 /// is `round_to(work, abs_max(..))`.
+#[inline(always)]
 pub fn abs_max(from: Dtype, bytes: &[u8]) -> f32 {
     // For values that are not NaN, magnitudes order as their sign-cleared
     // bit patterns do, and NaN patterns are the largest: an integer max
     // over the patterns up to infinity's (which vectorizes) is the absmax.
     match from {
         Dtype::F32 => {
+            // `as_chunks`: whole elements, one plain load each, so the
+            // fold vectorizes (`chunks_exact` does not).
             let bits = bytes
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7fff_ffff)
+                .as_chunks::<4>()
+                .0
+                .iter()
+                .map(|c| u32::from_le_bytes(*c) & 0x7fff_ffff)
                 .map(|b| if b > 0x7f80_0000 { 0 } else { b })
                 .fold(0, u32::max);
             f32::from_bits(bits)
@@ -163,8 +168,10 @@ pub fn abs_max(from: Dtype, bytes: &[u8]) -> f32 {
         Dtype::BF16 | Dtype::F16 => {
             let inf: u16 = if from == Dtype::BF16 { 0x7f80 } else { 0x7c00 };
             let bits = bytes
-                .chunks_exact(2)
-                .map(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7fff)
+                .as_chunks::<2>()
+                .0
+                .iter()
+                .map(|c| u16::from_le_bytes(*c) & 0x7fff)
                 .map(|b| if b > inf { 0 } else { b })
                 .fold(0, u16::max);
             match from {

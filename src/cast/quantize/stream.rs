@@ -16,6 +16,7 @@ use super::recipe::{
 };
 use crate::cast::dequant::{Chunk, ChunkStream, DequantError};
 use crate::cast::policy::{CastStats, OverflowPolicy};
+use crate::cast::simd::{vectorized, Vectorized};
 use crate::format::read::{SourceReader, TensorBytes};
 use crate::format::{Dtype, Tensor};
 
@@ -171,7 +172,7 @@ impl<'a> QuantizeStream<'a> {
                 let run = (block_cols - col % block_cols).min(cols - col).min(n - i);
                 let slot = &mut self.amax[(row / block_rows) * row_scales + col / block_cols];
                 let values = &bytes[i * in_elem..(i + run) * in_elem];
-                let mut a = abs_max(self.tensor.dtype, values);
+                let mut a = vectorized(AbsMax(self.tensor.dtype, values));
                 if round_to(self.work, a).is_infinite() {
                     let (finite, infinite) = finite_abs_max(self.tensor.dtype, self.work, values);
                     a = finite;
@@ -396,7 +397,14 @@ impl Runs<'_> {
         }
         let parts: Vec<QuantQuality> = tasks
             .into_par_iter()
-            .map(|(start, input, out)| self.quantize_serial(start, input, out))
+            .map(|(at, input, out)| {
+                vectorized(Serial {
+                    runs: self,
+                    at,
+                    input,
+                    out,
+                })
+            })
             .collect();
         let mut total = QuantQuality::default();
         for p in parts {
@@ -405,10 +413,11 @@ impl Runs<'_> {
         total
     }
 
+    #[inline(always)]
     fn quantize_serial(&self, at: u64, input: &[u8], out: &mut [u8]) -> QuantQuality {
         // Four partial sums (element j in lane j % 4) break the chain of
         // dependent f64 additions; lanes are added in a fixed order.
-        let mut lanes = [QuantQuality::default(); 4];
+        let mut lanes = Lanes::default();
         let in_elem = (self.from.bits() / 8) as usize;
         let mut row = at / self.cols - self.first_row;
         let mut col = at % self.cols;
@@ -442,9 +451,96 @@ impl Runs<'_> {
                 row += 1;
             }
         }
-        let mut quality = lanes[0];
-        for l in &lanes[1..] {
-            quality += *l;
+        lanes.total()
+    }
+}
+
+/// One task's [`Runs::quantize_serial`], for [`vectorized`].
+struct Serial<'r, 's, 'b> {
+    runs: &'r Runs<'s>,
+    at: u64,
+    input: &'b [u8],
+    out: &'b mut [u8],
+}
+
+impl Vectorized for Serial<'_, '_, '_> {
+    type Output = QuantQuality;
+    #[inline(always)]
+    fn run(self) -> QuantQuality {
+        self.runs.quantize_serial(self.at, self.input, self.out)
+    }
+}
+
+/// [`abs_max`] of a run of values, for [`vectorized`].
+struct AbsMax<'b>(Dtype, &'b [u8]);
+
+impl Vectorized for AbsMax<'_> {
+    type Output = f32;
+    #[inline(always)]
+    fn run(self) -> f32 {
+        abs_max(self.0, self.1)
+    }
+}
+
+/// Four [`QuantQuality`] lanes (element j in lane j % 4), field by field
+/// so that the four additions of one step are one vector operation.
+#[derive(Default)]
+struct Lanes {
+    elements: [u64; 4],
+    not_finite: [u64; 4],
+    max_abs_error: [f64; 4],
+    sum_sq_source: [f64; 4],
+    sum_sq_error: [f64; 4],
+}
+
+impl Lanes {
+    /// [`QuantQuality::add`] on lane `l`.
+    #[inline(always)]
+    fn add(&mut self, l: usize, x: f64, y: f64) {
+        let e = x - y;
+        let finite = e.is_finite();
+        let (x, e) = if finite { (x, e) } else { (0.0, 0.0) };
+        self.elements[l] += u64::from(finite);
+        self.not_finite[l] += u64::from(!finite);
+        self.max_abs_error[l] = self.max_abs_error[l].max(e.abs());
+        self.sum_sq_source[l] += x * x;
+        self.sum_sq_error[l] += e * e;
+    }
+
+    /// Adds elements `first..first + x.len()`: source `x[k]`, read back as
+    /// `y[k]`.
+    #[inline(always)]
+    fn add_all(&mut self, first: usize, x: &[f64], y: &[f64]) {
+        let n = x.len().min(y.len());
+        let head = ((4 - first % 4) % 4).min(n);
+        for k in 0..head {
+            self.add((first + k) % 4, x[k], y[k]);
+        }
+        let (xs, xt) = x[head..n].as_chunks::<4>();
+        let (ys, yt) = y[head..n].as_chunks::<4>();
+        for (x4, y4) in xs.iter().zip(ys) {
+            for l in 0..4 {
+                self.add(l, x4[l], y4[l]);
+            }
+        }
+        for (l, (x, y)) in xt.iter().zip(yt).enumerate() {
+            self.add(l, *x, *y);
+        }
+    }
+
+    /// The four lanes added in order, as the one-by-one sums would be.
+    #[inline(always)]
+    fn total(&self) -> QuantQuality {
+        let lane = |l: usize| QuantQuality {
+            elements: self.elements[l],
+            not_finite: self.not_finite[l],
+            max_abs_error: self.max_abs_error[l],
+            sum_sq_source: self.sum_sq_source[l],
+            sum_sq_error: self.sum_sq_error[l],
+        };
+        let mut quality = lane(0);
+        for l in 1..4 {
+            quality += lane(l);
         }
         quality
     }
@@ -462,6 +558,7 @@ struct Batch<'b> {
 }
 
 impl<'b> Batch<'b> {
+    #[inline(always)]
     fn new(from: Dtype, bytes: &'b [u8]) -> Batch<'b> {
         let len = bytes.len() / (from.bits() / 8) as usize;
         let mut values = [0f32; BATCH];
@@ -494,13 +591,14 @@ impl<'b> Batch<'b> {
     /// Writes the codes of the batch under `scale` into `out` and adds
     /// their error to `lanes` (element `first + k` in lane `(first + k) %
     /// 4`, as a one-by-one loop would).
+    #[inline(always)]
     fn quantize(
         &self,
         recipe: Recipe,
         work: Dtype,
         scale: &Scale,
         out: &mut [u8],
-        lanes: &mut [QuantQuality; 4],
+        lanes: &mut Lanes,
         first: usize,
     ) {
         let n = self.len;
@@ -535,17 +633,158 @@ impl<'b> Batch<'b> {
         }
         let values = e4m3_values();
         let stored = f64::from(scale.stored);
-        for k in 0..n {
+        let mut reference = [0f64; BATCH];
+        let mut back = [0f64; BATCH];
+        for (b, o) in back[..n].iter_mut().zip(&out[..n]) {
+            *b = f64::from(values[usize::from(*o)]) * stored;
+        }
+        for (r, v) in reference[..n].iter_mut().zip(&self.values[..n]) {
+            *r = f64::from(*v);
+        }
+        if self.from == Dtype::F64 {
             // An f64 past f32's range is infinite where it is quantized:
             // not measured, as an inf is (its square would overflow).
-            let reference = match self.from {
-                Dtype::F64 if self.values[k].is_finite() => {
-                    source_value(self.from, self.bytes, k).1
+            for (k, r) in reference[..n].iter_mut().enumerate() {
+                if r.is_finite() {
+                    *r = source_value(self.from, self.bytes, k).1;
                 }
-                _ => f64::from(self.values[k]),
+            }
+        }
+        lanes.add_all(first, &reference[..n], &back[..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::recipe::{code, dequantized};
+    use super::*;
+    use crate::cast::simd::vectorized_builds;
+
+    /// Every bf16 bit pattern once, in a scrambled order (so rows mix
+    /// magnitudes), and an f32 set with random low bits under them.
+    fn inputs() -> Vec<(Dtype, Vec<u8>)> {
+        let order = |i: u32| (i.wrapping_mul(40503) ^ (i >> 3)) & 0xffff;
+        let bf16: Vec<u8> = (0..1u32 << 16)
+            .flat_map(|i| (order(i) as u16).to_le_bytes())
+            .collect();
+        let f32s: Vec<u8> = (0..1u32 << 16)
+            .flat_map(|i| ((order(i) << 16) | (i.wrapping_mul(2_654_435_761) >> 16)).to_le_bytes())
+            .collect();
+        vec![(Dtype::BF16, bf16), (Dtype::F32, f32s)]
+    }
+
+    /// Each build of the batched, vectorized code gives the codes and the
+    /// error sums of the one-element-at-a-time arithmetic of `recipe`
+    /// (`code`, `dequantized`, `QuantQuality::add` in lanes j % 4), bit for
+    /// bit, on every bf16 value (NaN and infinities included), from a task
+    /// start that is not a multiple of 4.
+    #[test]
+    fn vectorized_builds_match_the_scalar_reference() {
+        let (rows, cols) = (4u64, 16384u64);
+        for (from, bytes) in inputs() {
+            let in_elem = (from.bits() / 8) as usize;
+            for recipe in [
+                Recipe::PerTensor,
+                Recipe::PerChannel,
+                Recipe::Block {
+                    rows: 2,
+                    cols: 4096,
+                },
+            ] {
+                for work in [Dtype::BF16, Dtype::F16, Dtype::F32] {
+                    let (block_rows, block_cols) = recipe.block(rows, cols);
+                    let row_scales = cols.div_ceil(block_cols);
+                    let value = |i: usize| round_to(work, source_value(from, &bytes, i).0);
+                    let mut amax = vec![0f32; (rows / block_rows * row_scales) as usize];
+                    for i in 0..(rows * cols) as usize {
+                        let (r, c) = (i as u64 / cols, i as u64 % cols);
+                        let slot =
+                            &mut amax[((r / block_rows) * row_scales + c / block_cols) as usize];
+                        let v = value(i).abs();
+                        if v.is_finite() {
+                            *slot = slot.max(v);
+                        }
+                    }
+                    let scales: Vec<Scale> =
+                        amax.iter().map(|&a| Scale::of(recipe, work, a)).collect();
+                    let scale_of = |i: usize| {
+                        let (r, c) = (i as u64 / cols, i as u64 % cols);
+                        scales[((r / block_rows) * row_scales + c / block_cols) as usize]
+                    };
+                    let at = 1usize;
+                    let n = (rows * cols) as usize - at;
+                    let mut want = vec![0u8; n];
+                    let mut lanes = [QuantQuality::default(); 4];
+                    for k in 0..n {
+                        let s = scale_of(at + k);
+                        want[k] = code(recipe, work, value(at + k), &s);
+                        let x = f64::from(source_value(from, &bytes, at + k).0);
+                        lanes[k % 4].add(x, dequantized(want[k], &s));
+                    }
+                    let mut quality = lanes[0];
+                    for l in &lanes[1..] {
+                        quality += *l;
+                    }
+                    let runs = Runs {
+                        from,
+                        recipe,
+                        work,
+                        cols,
+                        block_cols,
+                        block_rows,
+                        row_scales,
+                        first_row: 0,
+                        scales: &scales,
+                    };
+                    let builds = vectorized_builds::<AbsMax>().len();
+                    for b in 0..builds {
+                        let (build, run) = vectorized_builds::<Serial>()[b];
+                        let mut out = vec![0u8; n];
+                        let got = run(Serial {
+                            runs: &runs,
+                            at: at as u64,
+                            input: &bytes[at * in_elem..],
+                            out: &mut out,
+                        });
+                        let what = format!("{build} {from} {recipe:?} {work}");
+                        let bad = (0..n).find(|&k| out[k] != want[k]);
+                        assert_eq!(bad, None, "{what}: first differing code");
+                        assert_eq!(got, quality, "{what}: error sums");
+                        assert!(
+                            quality.not_finite > 0 && quality.elements > 60_000,
+                            "{what}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// `abs_max` gives the same on every build, over every bf16 value and
+    /// over a stretch of them.
+    #[test]
+    fn abs_max_is_the_same_on_every_build() {
+        for (from, bytes) in inputs() {
+            let want = abs_max(from, &bytes);
+            // NaN is left out: bf16 holds infinity, the f32 set (random
+            // low bits) only NaNs above the largest finite values.
+            let largest = if from == Dtype::BF16 {
+                f32::INFINITY
+            } else {
+                3.4e38
             };
-            let back = f64::from(values[out[k] as usize]) * stored;
-            lanes[(first + k) % 4].add(reference, back);
+            assert!(want >= largest, "{from}: {want}");
+            for (build, run) in vectorized_builds::<AbsMax>() {
+                assert_eq!(
+                    run(AbsMax(from, &bytes)).to_bits(),
+                    want.to_bits(),
+                    "{build} {from}"
+                );
+                assert_eq!(
+                    run(AbsMax(from, &bytes[..2000])),
+                    abs_max(from, &bytes[..2000])
+                );
+            }
         }
     }
 }
