@@ -23,11 +23,12 @@ fn module_of(tensor: &str) -> String {
 
 /// `device_map` for `tensors` with the first `blocks_on_gpu` numbered
 /// blocks (and every module before them, in forward order) on GPU 0 and the
-/// rest on `cpu`; `None`: every module on GPU 0.
+/// rest on `cpu`; `None`: every module on GPU 0, `Some(0)`: every module on
+/// `cpu` (no block fits, and fit counts nothing on the GPU then).
 pub fn device_map(tensors: &[&str], blocks_on_gpu: Option<u64>) -> BTreeMap<String, Value> {
     let mut map = BTreeMap::new();
     let mut blocks_seen: Vec<String> = Vec::new();
-    let mut on_cpu = false;
+    let mut on_cpu = blocks_on_gpu == Some(0);
     for i in sort_indices(tensors, Order::Forward) {
         let name = tensors[i];
         if let Some(b) = block_of(name) {
@@ -38,6 +39,10 @@ pub fn device_map(tensors: &[&str], blocks_on_gpu: Option<u64>) -> BTreeMap<Stri
             if blocks_on_gpu.is_some_and(|n| blocks_seen.len() as u64 > n) {
                 on_cpu = true;
             }
+        } else if blocks_on_gpu.is_some_and(|n| n > 0 && blocks_seen.len() as u64 >= n) {
+            // After the last block on the GPU (the final norm, the head):
+            // fit counts them off the GPU, as it counts whole blocks.
+            on_cpu = true;
         }
         let module = module_of(name);
         // A module split across the switch (a tied or shared one) stays on
@@ -81,5 +86,15 @@ mod tests {
         assert!(device_map(&names, None)
             .values()
             .all(|v| v == &Value::from(0)));
+        // Every block fits but not the head: what follows the blocks goes
+        // to the CPU.
+        let all = device_map(&names, Some(3));
+        assert_eq!(all["model.layers.2"], Value::from(0));
+        assert_eq!(all["model.norm"], Value::from("cpu"));
+        assert_eq!(all["lm_head"], Value::from("cpu"));
+        // No block fits: nothing is put on the GPU, the embeddings neither.
+        assert!(device_map(&names, Some(0))
+            .values()
+            .all(|v| v == &Value::from("cpu")));
     }
 }

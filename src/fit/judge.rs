@@ -248,6 +248,12 @@ pub struct VramFit {
     /// Numbered blocks that fit whole in dedicated VRAM, in forward order,
     /// after everything that precedes them (embeddings first).
     pub leading_blocks_fit: u64,
+    /// The bytes of those blocks and what precedes them: what a placement
+    /// of the leading blocks holds on the GPU (0 when no block fits; the
+    /// rest, `needed - leading_bytes`, is offloaded, which can be more
+    /// than `spill`: a block is placed whole or not at all).
+    #[serde(default)]
+    pub leading_bytes: u64,
 }
 
 /// Walks `(name, bytes)` in forward order and counts the numbered blocks
@@ -271,12 +277,14 @@ pub fn vram_fit(tensors: &[(&str, u64)], dedicated: u64) -> VramFit {
     let mut blocks: Vec<&crate::plan::order::Block> = ends.iter().map(|e| &e.0).collect();
     blocks.sort();
     blocks.dedup();
+    let fitting = || ends.iter().take_while(|e| e.1 <= dedicated);
     VramFit {
         needed: total,
         dedicated,
         spill: total.saturating_sub(dedicated),
         blocks_total: blocks.len() as u64,
-        leading_blocks_fit: ends.iter().take_while(|e| e.1 <= dedicated).count() as u64,
+        leading_blocks_fit: fitting().count() as u64,
+        leading_bytes: fitting().last().map_or(0, |e| e.1),
     }
 }
 

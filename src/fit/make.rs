@@ -413,7 +413,8 @@ impl Judge<'_> {
             Placement::Offload {
                 blocks_on_gpu: v.leading_blocks_fit,
                 blocks: v.blocks_total,
-                offloaded: v.spill,
+                // Whole blocks: what the device_map keeps off the GPU.
+                offloaded: v.needed - v.leading_bytes,
             }
         } else {
             Placement::TooBigForVram { short: v.spill }

@@ -99,7 +99,7 @@ pub struct FitArgs {
 
 /// The options `convert` and `batch` share.
 #[derive(Debug, Clone, clap::Args)]
-#[command(group(clap::ArgGroup::new("narrows").args(["dtype", "quantize", "fit"]).multiple(true)))]
+#[command(group(clap::ArgGroup::new("narrows").args(["dtype", "quantize"]).multiple(true)))]
 pub struct ConvertArgs {
     /// Largest shard (tensor bytes). IEC units (KiB, MiB, GiB) are powers of
     /// 1024; SI units (KB, MB, GB) are powers of 1000, as Hugging Face uses.
