@@ -7,6 +7,7 @@ the libraries that load them (tests/cli/layouts.rs drives it).
                                    prints {"minilm": PATH} (the packaged model)
     layouts_check.py build-sd DIR  writes DIR/sd only (needs no
                                    sentence-transformers)
+    layouts_check.py build-st DIR  writes DIR/st only
     layouts_check.py compare JSON  JSON: a list of {"kind": "st"|"sd",
                                    "src": .., "dst": .., "exact": bool};
                                    prints one line per check, exits 1 on a
@@ -170,6 +171,9 @@ def main():
     cmd, arg = sys.argv[1], sys.argv[2]
     if cmd == "build-sd":
         build_sd(os.path.join(arg, "sd"))
+        return 0
+    if cmd == "build-st":
+        build_st(os.path.join(arg, "st"))
         return 0
     if cmd == "build":
         build_st(os.path.join(arg, "st"))

@@ -16,6 +16,7 @@ mod digest;
 mod docs_examples;
 mod docs_output;
 mod docs_setups;
+mod docs_setups_venv;
 mod fit;
 mod fit_convert;
 mod fit_for;
