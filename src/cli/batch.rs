@@ -164,10 +164,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             "the machine flags (--os, --ram, --pagefile, --commit-limit, --vram, --loader, --cuda-overhead, --pread-threads, --baseline) describe the machine of --mode fit or --fit; give one of them, or leave the flags out"
         );
     }
+    args.options.check_on_overflow(args.fit.fit)?;
     if args.fit.fit && args.mode != ModeArg::Convert {
         anyhow::bail!(
             "--fit chooses each model's conversion: it takes --mode convert (the default)"
         );
+    }
+    if let Some(t) = args.fit.target(&args.machine) {
+        // A usage error, said once, not a failure of every model.
+        t.program.check_loaders(&t.options.loaders)?;
     }
     let cancel = super::cancel::on_ctrl_c();
     let mut convert = args.options.to_options();

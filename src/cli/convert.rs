@@ -22,6 +22,7 @@ use self::layout::{dry_run, print_notes, render_components, run_split};
 use self::render::render_summary;
 
 pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
+    args.options.check_on_overflow(args.fit.fit)?;
     let mut options = args.options.to_options();
     options.single_file = !args.src.is_dir();
     // `--fit`: the plan's best form decides dtype, scheme, format and
@@ -98,13 +99,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     } else {
         source.convert(&args.dst, &options, &pool, &bar, cancel, &|| Ok(()))
     };
-    let summary = result.with_context(|| {
-        format!(
-            "cannot convert {} into {}",
-            args.src.display(),
-            args.dst.display()
-        )
-    })?;
+    let summary = match (result, &choice) {
+        (Err(e), Some(c)) if e.is_overflow() && args.options.on_overflow.is_none() => {
+            return Err(anyhow::Error::new(e).context(fit::overflow_advice(&args, c)))
+        }
+        (result, _) => result.with_context(|| {
+            format!(
+                "cannot convert {} into {}",
+                args.src.display(),
+                args.dst.display()
+            )
+        })?,
+    };
     if !args.quiet {
         print_notes(&summary, "");
         for c in &summary.components {
@@ -131,6 +137,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
     // `--fit`, within the budgets the plan promised.
     let mut reports = Vec::new();
     let mut budgets = None;
+    // The program holds every weight set on the GPU at once: each set is
+    // loaded under what the sets before it left of the VRAM budget.
+    let mut vram_used = 0u64;
     let sets = if to_file {
         vec![String::new()]
     } else {
@@ -149,19 +158,31 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             ..args.load.options(Some(src))
         };
         if let Some(c) = &choice {
-            let (fitted, line) = fit::budgets(c, options);
+            let (mut fitted, line) = fit::budgets(c, options);
+            fitted.vram_budget = fitted.vram_budget.map(|v| v.saturating_sub(vram_used));
+            if sets.len() > 1 && fitted.vram_leading_blocks.is_some() {
+                // The plan counts blocks over all sets together; each set
+                // is checked for what it holds in the VRAM left, not for
+                // a count of its own.
+                fitted.vram_leading_blocks = Some(0);
+            }
             options = fitted;
             if budgets.is_none() && !(args.quiet || args.print.json) {
                 printer::text(&format!("{line}\n"))?;
             }
-            budgets = Some(serde_json::json!({
+            // The plan's budgets, as the first set gets them.
+            if budgets.is_none() {
+                budgets = Some(serde_json::json!({
                 "commit_budget": options.commit_budget,
                 "vram_budget": options.vram_budget,
+                "vram_leading_blocks": options.vram_leading_blocks,
                 "device": options.device.to_string(),
-            }));
+                }));
+            }
         }
         let report = validate_with_budget(&dst, &options)
             .with_context(|| format!("cannot validate {}", dst.display()))?;
+        vram_used = vram_used.saturating_add(report.device_bytes);
         if !args.print.json && (!args.quiet || !report.passed) {
             printer::text(&super::validate::render(&report))?;
         }

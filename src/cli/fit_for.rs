@@ -81,12 +81,15 @@ pub fn render(path: &str, r: &MakeFit) -> String {
             o,
             "  error: relative RMS estimated on {} of the weights each form changes{}",
             share(sampled),
-            if r.candidates.iter().any(|c| c.error_estimate.is_none()) {
-                " (n/a: every sampled value is zero or not finite)"
+            if r.candidates.iter().any(|c| error(c) == "n/a") {
+                " (n/a: every sampled value is zero)"
             } else {
                 ""
             }
         );
+    }
+    for c in &r.candidates {
+        render_not_finite(&mut o, c);
     }
     for f in &r.refused {
         let _ = writeln!(o, "  (not offered: {}: {})", f.form.name(), f.reason);
@@ -198,15 +201,58 @@ pub fn write_device_map(
     Ok(())
 }
 
-/// The error column: "exact" for a form that changes nothing.
+/// The error column: "exact" for a form that changes nothing, "n/a" for
+/// a sample of zeros only; "overflow" when the form writes sampled finite
+/// values as infinities, and a `*` when NaN or infinite values of the
+/// checkpoint were left out (each explained by [`render_not_finite`]).
 fn error(c: &Candidate) -> String {
-    match c.error_estimate {
+    if c.sample_overflow > 0 {
+        return "overflow".into();
+    }
+    let mark = if c.sample_not_finite > 0 { "*" } else { "" };
+    let e = match c.error_estimate {
+        None if c.sample_not_finite > 0 => return "nan/inf*".into(),
         None => "n/a".into(),
         Some(e) if e == 0.0 && c.sampled_fraction == 0.0 => "exact".into(),
         Some(0.0) => "0%".into(),
         // A 16-bit cast's error can be far below 0.01%.
         Some(e) if e * 100.0 < 0.005 => "<0.01%".into(),
         Some(e) => format!("{:.2}%", e * 100.0),
+    };
+    format!("{e}{mark}")
+}
+
+/// The note under the table for a candidate whose sample held values that
+/// are not finite, which its error leaves out.
+fn render_not_finite(o: &mut String, c: &Candidate) {
+    let form = c.form.name();
+    if c.sample_not_finite > 0 {
+        // An FP8 scale cannot hold an infinity: convert stops at one
+        // unless told to clamp.
+        let fp8 = c.form.quantize().is_some_and(|q| q.ggml().is_none());
+        let _ = writeln!(
+            o,
+            "  * {form}: {} sampled {} NaN or infinite in the checkpoint, left out of its error{}",
+            c.sample_not_finite,
+            if c.sample_not_finite == 1 {
+                "value is"
+            } else {
+                "values are"
+            },
+            if fp8 {
+                "; an infinity stops its conversion unless --on-overflow saturate (or inf) is given"
+            } else {
+                ""
+            }
+        );
+    }
+    if c.sample_overflow > 0 {
+        let _ = writeln!(
+            o,
+            "  overflow: {form}: {} sampled finite {} past its range (written as infinity or NaN), left out of its error; it ranks last of its width",
+            c.sample_overflow,
+            if c.sample_overflow == 1 { "value is" } else { "values are" }
+        );
     }
 }
 

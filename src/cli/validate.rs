@@ -100,6 +100,7 @@ impl LoadArgs {
             device: self.device,
             staging: self.staging.bytes(),
             vram_budget: self.vram_budget.map(ByteSize::bytes),
+            vram_leading_blocks: None,
             commit_budget: self.commit_budget.map(ByteSize::bytes),
             against,
             emulate: None,
@@ -429,9 +430,13 @@ pub fn render(r: &ValidateReport) -> String {
         );
     }
     if let Some(v) = &r.vram {
+        let offload = match v.blocks_required {
+            Some(n) => format!(" (the plan holds {n} there and offloads the rest)"),
+            None => String::new(),
+        };
         let _ = writeln!(
             o,
-            "vram budget {}: the model needs {}; {} of {} leading blocks fit",
+            "vram budget {}: the model needs {}; {} of {} leading blocks fit{offload}",
             human(v.budget),
             human(v.needed),
             v.blocks_fit,

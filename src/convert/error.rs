@@ -69,3 +69,20 @@ pub enum ConvertError {
 
 /// Why a [`BeforeCommit`] check refused.
 pub type GateError = Box<dyn std::error::Error + Send + Sync>;
+
+impl ConvertError {
+    /// Whether the conversion stopped at values its target cannot hold
+    /// under `--on-overflow error` (a cast's overflow, or values infinite
+    /// in an FP8 scheme's working dtype): what `--on-overflow` decides.
+    pub fn is_overflow(&self) -> bool {
+        use crate::cast::dequant::DequantError;
+        use crate::cast::CastError;
+        matches!(
+            self,
+            ConvertError::Exec(
+                ExecError::Cast(CastError::Overflow { .. })
+                    | ExecError::Dequant(DequantError::NotFinite { .. })
+            )
+        )
+    }
+}

@@ -42,6 +42,16 @@ pub enum FitChoiceError {
     Read(#[from] FormatError),
     #[error(transparent)]
     Fit(#[from] FitError),
+    /// A program that loads one file, asked for a folder of several
+    /// weight sets (a diffusers pipeline): no one file holds them.
+    #[error("{}: {program} loads one weights file, and this {kind} has {sets} weight sets ({names}); convert one of its component folders (SRC/NAME) for {program}, or the whole folder for the library that loads it (--for diffusers, transformers)", .path.display())]
+    OneFileProgram {
+        path: std::path::PathBuf,
+        program: String,
+        kind: &'static str,
+        sets: usize,
+        names: String,
+    },
 }
 
 /// The plan and what was taken from it.
@@ -62,7 +72,17 @@ pub struct FitChoice {
 /// or sentence-transformers folder as its library holds it loaded, as
 /// `fit` judges it) and takes the best that fits.
 pub fn choose(src: &Path, target: &FitTarget) -> Result<FitChoice, FitChoiceError> {
-    let (ck, _) = crate::format::layout::open_as_loaded(src)?;
+    let (ck, layout) = crate::format::layout::open_as_loaded(src)?;
+    if let Some(l) = layout.filter(|l| target.program.single_file && l.sets.len() > 1) {
+        let rels: Vec<&str> = l.sets.iter().map(|s| s.rel.as_str()).collect();
+        return Err(FitChoiceError::OneFileProgram {
+            path: src.to_path_buf(),
+            program: target.program.name.clone(),
+            kind: l.kind.describe(),
+            sets: l.sets.len(),
+            names: rels.join(", "),
+        });
+    }
     let mut options = target.options.clone();
     options.path = src.display().to_string();
     let plan = make_fit(

@@ -67,6 +67,25 @@ pub enum FitError {
     Plan(#[from] PlanError),
     #[error(transparent)]
     Sample(#[from] super::sample::SampleError),
+    /// `fit --for P --loader L` where L is none of P's rows: a usage
+    /// error, not a plan where nothing fits.
+    #[error("--loader {loaders} names none of {program}'s rows ({rows}): --loader with --for chooses among the program's rows; give one of them, or leave --loader out")]
+    ForeignLoader {
+        loaders: String,
+        program: String,
+        rows: String,
+    },
+    /// No form of the program could be judged because the checkpoint
+    /// itself cannot be read as planned (a GGUF tensor type reshard does
+    /// not decode, a bad shape): an input error, not "nothing fits".
+    #[error("{path}: no form {program} reads can be planned from it")]
+    Unplannable {
+        path: String,
+        program: String,
+        /// Boxed: a plan error is large, and fit's results are many.
+        #[source]
+        source: Box<PlanError>,
+    },
 }
 
 /// What to judge, besides the checkpoint and the machine.

@@ -25,7 +25,7 @@ use super::machine::Machine;
 use super::program::{Form, Program};
 use super::sample::{Estimate, Sampler};
 use crate::format::{Checkpoint, Dtype, Format};
-use crate::plan::{OutputFormat, Plan, PlanOptions};
+use crate::plan::{OutputFormat, Plan, PlanError, PlanOptions};
 
 /// The activation reserve when `--reserve` is not given: what a forward
 /// pass of a diffusion model at 1024x1024 or an LLM at a few thousand
@@ -66,13 +66,23 @@ pub struct Candidate {
     pub vram_weights: u64,
     pub placement: Placement,
     pub fits: bool,
-    /// The relative RMS error of the form's values, estimated on a sample
-    /// of this checkpoint's weights ([`super::sample`]): 0 for the
-    /// checkpoint as it is, `None` ("n/a") when every sampled value is
-    /// zero (a sparse file) or not finite.
+    /// The relative RMS error of the form's values, estimated on the
+    /// finite values of a sample of this checkpoint's weights
+    /// ([`super::sample`]): 0 for the checkpoint as it is, `None` when no
+    /// sampled value is finite and non-zero ("n/a" when every one is zero,
+    /// as in a sparse file).
     pub error_estimate: Option<f64>,
     /// The share of the elements the form changes that were sampled.
     pub sampled_fraction: f64,
+    /// Sampled values NaN or infinite in the checkpoint, left out of the
+    /// estimate.
+    #[serde(default)]
+    pub sample_not_finite: u64,
+    /// Sampled finite values this form writes as infinity or NaN (past its
+    /// range), left out of the estimate; such a form ranks last of its
+    /// width.
+    #[serde(default)]
+    pub sample_overflow: u64,
     /// The conversion to run (`None` for "as is" with its own shards):
     /// what [`Candidate::command`] spells and `convert --fit` runs.
     pub conversion: Option<Conversion>,
@@ -149,6 +159,7 @@ pub fn make_fit(
     program: &Program,
     reserve: Option<u64>,
 ) -> Result<MakeFit, FitError> {
+    program.check_loaders(&options.loaders)?;
     let budget = Budget::of(&machine)?;
     let params = load_params(&machine, &budget, options);
     let reserve = reserve.unwrap_or(DEFAULT_RESERVE);
@@ -163,6 +174,7 @@ pub fn make_fit(
         vram_budget,
         path: &options.path,
         loaders: &options.loaders,
+        unreadable: std::cell::RefCell::new(None),
     };
     let mut candidates = Vec::new();
     let mut refused = Vec::new();
@@ -183,16 +195,30 @@ pub fn make_fit(
                 };
                 c.error_estimate = e.relative_rms;
                 c.sampled_fraction = e.fraction();
+                c.sample_not_finite = e.not_finite;
+                c.sample_overflow = e.overflow;
                 candidates.push(c);
             }
             Err(reason) => refused.push(Refused { form, reason }),
+        }
+    }
+    if candidates.is_empty() {
+        if let Some(source) = judge.unreadable.take() {
+            return Err(FitError::Unplannable {
+                path: options.path.clone(),
+                program: program.name.clone(),
+                source: Box::new(source),
+            });
         }
     }
     // Stable: the table's order breaks ties the estimate leaves (and
     // orders the forms whose sample is all zeros).
     candidates.sort_by(|a, b| {
         let key = |c: &Candidate| (!c.fits, placement_rank(&c.placement), c.form.class());
-        let error = |c: &Candidate| c.error_estimate.unwrap_or(f64::INFINITY);
+        let error = |c: &Candidate| match c.sample_overflow {
+            0 => c.error_estimate.unwrap_or(f64::INFINITY),
+            _ => f64::INFINITY,
+        };
         key(a).cmp(&key(b)).then(error(a).total_cmp(&error(b)))
     });
     let smallest_machine = match candidates.iter().any(|c| c.fits) {
@@ -229,6 +255,9 @@ struct Judge<'a> {
     path: &'a str,
     /// `--loader`: narrows the program's rows ([`Program::row_among`]).
     loaders: &'a [Loader],
+    /// The first plan refused for what the checkpoint holds (not for what
+    /// a form is): when no form is left, the error `make_fit` returns.
+    unreadable: std::cell::RefCell<Option<PlanError>>,
 }
 
 impl Judge<'_> {
@@ -264,6 +293,15 @@ impl Judge<'_> {
             while let Some(c) = cause {
                 text.push_str(&format!(": {c}"));
                 cause = c.source();
+            }
+            let input = matches!(
+                e,
+                PlanError::Read(_)
+                    | PlanError::GgufUnsupported { .. }
+                    | PlanError::GgufShape { .. }
+            );
+            if input && self.unreadable.borrow().is_none() {
+                *self.unreadable.borrow_mut() = Some(e);
             }
             text
         })
@@ -395,6 +433,8 @@ impl Judge<'_> {
             fits,
             error_estimate: None,
             sampled_fraction: 0.0,
+            sample_not_finite: 0,
+            sample_overflow: 0,
             conversion,
             command,
         };

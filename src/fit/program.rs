@@ -194,6 +194,21 @@ impl Program {
         rows.into_iter().flatten().find(|l| among.contains(l))
     }
 
+    /// Refuses `--loader` loaders none of which is a row of the program
+    /// (`among` empty: every row).
+    pub fn check_loaders(&self, among: &[Loader]) -> Result<(), super::judge::FitError> {
+        let rows = self.rows();
+        if among.is_empty() || rows.iter().any(|r| among.contains(r)) {
+            return Ok(());
+        }
+        let names = |ls: &[Loader]| ls.iter().map(|l| l.name()).collect::<Vec<_>>().join(", ");
+        Err(super::judge::FitError::ForeignLoader {
+            loaders: names(among),
+            program: self.name.clone(),
+            rows: names(&rows),
+        })
+    }
+
     /// Every loader row of the program, for messages.
     pub fn rows(&self) -> Vec<Loader> {
         let mut rows = Vec::new();

@@ -37,6 +37,13 @@
 //! (a sparse test file) is counted without being quantized: it adds
 //! nothing to either sum, and an all-zero sample has no estimate (`None`,
 //! "n/a").
+//!
+//! **Values that are not finite** are left out of both sums, as the
+//! quality report leaves them out, and counted: [`Estimate::not_finite`]
+//! (NaN or infinite in the checkpoint) and [`Estimate::overflow`] (finite
+//! in the checkpoint, infinite or NaN once written in the form: past an
+//! f16 range, or a GGML block scale past f16's). `fit --for` reports both,
+//! so a sample that is not all zeros never reads as "n/a".
 
 use std::collections::HashMap;
 
@@ -69,10 +76,17 @@ pub const SEGMENT: u64 = 4096;
 /// A form's estimated error, and how much of it was sampled.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Estimate {
-    /// Relative RMS error; `None` when every sampled value is zero or
-    /// not finite (NaN and infinities are never measured, as in the
-    /// quality report).
+    /// Relative RMS error over the finite values; `None` when no sampled
+    /// value is both finite and non-zero (see [`Estimate::not_finite`] and
+    /// [`Estimate::overflow`] for which).
     pub relative_rms: Option<f64>,
+    /// Sampled values NaN or infinite in the checkpoint (not measured).
+    #[serde(default)]
+    pub not_finite: u64,
+    /// Sampled finite values the form writes as infinity or NaN (not
+    /// measured).
+    #[serde(default)]
+    pub overflow: u64,
     /// Elements sampled.
     pub sampled: u64,
     /// Elements of the tensors the form changes.
@@ -85,6 +99,8 @@ impl Estimate {
         relative_rms: Some(0.0),
         sampled: 0,
         changed: 0,
+        not_finite: 0,
+        overflow: 0,
     };
 
     /// The share of the changed elements sampled.
@@ -220,19 +236,21 @@ impl<'a> Sampler<'a> {
         let ck = self.ck;
         // One task per target tensor, summed in target order whatever
         // the thread count.
-        let measured: Vec<(QuantQuality, u64)> = picks
+        let measured: Vec<Measured> = picks
             .par_iter()
             .enumerate()
             .map(|(i, units)| measure(reader, ck, &targets[i], units))
             .collect::<Result<_, _>>()?;
         let (mut source, mut error) = (0f64, 0f64);
-        let mut sampled = 0u64;
+        let (mut sampled, mut not_finite, mut overflow) = (0u64, 0u64, 0u64);
         for g in &groups {
             let mut q = QuantQuality::default();
             let mut n = 0u64;
             for &t in &g.targets {
-                q += measured[t].0;
-                n += measured[t].1;
+                q += measured[t].quality;
+                n += measured[t].elements;
+                not_finite += measured[t].not_finite;
+                overflow += measured[t].quality.not_finite - measured[t].not_finite;
             }
             sampled += n;
             if n > 0 {
@@ -246,6 +264,8 @@ impl<'a> Sampler<'a> {
             relative_rms: (source > 0.0).then(|| (error / source).sqrt()),
             sampled,
             changed,
+            not_finite,
+            overflow,
         })
     }
 }
@@ -413,13 +433,22 @@ fn spread(targets: &[Target], g: &Group, picks: &mut [Vec<u64>]) -> u64 {
     elements
 }
 
+/// What the units of one target gave.
+struct Measured {
+    /// The error sums; its `not_finite` counts every value left out.
+    quality: QuantQuality,
+    elements: u64,
+    /// Of those left out, the values not finite in the checkpoint.
+    not_finite: u64,
+}
+
 /// The error sums of `units` of one target, and their elements.
 fn measure(
     reader: &SourceReader,
     ck: &Checkpoint,
     target: &Target,
     units: &[u64],
-) -> Result<(QuantQuality, u64), SampleError> {
+) -> Result<Measured, SampleError> {
     let t = &ck.tensors[target.tensor];
     let mut values = Vec::new();
     let mut reference = Vec::new();
@@ -442,6 +471,7 @@ fn measure(
     }
     let mut q = QuantQuality::default();
     let mut elements = 0;
+    let mut not_finite = 0u64;
     for &u in units {
         elements += target.unit_len(u);
         let nonzero = unit_values(reader, t, target, u, &mut read, &mut values, &mut reference)?;
@@ -473,8 +503,13 @@ fn measure(
         for (&x, &y) in reference.iter().zip(&back) {
             q.add(x, y);
         }
+        not_finite += reference.iter().filter(|x| !x.is_finite()).count() as u64;
     }
-    Ok((q, elements))
+    Ok(Measured {
+        quality: q,
+        elements,
+        not_finite,
+    })
 }
 
 /// The values of `ty` read back after encoding `values` (whole blocks).

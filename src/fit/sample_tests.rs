@@ -213,3 +213,67 @@ fn kind_drops_block_and_expert_numbers() {
         2
     );
 }
+
+/// NaN and infinite weights are left out of the estimate and counted; a
+/// finite block the form writes as infinity (1e6 cast to f16 by a plan
+/// that writes infinities) is counted as overflow, not taken for a sample
+/// of zeros (it once read "n/a").
+#[test]
+fn values_that_are_not_finite_are_counted_not_taken_for_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("odd.safetensors");
+    let huge = |_| 1.0e6f32;
+    let nan = |i| {
+        if i % 2 == 0 {
+            f32::NAN
+        } else {
+            0.5 * noise(3, i)
+        }
+    };
+    write(
+        &path,
+        &[
+            ("blocks.0.attn.q.weight", vec![64, 256], &huge),
+            ("blocks.1.attn.q.weight", vec![64, 256], &huge),
+        ],
+    );
+    let ck = crate::format::open(&path).unwrap();
+    let cast = |policy| {
+        let o = PlanOptions {
+            dtype: Some(Dtype::F16),
+            on_overflow: policy,
+            ..options(None)
+        };
+        Sampler::new(&ck)
+            .estimate(&sized_plan(&ck, &o).unwrap())
+            .unwrap()
+    };
+    let inf = cast(OverflowPolicy::Inf);
+    assert_eq!(inf.relative_rms, None, "{inf:?}");
+    assert!(inf.sampled > 0, "{inf:?}");
+    assert_eq!((inf.overflow, inf.not_finite), (inf.sampled, 0), "{inf:?}");
+    // Measured at the largest finite f16 when the plan saturates (or
+    // stops: the sample then shows what saturating would give).
+    let saturated = cast(OverflowPolicy::Error);
+    assert_eq!(saturated.overflow, 0, "{saturated:?}");
+    assert!(saturated.relative_rms.unwrap() > 0.9, "{saturated:?}");
+
+    let path = dir.path().join("nan.safetensors");
+    write(
+        &path,
+        &[
+            ("blocks.0.attn.q.weight", vec![64, 256], &nan),
+            ("blocks.1.attn.q.weight", vec![64, 256], &nan),
+        ],
+    );
+    let ck = crate::format::open(&path).unwrap();
+    for scheme in [QuantizeScheme::Fp8Channel, QuantizeScheme::Fp8Scaled] {
+        let e = estimate(&ck, Some(scheme));
+        // Half the sampled values are NaN: counted, and the estimate is
+        // that of the other half.
+        assert_eq!(e.not_finite * 2, e.sampled, "{scheme:?}: {e:?}");
+        assert_eq!(e.overflow, 0, "{scheme:?}: {e:?}");
+        let rms = e.relative_rms.unwrap();
+        assert!(rms > 0.0 && rms < 0.05, "{scheme:?}: {e:?}");
+    }
+}

@@ -60,6 +60,13 @@ pub struct ValidateOptions {
     /// Device bytes the load may hold in total, counted cumulatively as a
     /// GPU would hold them.
     pub vram_budget: Option<u64>,
+    /// With `vram_budget`: the load offloads (a `device_map`, group
+    /// offloading, `--n-gpu-layers`), and must hold at least this many
+    /// leading blocks (layer order) in the budget; what follows them stays
+    /// on the host instead of failing the load (`convert --fit --validate`
+    /// of a plan that offloads).
+    #[serde(default)]
+    pub vram_leading_blocks: Option<usize>,
     /// Commit the load may add above its baseline. [`validate`] only
     /// measures and reports against it; [`validate_with_budget`] enforces it.
     pub commit_budget: Option<u64>,
@@ -176,6 +183,7 @@ impl Default for ValidateOptions {
             device: DeviceSpec::Cpu,
             staging: DEFAULT_STAGING,
             vram_budget: None,
+            vram_leading_blocks: None,
             commit_budget: None,
             against: None,
             emulate: None,

@@ -90,6 +90,7 @@ pub fn vram_fit(ck: &Checkpoint, budget: u64) -> VramFit {
         needed,
         blocks_fit,
         blocks_total: blocks.len(),
+        blocks_required: None,
     }
 }
 
@@ -132,7 +133,16 @@ pub fn run(
         }
     }
     ledger.sample();
-    let fit = options.vram_budget.map(|b| vram_fit(ck, b));
+    let mut fit = options.vram_budget.map(|b| vram_fit(ck, b));
+    // An offloading load: past the budget is the host's, and the budget
+    // must hold the leading blocks promised.
+    let offload = options.vram_leading_blocks.filter(|_| fit.is_some());
+    if let (Some(f), Some(n)) = (fit.as_mut(), offload) {
+        f.blocks_required = Some(n);
+        if f.blocks_fit < n {
+            report.fail(Failure::VramBlocks { fit: f.clone() });
+        }
+    }
     report.vram = fit.clone();
     let mut vram_refused = false;
     let mut cumulative = 0u64;
@@ -175,11 +185,13 @@ pub fn run(
                 if let (Some(b), Some(fit)) = (options.vram_budget, &fit) {
                     if cumulative.saturating_add(t.len) > b {
                         vram_refused = true;
-                        report.fail(Failure::VramBudget {
-                            shard: name.clone(),
-                            tensor: t.name.clone(),
-                            fit: fit.clone(),
-                        });
+                        if offload.is_none() {
+                            report.fail(Failure::VramBudget {
+                                shard: name.clone(),
+                                tensor: t.name.clone(),
+                                fit: fit.clone(),
+                            });
+                        }
                     }
                 }
                 if !vram_refused {

@@ -582,3 +582,33 @@ fn progress_counts_every_byte_read_on_each_path() {
         }
     }
 }
+
+/// An offloading load (`convert --fit --validate` of a plan that keeps
+/// the leading blocks on the GPU): what follows the budget stays on the
+/// host instead of failing, and the load fails only when the budget holds
+/// fewer leading blocks than the plan put there.
+#[test]
+fn an_offloading_load_fails_only_when_the_budget_holds_too_few_leading_blocks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    converted("tiny-llama-f32-sharded", &out);
+    let c = crate::format::open(&out).unwrap();
+    let total: u64 = c.tensors.iter().map(|t| t.len).sum();
+    let fit = vram_fit(&c, total * 2 / 3);
+    assert_eq!((fit.blocks_fit, fit.blocks_total), (1, 2), "{fit:?}");
+    let options = |blocks| ValidateOptions {
+        vram_budget: Some(total * 2 / 3),
+        vram_leading_blocks: Some(blocks),
+        ..ValidateOptions::default()
+    };
+    let held = load(&out, Via::Staging(None), &options(1));
+    assert!(held.failures.is_empty(), "{:?}", held.failures);
+    assert_eq!(held.vram.as_ref().unwrap().blocks_required, Some(1));
+    assert!(held.device_bytes <= total * 2 / 3);
+    assert_eq!(held.bytes_loaded, total);
+    let short = load(&out, Via::Staging(None), &options(2));
+    match &short.failures[..] {
+        [Failure::VramBlocks { fit }] => assert_eq!(fit.blocks_fit, 1),
+        other => panic!("{other:?}"),
+    }
+}

@@ -40,6 +40,11 @@ pub struct VramFit {
     /// Leading numbered blocks (layer order) whose tensors all fit.
     pub blocks_fit: usize,
     pub blocks_total: usize,
+    /// The leading blocks an offloading load must hold in the budget
+    /// ([`super::ValidateOptions::vram_leading_blocks`]); the rest stays
+    /// on the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks_required: Option<usize>,
 }
 
 /// Where a GPU load's allocations went, against the free dedicated memory
@@ -187,6 +192,9 @@ pub enum Failure {
         tensor: String,
         fit: VramFit,
     },
+    /// An offloading load's budget holds fewer leading blocks than it
+    /// must ([`VramFit::blocks_required`]).
+    VramBlocks { fit: VramFit },
     /// A tensor differs from the `--against` source.
     AgainstMismatch {
         tensor: String,
@@ -249,6 +257,14 @@ impl fmt::Display for Failure {
                 human(fit.budget),
                 fit.blocks_fit,
                 fit.blocks_total
+            ),
+            Failure::VramBlocks { fit } => write!(
+                f,
+                "VRAM budget {} holds {} of {} leading blocks, and the plan puts {} on the GPU",
+                human(fit.budget),
+                fit.blocks_fit,
+                fit.blocks_total,
+                fit.blocks_required.unwrap_or(0)
             ),
             Failure::AgainstMismatch { tensor, file, reason } => write!(f, "{file}: tensor {tensor:?}: {reason}"),
             Failure::AgainstMissing { tensor, side } => write!(f, "tensor {tensor:?} is only in {side}"),

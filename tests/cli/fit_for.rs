@@ -364,8 +364,8 @@ fn the_sampled_error_estimate_is_within_20_percent_of_the_whole_conversion() {
 /// `--loader` with `--for` narrows the program's rows (issue 29 item 5):
 /// transformers on Windows is judged by the pread backend of 5.17 on, and
 /// `--loader transformers-v5-mmap` judges 5.4-5.16, which map every shard;
-/// a loader that is none of the program's rows leaves no form, exit 1,
-/// saying why for each.
+/// a loader that is none of the program's rows is a usage error, exit 2,
+/// naming the loader and the program's rows (`fit` and `convert --fit`).
 #[test]
 fn loader_narrows_the_programs_rows() {
     let dir = tempfile::tempdir().unwrap();
@@ -391,26 +391,92 @@ fn loader_narrows_the_programs_rows() {
     let mmap_rows = rows(&r);
     assert_eq!(mmap_rows.len(), default_rows.len(), "{r}");
     assert!(mmap_rows.iter().all(|l| l == "transformers-v5-mmap"), "{r}");
-    let mut foreign = WINDOWS_12G.to_vec();
-    foreign.extend(["--loader", "llama.cpp"]);
-    let (code, r) = plan(&src, "comfyui", &foreign);
-    assert_eq!(code, 1, "{r}");
-    assert!(r["candidates"].as_array().unwrap().is_empty(), "{r}");
-    // (bf16 is refused first for what it is: the checkpoint's own dtype.)
-    let refused: Vec<&str> = r["refused"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["reason"].as_str().unwrap())
-        .filter(|why| !why.contains("already has this dtype"))
-        .collect();
-    assert!(refused.len() >= 4, "{r}");
-    for why in refused {
+    // A loader that is none of the program's rows is a usage error (it
+    // once left every form refused, exit 1 as if nothing fitted).
+    for cmd in ["fit", "convert"] {
+        let mut c = reshard();
+        c.arg(cmd).arg(&src);
+        if cmd == "convert" {
+            c.arg(dir.path().join("out")).arg("--fit");
+        }
+        let out = c
+            .args(["--for", "comfyui", "--loader", "llama.cpp"])
+            .args(WINDOWS_12G)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd}: {err}");
         assert!(
-            why.contains("--loader llama.cpp names none of comfyui's rows (per-shard-mmap)"),
-            "{why}"
+            err.contains("--loader llama.cpp names none of comfyui's rows (per-shard-mmap)"),
+            "{cmd}: {err}"
         );
+        assert!(!dir.path().join("out").exists());
     }
+}
+
+/// A GGUF holding a tensor type reshard cannot decode (IQ2_XXS), for a
+/// program that needs it dequantized: no form can be planned, which is the
+/// input's fault: exit 2 naming the file and the tensor (it was exit 1,
+/// "nothing fits"). A program that reads it as it is still plans it.
+#[test]
+fn a_gguf_type_reshard_cannot_decode_is_an_input_error_not_nothing_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("iq.gguf");
+    let string = |b: &mut Vec<u8>, s: &str| {
+        b.extend((s.len() as u64).to_le_bytes());
+        b.extend(s.as_bytes());
+    };
+    // GGUF v3: one key, a 256x4 IQ2_XXS tensor (66 bytes a 256-block) and
+    // a 256-value f32 norm.
+    let tensors: [(&str, &[u64], u32, usize); 2] = [
+        ("blk.0.attn_q.weight", &[256, 4], 16, 66 * 4),
+        ("output_norm.weight", &[256], 0, 1024),
+    ];
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend((tensors.len() as u64).to_le_bytes());
+    b.extend(1u64.to_le_bytes());
+    string(&mut b, "general.architecture");
+    b.extend(8u32.to_le_bytes());
+    string(&mut b, "llama");
+    let mut data = Vec::new();
+    for (name, ne, ty, len) in tensors {
+        string(&mut b, name);
+        b.extend((ne.len() as u32).to_le_bytes());
+        for d in ne {
+            b.extend(d.to_le_bytes());
+        }
+        b.extend(ty.to_le_bytes());
+        b.extend((data.len() as u64).to_le_bytes());
+        data.extend(std::iter::repeat_n(1u8, len));
+        data.resize(data.len().next_multiple_of(32), 0);
+    }
+    b.resize(b.len().next_multiple_of(32), 0);
+    b.extend(data);
+    std::fs::write(&path, b).unwrap();
+    let machine = ["--os", "linux", "--ram", "16GiB", "--vram", "1GiB"];
+    let out = reshard()
+        .arg("fit")
+        .arg(&path)
+        .args(["--for", "transformers"])
+        .args(machine)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(
+            "iq.gguf: tensor \"blk.0.attn_q.weight\" is IQ2_XXS, which reshard cannot dequantize"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("no form transformers reads can be planned"),
+        "{err}"
+    );
+    let (code, r) = plan(&path, "comfyui-gguf", &machine);
+    assert_eq!(code, 0, "{r}");
+    assert_eq!(best(&r).0, "as-is");
 }
 
 /// What `--device-map FILE` writes loads in transformers (issue 29: "the
@@ -466,4 +532,56 @@ print("ok")
         &[model.as_os_str(), map.as_os_str()],
     );
     assert!(out.contains("ok"), "{out}");
+}
+
+/// The error column (issue 29 review): NaN weights in the sample are said
+/// (a `*` and a line naming the count; `sample_not_finite` in --json), and
+/// a form that writes finite weights as infinities (Q4_0 of weights near
+/// 1e6: its f16 block scale overflows) reads "overflow", never "n/a",
+/// which means only a sample of zeros.
+#[test]
+fn the_error_column_says_nan_and_overflow_and_keeps_n_a_for_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("llama");
+    copy_dir(&fixture("gguf/llm/llama"), &src);
+    let file = src.join("model.safetensors");
+    crate::fit_convert::fill_tensors(&file, "q_proj.weight", &1.0e6f32.to_le_bytes());
+    crate::fit_convert::fill_tensors(&file, "k_proj.weight", &f32::NAN.to_le_bytes());
+    let machine = ["--os", "linux", "--ram", "16GiB", "--vram", "1GiB"];
+    let (code, r) = plan(&src, "diffusers", &machine);
+    assert_eq!(code, 0, "{r}");
+    let form = |name: &str| {
+        r["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["form"] == name)
+            .unwrap_or_else(|| panic!("no {name}: {r}"))
+            .clone()
+    };
+    let q8 = form("q8_0");
+    assert!(q8["sample_not_finite"].as_u64().unwrap() > 0, "{q8}");
+    assert_eq!(q8["sample_overflow"], 0, "{q8}");
+    assert!(q8["error_estimate"].as_f64().is_some(), "{q8}");
+    let q4 = form("q4_0");
+    assert!(q4["sample_overflow"].as_u64().unwrap() > 0, "{q4}");
+    let out = reshard()
+        .arg("fit")
+        .arg(&src)
+        .args(["--for", "diffusers"])
+        .args(machine)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = |name: &str| {
+        text.lines()
+            .find(|l| l.trim_start()[2..].starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name}: {text}"))
+            .to_string()
+    };
+    assert!(row("q4_0").contains(" overflow "), "{text}");
+    assert!(row("q8_0").contains("%*"), "{text}");
+    assert!(!text.contains("n/a"), "{text}");
+    assert!(text.contains("* q8_0: "), "{text}");
+    assert!(text.contains("overflow: q4_0: "), "{text}");
 }

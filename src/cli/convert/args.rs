@@ -99,7 +99,6 @@ pub struct FitArgs {
 
 /// The options `convert` and `batch` share.
 #[derive(Debug, Clone, clap::Args)]
-#[command(group(clap::ArgGroup::new("narrows").args(["dtype", "quantize"]).multiple(true)))]
 pub struct ConvertArgs {
     /// Largest shard (tensor bytes). IEC units (KiB, MiB, GiB) are powers of
     /// 1024; SI units (KB, MB, GB) are powers of 1000, as Hugging Face uses.
@@ -149,9 +148,12 @@ pub struct ConvertArgs {
     #[arg(long, value_name = "GLOB", requires = "quantize")]
     pub quantize_only: Vec<String>,
     /// What to do with values too large for --dtype (with --quantize:
-    /// also values infinite in the dtype a weight is quantized in).
-    #[arg(long, value_enum, default_value = "error", requires = "narrows")]
-    pub on_overflow: OverflowArg,
+    /// also values infinite in the dtype a weight is quantized in; with
+    /// --fit: for the form it chooses). [default: error]
+    // Checked by `ConvertArgs::check_on_overflow`, not by clap: `--fit` is
+    // not among these flags (batch and convert flatten it beside them).
+    #[arg(long, value_enum)]
+    pub on_overflow: Option<OverflowArg>,
     /// Write only the first name of tensors that share one storage.
     #[arg(long)]
     pub dedupe_tied: bool,
@@ -308,6 +310,18 @@ pub enum OverflowArg {
 }
 
 impl ConvertArgs {
+    /// Refuses `--on-overflow` where nothing narrows a value: it needs
+    /// --dtype, --quantize or `fit` (`--fit`, which chooses one of them).
+    /// A usage error (exit 2), as clap would give it.
+    pub fn check_on_overflow(&self, fit: bool) -> anyhow::Result<()> {
+        if self.on_overflow.is_some() && self.dtype.is_none() && self.quantize.is_none() && !fit {
+            anyhow::bail!(
+                "--on-overflow decides what a narrowing does to values too large for it: give it with --dtype, --quantize or --fit"
+            );
+        }
+        Ok(())
+    }
+
     pub fn to_options(&self) -> ConvertOptions {
         let mut options = ConvertOptions {
             plan: PlanOptions {
@@ -319,9 +333,9 @@ impl ConvertArgs {
                 dtype: self.dtype,
                 keep_dtype: self.keep_dtype.clone(),
                 on_overflow: match self.on_overflow {
-                    OverflowArg::Error => OverflowPolicy::Error,
-                    OverflowArg::Saturate => OverflowPolicy::Saturate,
-                    OverflowArg::Inf => OverflowPolicy::Inf,
+                    None | Some(OverflowArg::Error) => OverflowPolicy::Error,
+                    Some(OverflowArg::Saturate) => OverflowPolicy::Saturate,
+                    Some(OverflowArg::Inf) => OverflowPolicy::Inf,
                 },
                 dedupe_tied: self.dedupe_tied,
                 allow_unscaled: self.allow_unscaled,

@@ -142,11 +142,34 @@ fn render(args: &Args, choice: &FitChoice) -> String {
     o
 }
 
+/// What a `--fit` conversion that stopped at values too large for the
+/// chosen form says (the cause, naming the tensor, follows): the same
+/// command with `--on-overflow saturate` added, which `--fit` takes.
+pub(super) fn overflow_advice(args: &Args, choice: &FitChoice) -> String {
+    let form = choice
+        .chosen
+        .as_ref()
+        .map_or("its form".to_string(), |c| c.form.name());
+    let mut argv: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| reshard::platform::shell_quote(&a.to_string_lossy()))
+        .collect();
+    argv.insert(0, "reshard".into());
+    format!(
+        "cannot convert {} into {} as {form}, the best form for {}: values too large for it stop the conversion; add --on-overflow saturate to the same --fit command to clamp them to the largest value {form} holds (or --on-overflow inf to write infinities): {} --on-overflow saturate",
+        args.src.display(),
+        args.dst.display(),
+        choice.plan.program,
+        argv.join(" ")
+    )
+}
+
 /// `--validate` under the plan's budgets: the machine's host limit as the
-/// commit budget, and the program's VRAM for weights as the VRAM budget
-/// when the plan puts every weight on the GPU (an offloading plan holds
-/// only its leading blocks there, which a whole-model budget cannot
-/// check). Returns the options and the line that says so.
+/// commit budget, and the program's VRAM for weights as the VRAM budget:
+/// the whole model within it when the plan puts every weight on the GPU,
+/// and for a plan that offloads, at least the leading blocks it puts there
+/// (the rest stays on the host). Returns the options and the line that
+/// says so.
 pub(super) fn budgets(
     choice: &FitChoice,
     mut options: ValidateOptions,
@@ -182,12 +205,22 @@ pub(super) fn budgets(
                 blocks,
                 ..
             }),
-            _,
+            Some(v),
         ) => {
+            // The budget must hold the leading blocks the plan puts
+            // there; what follows them is offloaded, not a failure.
+            options.vram_budget = Some(v);
+            options.vram_leading_blocks = usize::try_from(*blocks_on_gpu).ok();
             let _ = write!(
                 line,
-                "; VRAM not checked: the plan keeps {blocks_on_gpu} of {blocks} blocks on the GPU and offloads the rest, and --vram-budget checks a model wholly on the GPU"
+                ", VRAM {} (what {} gives weights) holding the first {blocks_on_gpu} of {blocks} blocks, the rest offloaded, on {}",
+                human(v),
+                p.program,
+                options.device
             );
+            if options.device == DeviceSpec::Cpu {
+                line.push_str(", standing in for GPU 0");
+            }
         }
         _ => line.push_str("; no GPU: no VRAM budget"),
     }
@@ -218,6 +251,9 @@ mod tests {
         assert!(a.fit.fit);
         assert_eq!(a.fit.target(&a.machine).unwrap().program.name, "comfyui");
         assert!(parse(&["--fit"]).is_err(), "--fit without --for");
+        // --on-overflow goes with --fit: for the form it chooses.
+        let a = parse(&["--fit", "--for", "comfyui", "--on-overflow", "saturate"]).unwrap();
+        assert!(a.options.check_on_overflow(a.fit.fit).is_ok());
         assert!(parse(&["--for", "comfyui"]).is_err(), "--for without --fit");
     }
 

@@ -195,12 +195,15 @@ mod tests {
         assert_eq!(o.keep_components, ["vae"]);
         assert!(parse(&["--dtype", "bf16", "--keep-dtype-preset", "unet"]).is_err());
         // What only --dtype reads is refused without it, not ignored.
-        for flag in [
-            &["--keep-dtype", "x"][..],
-            &["--keep-dtype-preset", "vae"],
-            &["--on-overflow", "inf"],
-        ] {
+        for flag in [&["--keep-dtype", "x"][..], &["--keep-dtype-preset", "vae"]] {
             assert!(parse(flag).is_err(), "{flag:?}");
         }
+        // --on-overflow also goes with --fit, which this parser lacks:
+        // checked after parsing.
+        let alone = parse(&["--on-overflow", "inf"]).unwrap();
+        assert!(alone.check_on_overflow(false).is_err());
+        assert!(alone.check_on_overflow(true).is_ok());
+        let cast = parse(&["--dtype", "f16", "--on-overflow", "inf"]).unwrap();
+        assert!(cast.check_on_overflow(false).is_ok());
     }
 }

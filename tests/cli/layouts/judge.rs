@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::common::{convert, copy_dir, fixture, reshard};
 
 /// A pipeline of two components with weights and a scheduler without.
-fn pipeline(root: &Path) -> std::path::PathBuf {
+pub(crate) fn pipeline(root: &Path) -> std::path::PathBuf {
     let src = root.join("pipe");
     copy_dir(&fixture("tiny-llama"), &src.join("text_encoder"));
     copy_dir(&fixture("tiny-llama-f32-sharded"), &src.join("unet"));

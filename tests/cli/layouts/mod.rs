@@ -12,7 +12,7 @@ use crate::common::{convert, copy_dir, copy_fixture, python_with, reshard, run_p
 
 mod batch;
 mod file_dst;
-mod judge;
+pub(crate) mod judge;
 mod portable;
 mod single_file;
 
