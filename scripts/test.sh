@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: the Rust tests on this machine (with a Python
-# venv for the interop tests), then every suite a script of its own holds
+# venv for the interop tests and one with llama-cpp-python for the ggml
+# oracle), then every suite a script of its own holds
 # (the Windows build under Wine, the Slurm cluster, the Python wheel), each
 # of which installs what it needs itself.
 #
@@ -25,6 +26,11 @@ if [ ! -f "$venv/READY" ]; then
   touch "$venv/READY"
 fi
 export RESHARD_TEST_PYTHON="$venv/bin/python"
+# The ggml oracle: llama-cpp-python built from source (about 22 minutes on
+# 2 cores the first time, then cached the same way). The K-quant
+# bit-exactness test and the llama.cpp load tests run on it.
+RESHARD_GGML_PYTHON=$(bash scripts/lib/ggml-venv.sh)
+export RESHARD_GGML_PYTHON
 # Nothing may download a model at test time.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 # The CUDA driver test double (test-only, never shipped) that tests/cli/cuda.rs

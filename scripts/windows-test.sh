@@ -49,7 +49,7 @@ fi
 # through --config, not CARGO_TARGET_..._RUNNER: assert_cmd reads that
 # variable and would start `wine reshard.exe` from inside Wine.
 # The Python interop tests use a Linux venv; a Windows exe cannot run it.
-unset RESHARD_TEST_PYTHON
+unset RESHARD_TEST_PYTHON RESHARD_GGML_PYTHON
 # Wine sometimes fails to start a process at all ("Internal error. (os error
 # 1359)" from CreateProcess, seen once in about twenty runs under load; an
 # unwrapped io::Error prints it as `Os { code: 1359, .. }`). A

@@ -136,6 +136,22 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The ggml oracle's Python: llama-cpp-python (libllama and libggml built
+/// from source) and numpy, which scripts/lib/ggml-venv.sh builds and
+/// scripts/test.sh exports as `RESHARD_GGML_PYTHON`. Without it the tests
+/// that need it skip, except on Linux under CI, which always has it.
+pub fn ggml_python() -> Option<PathBuf> {
+    let python = std::env::var_os("RESHARD_GGML_PYTHON").map(PathBuf::from);
+    if python.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none() || cfg!(windows),
+            "CI is set but RESHARD_GGML_PYTHON is not (scripts/test.sh exports it)"
+        );
+        eprintln!("skipped: RESHARD_GGML_PYTHON is unset (scripts/lib/ggml-venv.sh builds one)");
+    }
+    python
+}
+
 /// A Python interpreter with the `safetensors` and `numpy` packages, if one
 /// is set up (`.ci/run` makes `.venv`). Under CI its absence is a failure.
 pub fn python() -> Option<PathBuf> {

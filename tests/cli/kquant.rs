@@ -8,19 +8,11 @@
 //! (scripts/lib/ggml-venv.sh builds one from tests/requirements-ggml.txt
 //! and prints its path). Without it the test skips.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use reshard::cast::gguf::kquantize::{quantize_q4_k, quantize_q6_k, KQuantError, QK_K};
 
 use crate::common::*;
-
-fn ggml_python() -> Option<PathBuf> {
-    let python = std::env::var_os("RESHARD_GGML_PYTHON").map(PathBuf::from);
-    if python.is_none() {
-        eprintln!("skipped: RESHARD_GGML_PYTHON is unset (scripts/lib/ggml-venv.sh builds one)");
-    }
-    python
-}
 
 type Quantizer = fn(&[f32], &mut [u8]) -> Result<(), KQuantError>;
 
