@@ -28,7 +28,7 @@ pub(crate) mod verify;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::convert::fit::{choose, FitChoiceError, FitTarget};
@@ -38,7 +38,9 @@ use crate::fit::machine::Machine;
 use crate::fit::{FitError, FitOptions};
 use crate::format::discover::resolve_hf_cache;
 use crate::format::FormatError;
-use crate::validate::{validate_sets, validate_with_budget, ValidateError, ValidateOptions};
+use crate::validate::{
+    validate_sets, validate_with_budget, Progress, ValidateError, ValidateOptions,
+};
 use crate::write::manifest::{Manifest, MANIFEST};
 
 pub use self::discover::{discover, DiscoverError, Discovery, Model, Skipped};
@@ -123,8 +125,10 @@ pub struct Outcome {
 
 /// Receives progress from a running batch (the CLI draws bars with it).
 pub trait BatchReporter: Sync {
-    /// A job starts on `model`; its conversion reports through the result.
-    fn model_started(&self, model: &Model) -> Box<dyn Reporter + '_>;
+    /// A job starts on `model`; its conversion or its validation reports
+    /// through the result (shared: a validation's load holds it as its
+    /// [`Progress`], and a budget child's progress is relayed to it).
+    fn model_started(&self, model: &Model) -> Arc<dyn Reporter + Send>;
     /// A model is done (or skipped).
     fn model_done(&self, _result: &ModelResult) {}
 }
@@ -133,8 +137,8 @@ pub trait BatchReporter: Sync {
 pub struct NoBatchReport;
 
 impl BatchReporter for NoBatchReport {
-    fn model_started(&self, _model: &Model) -> Box<dyn Reporter + '_> {
-        Box::new(crate::exec::NoReport)
+    fn model_started(&self, _model: &Model) -> Arc<dyn Reporter + Send> {
+        Arc::new(crate::exec::NoReport)
     }
 }
 
@@ -262,7 +266,7 @@ pub fn run_batch(
             )
         } else {
             let job_reporter = reporter.model_started(model);
-            run_model(model, part, options.mode, &ctx, job_reporter.as_ref())
+            run_model(model, part, options.mode, &ctx, &job_reporter)
         };
         if result.status == Status::Failed && options.fail_fast {
             stop.store(true, Ordering::SeqCst);
@@ -299,7 +303,7 @@ pub fn run_model(
     part: u64,
     mode: Mode,
     ctx: &JobContext,
-    reporter: &dyn Reporter,
+    reporter: &Arc<dyn Reporter + Send>,
 ) -> ModelResult {
     let started = Instant::now();
     let gate = Gate::default();
@@ -374,20 +378,20 @@ fn run_mode(
     model: &Model,
     mode: Mode,
     ctx: &JobContext,
-    reporter: &dyn Reporter,
+    reporter: &Arc<dyn Reporter + Send>,
     gate: Option<&Gate>,
 ) -> Result<Outcome, ModelError> {
     match mode {
         Mode::Convert => match ctx.convert_fit {
-            Some(target) => fit_convert_model(model, target, ctx, reporter, gate),
-            None => convert_model(model, ctx, reporter, gate),
+            Some(target) => fit_convert_model(model, target, ctx, reporter.as_ref(), gate),
+            None => convert_model(model, ctx, reporter.as_ref(), gate),
         },
         Mode::Fit => match ctx.fit {
             Some(job) => fit_model(model, job, ctx),
             None => mode_not_wired(mode),
         },
         Mode::Validate => match ctx.validate {
-            Some(options) => validate_model(model, options),
+            Some(options) => validate_model(model, options, Progress::new(reporter.clone())),
             None => mode_not_wired(mode),
         },
     }
@@ -536,10 +540,16 @@ pub fn fit_model(model: &Model, job: &FitJob, ctx: &JobContext) -> Result<Outcom
 /// `--mode validate` for one model: loads its output and compares every
 /// tensor with its source (a pipeline or sentence-transformers output
 /// weight set by weight set, each against its own source folder, as
-/// `validate` does); any failed check fails the model.
-pub fn validate_model(model: &Model, options: &ValidateOptions) -> Result<Outcome, ModelError> {
+/// `validate` does); any failed check fails the model. The bytes read are
+/// reported on `progress` (the job's bar), as `validate` draws its own.
+pub fn validate_model(
+    model: &Model,
+    options: &ValidateOptions,
+    progress: Progress,
+) -> Result<Outcome, ModelError> {
     let mut options = options.clone();
     options.against = Some(model.source.clone());
+    options.progress = progress;
     let reports = match validate_sets(&model.output, &options)? {
         Some((_, sets)) => sets
             .into_iter()

@@ -118,3 +118,72 @@ fn only_a_conversion_of_the_same_source_counts_as_ours() {
     std::fs::write(dst.join(MANIFEST), manifest(&src)).unwrap();
     assert!(converted_from(&dst, &src));
 }
+
+/// What one job's reporter was told.
+#[derive(Default)]
+struct Told {
+    total: AtomicUsize,
+    advanced: AtomicUsize,
+    finished: AtomicBool,
+}
+
+impl Reporter for Told {
+    fn start(&self, bytes: u64) {
+        self.total.store(bytes as usize, Ordering::SeqCst);
+    }
+    fn advance(&self, bytes: u64) {
+        self.advanced.fetch_add(bytes as usize, Ordering::SeqCst);
+    }
+    fn finish(&self) {
+        self.finished.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Hands every job a [`Told`] and keeps them.
+#[derive(Default)]
+struct Jobs(Mutex<Vec<Arc<Told>>>);
+
+impl BatchReporter for Jobs {
+    fn model_started(&self, _model: &Model) -> Arc<dyn Reporter + Send> {
+        let told = Arc::new(Told::default());
+        self.0.lock().unwrap().push(told.clone());
+        told
+    }
+}
+
+/// `--mode validate` gave its jobs' reporters nothing (no bar per model,
+/// unlike `--mode convert`): the load now reports every byte it reads on
+/// the job's reporter, as `validate` does on its bar.
+#[test]
+fn a_validate_job_reports_every_byte_it_reads_on_its_reporter() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = Model {
+        name: "tiny-llama".into(),
+        source: Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama"),
+        output: tmp.path().join("out/tiny-llama"),
+        hf_cache: false,
+    };
+    let models = [model];
+    let pool = WindowPool::new(1 << 20);
+    let cancel = AtomicBool::new(false);
+    let converted = run_batch(
+        &models,
+        0,
+        &options(Mode::Convert, 1, false),
+        &pool,
+        &NoBatchReport,
+        &cancel,
+    );
+    assert_eq!(converted[0].status, Status::Converted, "{converted:?}");
+    let mut validate = options(Mode::Validate, 1, false);
+    validate.validate = Some(ValidateOptions::default());
+    let jobs = Jobs::default();
+    let results = run_batch(&models, 0, &validate, &pool, &jobs, &cancel);
+    assert_eq!(results[0].status, Status::Passed, "{results:?}");
+    let told = &jobs.0.lock().unwrap()[0];
+    let total = told.total.load(Ordering::SeqCst) as u64;
+    // The output's tensors and the source's, read for the comparison.
+    assert!(total >= 2 * results[0].bytes && total > 0, "{total}");
+    assert_eq!(told.advanced.load(Ordering::SeqCst) as u64, total);
+    assert!(told.finished.load(Ordering::SeqCst));
+}

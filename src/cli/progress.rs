@@ -3,6 +3,7 @@
 //! not silenced.
 
 use std::io::IsTerminal;
+use std::sync::Arc;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressFinish, ProgressStyle};
 use reshard::batch::{BatchReporter, Model, ModelResult};
@@ -101,12 +102,15 @@ impl MultiBar {
 }
 
 impl BatchReporter for MultiBar {
-    fn model_started(&self, model: &Model) -> Box<dyn Reporter + '_> {
-        let bar = self.multi.add(ProgressBar::new(0));
+    fn model_started(&self, model: &Model) -> Arc<dyn Reporter + Send> {
+        // Cleared however the job ends, as a lone bar is.
+        let bar = self
+            .multi
+            .add(ProgressBar::new(0).with_finish(ProgressFinish::AndClear));
         bar.set_style(style(JOB_PENDING_TEMPLATE));
         bar.set_prefix(escape(&model.name).into_owned());
         bar.enable_steady_tick(std::time::Duration::from_millis(200));
-        Box::new(Bar {
+        Arc::new(Bar {
             bar,
             sized: Some(style(JOB_TEMPLATE)),
         })
@@ -127,7 +131,7 @@ impl BatchReporter for MultiBar {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
 
     /// A terminal of 80 columns that records what is drawn on it.
     #[derive(Debug, Clone, Default)]

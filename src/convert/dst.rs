@@ -1,6 +1,9 @@
 //! What to do with what DST already holds, and whether the output fits.
 //!
-//! The rules, in order (DST is locked and listed by the caller):
+//! The rules, in order (DST is locked and listed by the caller; a folder
+//! holding none of reshard's names is judged first on a listing taken
+//! without the lock, [`DstInventory::unclaimed`], only so that it can be
+//! refused before anything is written into it):
 //!
 //! 1. `reshard.json` of this exact plan: up to date, nothing is written;
 //!    if a shard it records is missing or not its recorded size, resumed.

@@ -32,7 +32,7 @@ use super::source::ConvertSource;
 use crate::exec::{Reporter, WindowPool};
 use crate::format::gguf::is_gguf_path;
 use crate::names::SAFETENSORS_SUFFIX;
-use crate::write::lock::{DstLock, LOCK};
+use crate::write::lock::DstLock;
 use crate::write::manifest::{MANIFEST, PARTIAL};
 use crate::write::{sync_dir, WriteError};
 
@@ -197,9 +197,9 @@ pub fn convert_to_file(
             _ => {}
         }
     }
+    // Removes the lock file too.
     drop(lock);
     // Best effort: a staging folder someone put other files into stays.
-    let _ = std::fs::remove_file(staging.join(LOCK));
     let _ = std::fs::remove_dir(&staging);
     summary.dst = file.display().to_string();
     Ok(summary)

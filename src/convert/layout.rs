@@ -102,7 +102,9 @@ pub fn convert_split(
     cancel: &AtomicBool,
 ) -> Result<Vec<ComponentSummary>, ConvertError> {
     let parts = split::split(ck, prefixes)?;
-    std::fs::create_dir_all(dst).map_err(|e| crate::write::WriteError::io(dst, e))?;
+    // Taken back if no component is written (the first one refused).
+    let made = crate::write::made::MadeDirs::create(dst)
+        .map_err(|e| crate::write::WriteError::io(dst, e))?;
     let mut out = Vec::with_capacity(parts.len());
     for (component, part) in parts {
         let folder = other::subfolder(dst, &component.name)?;
@@ -117,6 +119,7 @@ pub fn convert_split(
             summary,
         });
     }
+    made.keep();
     Ok(out)
 }
 

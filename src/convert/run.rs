@@ -12,6 +12,7 @@ use crate::plan::Plan;
 use crate::plan::PlanOptions;
 use crate::write::digest::{file_matches, DigestAlgo, ShardDigest, ShardHasher};
 use crate::write::lock::DstLock;
+use crate::write::made::MadeDirs;
 use crate::write::manifest::{
     plan_id, Manifest, QuantizedOutput, ShardRecord, SourceIdentity, MANIFEST, PARTIAL,
 };
@@ -129,7 +130,16 @@ pub fn convert_gated(
     // `--split-components`' components share one pool, one after another.
     let meter = pool.meter();
     let job = prepare(ck, dst, options)?;
-    std::fs::create_dir_all(dst).map_err(|e| WriteError::io(dst, e))?;
+    // A folder of someone else's files is refused before reshard writes a
+    // byte into it, its lock included; under the lock the same rules are
+    // applied again to what DST holds then.
+    if let Some(unclaimed) = DstInventory::unclaimed(dst) {
+        dst::decide(dst, &unclaimed, &job.id, options.overwrite)?;
+    }
+    // Declared before the lock, so dropped after it: a run that ends
+    // without output (refused, failed) takes back the folders it made once
+    // its lock file is gone.
+    let made = MadeDirs::create(dst).map_err(|e| WriteError::io(dst, e))?;
     let mut scope = job.scope;
     scope.confirm(ck, job.rules)?;
     let lock = DstLock::acquire(dst)?;
@@ -168,6 +178,7 @@ pub fn convert_gated(
             s.refreshed_files = refreshed;
             s.skipped_files = others.skipped;
             s.copied_as_is = others.copied_as_is;
+            made.keep();
             return Ok(s);
         }
         dst::DstState::Resume(partial) => {
@@ -241,6 +252,7 @@ pub fn convert_gated(
     };
     commit(dst, &beside, &mut manifest, cancel)?;
     drop(lock);
+    made.keep();
     let mut s = summary(
         dst, false, resumed, &plan, todo_bytes, started, &meter, options, manifest,
     );

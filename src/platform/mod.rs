@@ -433,6 +433,24 @@ pub fn link_count(file: &File) -> io::Result<u64> {
     imp::link_count(file)
 }
 
+/// Whether `path` names the very file open as `file` (the same device and
+/// inode on Unix, the same volume and file index on Windows), looked at
+/// without following a symlink at its last component. `Ok(false)` when
+/// nothing is at `path` any more (or, on Windows, a file there is waiting
+/// to be deleted).
+pub fn same_file(file: &File, path: &Path) -> io::Result<bool> {
+    imp::same_file(file, path)
+}
+
+/// Whether opening a name failed maybe only because the file there waits
+/// to be deleted (Windows, where a file removed while another handle is
+/// open keeps its name until that handle closes, and refuses every open
+/// with "access denied" meanwhile). Never on Unix, where a removed name is
+/// gone at once.
+pub fn may_be_delete_pending(e: &io::Error) -> bool {
+    imp::may_be_delete_pending(e)
+}
+
 /// Quotes a path for this platform's shell when it needs it, for commands
 /// reshard suggests: POSIX single quotes on Unix; on Windows double quotes,
 /// which cmd.exe and PowerShell both read, and no quoting of `\` or `:`.

@@ -359,6 +359,20 @@ pub fn link_count(file: &File) -> io::Result<u64> {
     Ok(file.metadata()?.nlink())
 }
 
+pub fn same_file(file: &File, path: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let open = file.metadata()?;
+    match std::fs::symlink_metadata(path) {
+        Ok(named) => Ok(named.dev() == open.dev() && named.ino() == open.ino()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+pub fn may_be_delete_pending(_e: &io::Error) -> bool {
+    false
+}
+
 pub fn shell_quote(s: &str) -> String {
     let plain = !s.is_empty()
         && s.bytes()

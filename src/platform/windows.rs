@@ -417,6 +417,38 @@ pub fn open_no_follow(options: &mut OpenOptions, path: &Path) -> io::Result<File
 }
 
 pub fn link_count(file: &File) -> io::Result<u64> {
+    Ok(u64::from(file_info(file)?.nNumberOfLinks))
+}
+
+/// Opens `path` itself (not a link's target) for its metadata only, with
+/// std's default sharing (read, write and delete), and compares the two
+/// handles' volume and file index. A name whose file waits to be deleted
+/// (a holder removed it while another handle was open) refuses every open
+/// with "access denied": nothing usable is there.
+pub fn same_file(file: &File, path: &Path) -> io::Result<bool> {
+    let named = match OpenOptions::new()
+        .access_mode(0)
+        .custom_flags(FILE_FLAG_OPEN_REPARSE_POINT | FILE_FLAG_BACKUP_SEMANTICS)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
+            ) =>
+        {
+            return Ok(false)
+        }
+        Err(e) => return Err(e),
+    };
+    let (a, b) = (file_info(file)?, file_info(&named)?);
+    Ok(a.dwVolumeSerialNumber == b.dwVolumeSerialNumber
+        && a.nFileIndexHigh == b.nFileIndexHigh
+        && a.nFileIndexLow == b.nFileIndexLow)
+}
+
+fn file_info(file: &File) -> io::Result<BY_HANDLE_FILE_INFORMATION> {
     // SAFETY: an all-zero BY_HANDLE_FILE_INFORMATION is a valid value of
     // that plain C struct.
     let mut info: BY_HANDLE_FILE_INFORMATION = unsafe { std::mem::zeroed() };
@@ -426,7 +458,12 @@ pub fn link_count(file: &File) -> io::Result<u64> {
     if ok == 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(u64::from(info.nNumberOfLinks))
+    Ok(info)
+}
+
+/// STATUS_DELETE_PENDING reaches Win32 callers as ERROR_ACCESS_DENIED.
+pub fn may_be_delete_pending(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::PermissionDenied
 }
 
 pub fn shell_quote(s: &str) -> String {

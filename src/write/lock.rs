@@ -1,20 +1,36 @@
 //! One run at a time per output folder: `DST/.reshard.lock`, held with an
 //! exclusive OS lock ([`crate::platform::try_lock_exclusive`]: `flock` on
 //! Unix, a `LockFileEx` byte range past the content on Windows, so the pid
-//! stays readable there too) for the whole run. The holder writes its pid into the file and
-//! empties it again when it lets go; a second run fails at once naming that
-//! pid. The OS drops the lock when the process dies, however it dies, so a
-//! killed run never leaves DST locked.
+//! stays readable there too) for the whole run. The holder writes its pid
+//! into the file; a second run fails at once naming that pid. The OS drops
+//! the lock when the process dies, however it dies, so a killed run never
+//! leaves DST locked (only the file, with the dead run's pid, which the
+//! next run takes over).
 //!
-//! The file itself stays in DST (removing it would let two runs lock two
-//! different files under one name). It is reshard's own: hidden, never listed
-//! in the index or the manifest, never copied, and not named in the "not
-//! copied" notes when an output is converted again. It is opened without
-//! following a symlink at its name ([`crate::platform::open_no_follow`]) and
-//! checked through the open handle before a byte is written: a name that is
-//! taken by anything but a small regular file with exactly one link (a
-//! symlink, a folder, a hard link to a file elsewhere, the shared lock of an
-//! output copied with `cp -al`) is refused, its target untouched.
+//! When the holder lets go (a finished run, a refused one, an error) it
+//! removes the file, so no output and no folder of someone else's files is
+//! left holding it. Removing a lock file is safe only with both halves of
+//! one protocol, else two runs could lock two different files under one
+//! name: the holder removes the name while it still holds the lock, and
+//! only if the name still reaches the file it locked
+//! ([`crate::platform::same_file`]); a run that takes the lock then checks
+//! that the name still reaches the file it locked, and if not (it opened
+//! the name just before the holder removed it, and so locked a file no name
+//! reaches) it closes it and opens the name again. On Windows a file that
+//! is removed while another handle is open stays "delete pending" until
+//! that handle closes (on file systems without POSIX delete semantics, and
+//! under Wine), and opening its name fails with "access denied" meanwhile:
+//! a run that meets that error waits a millisecond and opens the name
+//! again, up to [`MAX_OPENS`] times (about 0.1 s) before it reports it.
+//!
+//! The file is reshard's own: hidden, never listed in the index or the
+//! manifest, never copied, and not named in the "not copied" notes when an
+//! output is converted again. It is opened without following a symlink at
+//! its name ([`crate::platform::open_no_follow`]) and checked through the
+//! open handle before a byte is written: a name that is taken by anything
+//! but a small regular file with exactly one link (a symlink, a folder, a
+//! hard link to a file elsewhere, a killed run's left-over lock shared by
+//! an output copied with `cp -al`) is refused, its target untouched.
 
 use std::fs::File;
 use std::io::{self, Read, Seek, Write};
@@ -25,6 +41,11 @@ pub const LOCK: &str = ".reshard.lock";
 
 /// A lock file never holds more than `pid\n`; anything larger is not ours.
 const MAX_LOCK_LEN: u64 = 64;
+
+/// How often [`DstLock::acquire`] opens the name again after locking a file
+/// its holder had just removed (or, on Windows, after finding it waiting to
+/// be deleted).
+const MAX_OPENS: usize = 100;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
@@ -42,8 +63,8 @@ pub enum LockError {
     },
 }
 
-/// The held lock of one output folder; dropping it empties the file and
-/// releases the lock.
+/// The held lock of one output folder; dropping it removes the file (see
+/// the module doc) and releases the lock.
 #[derive(Debug)]
 pub struct DstLock {
     file: File,
@@ -58,21 +79,46 @@ impl DstLock {
             path: path.clone(),
             source,
         };
-        let mut file = open_lock_file(&path)?;
-        if !crate::platform::try_lock_exclusive(&file).map_err(io_err)? {
-            return Err(LockError::Busy {
-                dst: dir.to_path_buf(),
-                pid: read_pid(&mut file),
+        for left in (1..=MAX_OPENS).rev() {
+            let mut file = match open_lock_file(&path) {
+                Ok(Some(file)) => file,
+                Ok(None) => continue,
+                Err(LockError::Io { source, .. })
+                    if crate::platform::may_be_delete_pending(&source) && left > 1 =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            #[cfg(test)]
+            tests::between_open_and_lock();
+            if !crate::platform::try_lock_exclusive(&file).map_err(io_err)? {
+                return Err(LockError::Busy {
+                    dst: dir.to_path_buf(),
+                    pid: read_pid(&mut file),
+                });
+            }
+            // The holder before us removed the name after we opened it: the
+            // file we locked is no one's lock any more (see the module doc).
+            if !crate::platform::same_file(&file, &path).map_err(io_err)? {
+                continue;
+            }
+            // Ours now: anything already in it was left by a run that died.
+            file.set_len(0).map_err(io_err)?;
+            file.rewind().map_err(io_err)?;
+            writeln!(file, "{}", std::process::id()).map_err(io_err)?;
+            file.flush().map_err(io_err)?;
+            return Ok(DstLock {
+                file,
+                dir: dir.to_path_buf(),
             });
         }
-        // Ours now: anything already in it was left by a run that died.
-        file.set_len(0).map_err(io_err)?;
-        file.rewind().map_err(io_err)?;
-        writeln!(file, "{}", std::process::id()).map_err(io_err)?;
-        file.flush().map_err(io_err)?;
-        Ok(DstLock {
-            file,
-            dir: dir.to_path_buf(),
+        // Runs that each finish between our open and our lock, again and
+        // again: another reshard is busy here.
+        Err(LockError::Busy {
+            dst: dir.to_path_buf(),
+            pid: None,
         })
     }
 
@@ -84,17 +130,25 @@ impl DstLock {
 
 impl Drop for DstLock {
     fn drop(&mut self) {
-        // An empty lock file means nobody holds it; the OS releases the lock
-        // when the file is closed.
-        let _ = self.file.set_len(0);
+        // Removed while still held, and only if the name still reaches the
+        // file we hold (see the module doc); otherwise emptied, which says
+        // nobody holds it. The OS releases the lock when the file is closed.
+        let path = self.dir.join(LOCK);
+        let removed = crate::platform::same_file(&self.file, &path).unwrap_or(false)
+            && std::fs::remove_file(&path).is_ok();
+        if !removed {
+            let _ = self.file.set_len(0);
+        }
         let _ = crate::platform::unlock(&self.file);
     }
 }
 
 /// Opens (creating it if missing) the lock file for reading and writing,
 /// without truncating it, without following a symlink at its name, and
-/// only if what was opened is a small regular file with one link.
-fn open_lock_file(path: &Path) -> Result<File, LockError> {
+/// only if what was opened is a small regular file with one link. `None`
+/// when the name went away while we looked (a holder removed it as it let
+/// go): the caller opens it again.
+fn open_lock_file(path: &Path) -> Result<Option<File>, LockError> {
     let io_err = |source| LockError::Io {
         path: path.to_path_buf(),
         source,
@@ -108,7 +162,11 @@ fn open_lock_file(path: &Path) -> Result<File, LockError> {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
             // Looked at first by name, so a FIFO or a device is never opened.
-            let meta = std::fs::symlink_metadata(path).map_err(io_err)?;
+            let meta = match std::fs::symlink_metadata(path) {
+                Ok(meta) => meta,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(io_err(e)),
+            };
             if !meta.file_type().is_file() || meta.len() > MAX_LOCK_LEN {
                 return Err(not_ours());
             }
@@ -118,6 +176,7 @@ fn open_lock_file(path: &Path) -> Result<File, LockError> {
                 Ok(f) => f,
                 // A symlink swapped in after the first look.
                 Err(e) if crate::platform::is_symlink_loop(&e) => return Err(not_ours()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
                 Err(e) => return Err(io_err(e)),
             }
         }
@@ -130,6 +189,10 @@ fn open_lock_file(path: &Path) -> Result<File, LockError> {
         return Err(not_ours());
     }
     let links = crate::platform::link_count(&file).map_err(io_err)?;
+    if links == 0 {
+        // Removed since it was opened.
+        return Ok(None);
+    }
     if links != 1 {
         return Err(LockError::Linked {
             path: path.to_path_buf(),
@@ -146,7 +209,7 @@ fn open_lock_file(path: &Path) -> Result<File, LockError> {
     if readable && !text.is_empty() && text.trim().parse::<u32>().is_err() {
         return Err(not_ours());
     }
-    Ok(file)
+    Ok(Some(file))
 }
 
 /// The holder's pid, if it can be read (not in the moment before the holder
@@ -161,6 +224,19 @@ fn read_pid(file: &mut File) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Set by a test that widens the moment between opening the name
+        /// and locking it, where a holder may remove the name.
+        static SLOW_TO_LOCK: Cell<bool> = const { Cell::new(false) };
+    }
+
+    pub(super) fn between_open_and_lock() {
+        if SLOW_TO_LOCK.get() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
 
     #[test]
     fn second_lock_on_one_folder_fails_naming_the_holder() {
@@ -177,8 +253,60 @@ mod tests {
             .to_string()
             .contains("is being written by another reshard (pid "));
         drop(held);
-        assert_eq!(std::fs::read(tmp.path().join(LOCK)).unwrap(), b"");
+        assert!(
+            !tmp.path().join(LOCK).exists(),
+            "removed when let go: nothing is left in DST"
+        );
         DstLock::acquire(tmp.path()).unwrap();
+    }
+
+    /// Whatever took the lock's name while the lock was held (here a file
+    /// of someone's, renamed over it) is not the holder's to remove: it
+    /// stays, untouched.
+    #[test]
+    fn a_name_that_no_longer_reaches_the_held_file_is_left_alone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let held = DstLock::acquire(tmp.path()).unwrap();
+        let theirs = tmp.path().join("theirs");
+        std::fs::write(&theirs, b"7\n").unwrap();
+        std::fs::rename(&theirs, tmp.path().join(LOCK)).unwrap();
+        drop(held);
+        assert_eq!(std::fs::read(tmp.path().join(LOCK)).unwrap(), b"7\n");
+    }
+
+    /// Runs that remove the lock file when they let go must never hold the
+    /// lock two at a time: one that opened the name just before the holder
+    /// removed it locks a file no name reaches, and must notice. Threads
+    /// contend as processes do (each open is its own lock owner), each
+    /// pausing between its open and its lock so that moment is hit often.
+    #[test]
+    fn runs_that_remove_the_lock_file_never_hold_it_two_at_a_time() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let tmp = tempfile::tempdir().unwrap();
+        let holders = AtomicUsize::new(0);
+        let taken = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    SLOW_TO_LOCK.set(true);
+                    for _ in 0..300 {
+                        let lock = match DstLock::acquire(tmp.path()) {
+                            Ok(l) => l,
+                            Err(LockError::Busy { .. }) => continue,
+                            Err(e) => panic!("{e:?}"),
+                        };
+                        let before = holders.fetch_add(1, Ordering::SeqCst);
+                        assert_eq!(before, 0, "two runs hold the lock at once");
+                        taken.fetch_add(1, Ordering::SeqCst);
+                        std::thread::yield_now();
+                        holders.fetch_sub(1, Ordering::SeqCst);
+                        drop(lock);
+                    }
+                });
+            }
+        });
+        assert!(taken.load(Ordering::SeqCst) > 0);
+        assert!(!tmp.path().join(LOCK).exists());
     }
 
     #[test]

@@ -94,6 +94,31 @@ impl DstInventory {
         Ok(inv)
     }
 
+    /// `dst` listed without its lock, when nothing in it is reshard's (no
+    /// manifest, no lock, no temporary file): a folder of someone else's
+    /// files, which a run may refuse before it writes a byte there, not
+    /// even its lock. `None` when DST is not a readable folder or holds
+    /// any of reshard's names (a run may be under way there: only the
+    /// locked listing may decide then). Nothing is ever removed on the
+    /// strength of this listing.
+    pub fn unclaimed(dst: &Path) -> Option<DstInventory> {
+        let mut foreign = Vec::new();
+        for entry in std::fs::read_dir(dst).ok()? {
+            let entry = entry.ok()?;
+            let name = entry.file_name();
+            if name.to_str().is_some_and(is_bookkeeping) {
+                return None;
+            }
+            foreign.push(name.to_string_lossy().into_owned());
+        }
+        foreign.sort();
+        Some(DstInventory {
+            manifest: None,
+            partial: None,
+            foreign,
+        })
+    }
+
     /// Every name the manifest or the partial manifest claims (see the
     /// module doc: a partial manifest claims generated names only).
     pub fn own_names(&self) -> BTreeSet<String> {

@@ -237,7 +237,9 @@ fn mapped_input_and_forced_read_write_give_identical_casts() {
                 args.extend(["--dtype", dtype, "--on-overflow", "inf"]);
             }
             let files = assert_same_without_mmap(&src, &fast, &slow, &args);
-            assert!(files > 2, "{name} {dtype}: {files} files");
+            // A shard and the manifest at least (the lock file, which
+            // this count once included, is removed as the run ends).
+            assert!(files >= 2, "{name} {dtype}: {files} files");
             if name == "fixture" && dtype == "bf16" {
                 assert_matches_expected(&fast, "tiny-llama");
             }

@@ -78,6 +78,36 @@ fn validate_draws_progress_on_a_terminal_only() {
     assert!(convert.contains("/855.25 KiB"), "{convert:?}");
 }
 
+/// `batch --mode validate` drew only each model's "planning" line, never a
+/// bar, though `--mode convert` drew one per model: each validate job now
+/// draws the bar `validate` draws, on a terminal only.
+#[test]
+fn batch_validate_draws_each_models_bar_on_a_terminal_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    copy_fixture("tiny-llama", &root);
+    let out = tmp.path().join("out");
+    let (root_s, out_s) = (root.display().to_string(), out.display().to_string());
+    let convert = ["batch", root_s.as_str(), "--out", out_s.as_str()];
+    let args = [&convert[..], &["--mode", "validate"]].concat();
+    let Some(converted) = on_a_terminal(&convert) else {
+        eprintln!("skipped: `script` is not available");
+        return;
+    };
+    // convert's job bar: 427.62 KiB of tensors, read once.
+    assert!(converted.contains("/427.62 KiB"), "{converted:?}");
+    let piped = reshard().args(&args).output().unwrap();
+    assert!(piped.status.success());
+    assert_eq!(String::from_utf8_lossy(&piped.stderr), "");
+    let drawn = on_a_terminal(&args).unwrap();
+    // validate's: read twice (the load and the comparison), under the
+    // model's name.
+    assert!(drawn.contains("/855.25 KiB"), "{drawn:?}");
+    assert!(drawn.contains("tiny-llama"), "{drawn:?}");
+    let hidden = on_a_terminal(&[&args[..], &["--no-progress"]].concat()).unwrap();
+    assert!(!hidden.contains("/855.25 KiB"), "{hidden:?}");
+}
+
 #[test]
 fn validate_quiet_prints_the_verdict_only() {
     let tmp = tempfile::tempdir().unwrap();

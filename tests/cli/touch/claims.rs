@@ -33,17 +33,30 @@ fn a_hard_linked_lock_file_is_refused_and_its_other_name_untouched() {
     assert_refused(&out, &dst.join(".reshard.lock").display().to_string());
     assert!(stderr_of(&out).contains("2 links"), "{}", stderr_of(&out));
     assert_eq!(std::fs::read(&theirs).unwrap(), b"7\n");
-    // An output copied with `cp -al` shares its lock with the original.
+    // An output copied with `cp -al`: a finished output holds no lock
+    // file, and a run into the copy writes every file under a new name, so
+    // the original is untouched.
     let orig = tmp.path().join("orig");
     convert(&fixture("tiny-llama"), &orig, &[]).success();
-    let copy = tmp.path().join("copy");
-    hard_link_copy(&orig, &copy);
-    let before = tree(&orig);
-    for extra in [
+    let variants = [
         &[][..],
         &["--overwrite"],
         &["--dtype", "f16", "--overwrite"],
-    ] {
+    ];
+    let before = tree(&orig);
+    for (n, extra) in variants.iter().enumerate() {
+        let copy = tmp.path().join(format!("copy{n}"));
+        hard_link_copy(&orig, &copy);
+        let out = convert_out(&fixture("tiny-llama"), &copy, extra);
+        assert!(out.status.success(), "{extra:?}: {}", stderr_of(&out));
+        assert_eq!(tree(&orig), before, "{extra:?}: the original is untouched");
+    }
+    // The lock file a killed run left is shared by the copy: refused.
+    std::fs::write(orig.join(".reshard.lock"), "4000000000\n").unwrap();
+    let copy = tmp.path().join("copy-of-a-killed-run");
+    hard_link_copy(&orig, &copy);
+    let before = tree(&orig);
+    for extra in variants {
         let out = convert_out(&fixture("tiny-llama"), &copy, extra);
         assert_refused(&out, "links");
         assert_eq!(tree(&orig), before, "{extra:?}: the original is untouched");
@@ -55,15 +68,76 @@ fn converting_an_output_again_does_not_note_its_lock_file() {
     let tmp = tempfile::tempdir().unwrap();
     let first = tmp.path().join("first");
     convert(&fixture("tiny-llama"), &first, &[]).success();
-    assert!(first.join(".reshard.lock").is_file(), "the lock stays");
+    assert!(
+        !first.join(".reshard.lock").exists(),
+        "a finished run removes its lock file"
+    );
+    // What a killed run leaves: the lock file with its pid.
+    std::fs::write(first.join(".reshard.lock"), "4000000000\n").unwrap();
     let out = convert_out(&first, &tmp.path().join("second"), &[]);
     let stderr = stderr_of(&out);
     assert!(out.status.success(), "{stderr}");
     assert!(!stderr.contains(".reshard.lock"), "{stderr}");
-    // A rerun into the first output does not mention it either.
+    assert!(!tmp.path().join("second/.reshard.lock").exists());
+    // A rerun into the first output does not mention it either, takes it
+    // over and removes it.
     let again = convert_out(&fixture("tiny-llama"), &first, &[]);
     assert!(again.status.success());
     assert!(!stderr_of(&again).contains(".reshard.lock"));
+    assert!(!first.join(".reshard.lock").exists());
+}
+
+/// A folder's modification time, set back to a fixed past one: a file
+/// created in it (and removed again) moves it.
+#[cfg(unix)]
+fn backdate(dir: &Path) -> std::time::SystemTime {
+    let past = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    std::fs::File::open(dir)
+        .unwrap()
+        .set_modified(past)
+        .unwrap();
+    std::fs::metadata(dir).unwrap().modified().unwrap()
+}
+
+/// A convert refused because DST holds the user's files wrote its lock
+/// file into that folder and left it there: the refusal is decided before
+/// the lock is taken (the folder is not written at all), and a refusal
+/// decided under the lock removes the lock file again.
+#[test]
+fn a_refused_convert_leaves_no_lock_file_in_the_users_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let weights = tmp.path().join("weights");
+    std::fs::create_dir(&weights).unwrap();
+    std::fs::write(weights.join("model.safetensors"), "their weights").unwrap();
+    let notes = tmp.path().join("notes");
+    std::fs::create_dir(&notes).unwrap();
+    std::fs::write(notes.join("notes.txt"), "mine").unwrap();
+    for (dst, refusal) in [
+        (&weights, "holds weight files reshard did not write"),
+        (&notes, "folder is not empty and was not written by reshard"),
+    ] {
+        let before = tree(dst);
+        #[cfg(unix)]
+        let mtime = backdate(dst);
+        let out = convert_out(&fixture("tiny-llama"), dst, &[]);
+        assert_refused(&out, refusal);
+        assert_eq!(tree(dst), before, "{}", dst.display());
+        #[cfg(unix)]
+        assert_eq!(
+            std::fs::metadata(dst).unwrap().modified().unwrap(),
+            mtime,
+            "{}: nothing was created in it, not even for a moment",
+            dst.display()
+        );
+    }
+    // Refused under the lock (DST holds another conversion): the lock file
+    // is taken and removed again.
+    let other = tmp.path().join("other");
+    convert(&fixture("tiny-llama"), &other, &[]).success();
+    let before = tree(&other);
+    let out = convert_out(&fixture("tiny-llama"), &other, &["--dtype", "f16"]);
+    assert_refused(&out, "holds a different conversion");
+    assert_eq!(tree(&other), before);
 }
 
 // ---- manifests found in DST are claims ----------------------------------------
