@@ -599,7 +599,14 @@ fn llama_cpp_takes_a_gguf_as_it_is_and_not_safetensors() {
     assert_eq!(best(&r), ("as-is", "gpu", None));
     // 100 KiB holds the blocks but not the whole 118 KiB of weights.
     let small = [
-        "--os", "linux", "--ram", "64GiB", "--vram", "100KiB", "--reserve", "0",
+        "--os",
+        "linux",
+        "--ram",
+        "64GiB",
+        "--vram",
+        "100KiB",
+        "--reserve",
+        "0",
     ];
     let out = reshard()
         .arg("fit")
@@ -614,7 +621,10 @@ fn llama_cpp_takes_a_gguf_as_it_is_and_not_safetensors() {
         text.contains("best: as-is (first 2 of 2 blocks on the GPU"),
         "{text}"
     );
-    assert!(text.contains("  nothing to convert: load it as it is\n"), "{text}");
+    assert!(
+        text.contains("  nothing to convert: load it as it is\n"),
+        "{text}"
+    );
     assert!(text.contains("  run it with --n-gpu-layers 2\n"), "{text}");
     let dir = tempfile::tempdir().unwrap();
     let map = dir.path().join("map.json");
@@ -634,8 +644,10 @@ fn llama_cpp_takes_a_gguf_as_it_is_and_not_safetensors() {
     let (_, r) = plan(&fixture("tiny-llama"), "llama.cpp", &generous);
     let refused = r["refused"].as_array().unwrap();
     assert!(
-        refused.iter().any(|f| f["form"] == "as-is"
-            && f["reason"] == "llama.cpp does not read Safetensors files"),
+        refused
+            .iter()
+            .any(|f| f["form"] == "as-is"
+                && f["reason"] == "llama.cpp does not read Safetensors files"),
         "{refused:?}"
     );
     assert!(r["candidates"]
