@@ -83,11 +83,13 @@ impl Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
-    let (ck, composite) =
-        open(&args.path).with_context(|| format!("cannot read {}", args.path.display()))?;
     let machine = args.machine.machine();
     if let Some(name) = &args.for_program {
         let program = fit::program::program(name).expect("--for was parsed");
+        let context = || format!("cannot plan {} for {name}", args.path.display());
+        // The program's own opening: one that loads one file refuses a
+        // pipeline here as `convert --fit` does.
+        let (ck, _) = fit::make::open_for(&args.path, program).with_context(context)?;
         let r = fit::make::make_fit(
             &ck,
             machine,
@@ -95,7 +97,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             program,
             args.reserve.map(|r| r.0),
         )
-        .with_context(|| format!("cannot plan {} for {name}", args.path.display()))?;
+        .with_context(context)?;
         if let Some(file) = &args.device_map {
             crate::cli::fit_for::write_device_map(file, &args.path, &ck, &r)?;
         }
@@ -112,6 +114,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
             None => ExitStatus::CheckFailed,
         });
     }
+    let (ck, composite) =
+        open(&args.path).with_context(|| format!("cannot read {}", args.path.display()))?;
     let report = fit::fit(&ck, machine, &args.options())
         .with_context(|| format!("cannot judge {}", args.path.display()))?;
     if args.print.json {

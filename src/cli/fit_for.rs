@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use anyhow::Context;
 
 use reshard::fit::make::{Candidate, MakeFit, Placement};
+use reshard::fit::program::Form;
 use reshard::names::escape;
 use reshard::units::human;
 
@@ -180,7 +181,8 @@ pub fn write_device_map(
             )
         }
     };
-    if best.form.format() == reshard::format::Format::Gguf {
+    let gguf = reshard::format::Format::Gguf;
+    if best.form.format() == gguf || (best.form == Form::AsIs && ck.format == gguf) {
         anyhow::bail!(
             "the best form for {}, {}, is a GGUF file: a device_map places safetensors modules (llama.cpp takes --n-gpu-layers, printed by fit)",
             r.program,

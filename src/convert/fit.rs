@@ -7,7 +7,9 @@
 //! A checkpoint that fits as it is (no conversion) is still written: the
 //! same tensors and dtypes in layer order, no shard larger than the
 //! source's largest file, so every loader's peak stays at most what fit
-//! judged.
+//! judged. A GGUF that fits as it is has nothing to write (reshard writes
+//! GGUF from safetensors and PyTorch checkpoints only): refused with
+//! [`FitChoiceError::GgufAsIs`], which says to load the file itself.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -17,10 +19,10 @@ use serde::Serialize;
 use super::file_dst::DstKind;
 use super::options::ConvertOptions;
 use crate::fit::machine::Machine;
-use crate::fit::make::{make_fit, Candidate, Conversion, MakeFit, Placement};
+use crate::fit::make::{make_fit, open_for, Candidate, Conversion, MakeFit, Placement};
 use crate::fit::program::Program;
 use crate::fit::{FitError, FitOptions};
-use crate::format::{Format, FormatError};
+use crate::format::Format;
 use crate::plan::OutputFormat;
 use crate::units::human;
 
@@ -39,18 +41,15 @@ pub struct FitTarget {
 #[derive(Debug, thiserror::Error)]
 pub enum FitChoiceError {
     #[error(transparent)]
-    Read(#[from] FormatError),
-    #[error(transparent)]
     Fit(#[from] FitError),
-    /// A program that loads one file, asked for a folder of several
-    /// weight sets (a diffusers pipeline): no one file holds them.
-    #[error("{}: {program} loads one weights file, and this {kind} has {sets} weight sets ({names}); convert one of its component folders (SRC/NAME) for {program}, or the whole folder for the library that loads it (--for diffusers, transformers)", .path.display())]
-    OneFileProgram {
+    /// A GGUF that the program loads as it is: reshard writes GGUF from
+    /// safetensors or PyTorch checkpoints only, so there is nothing to
+    /// write (the file itself is the output).
+    #[error("{}: {program} loads this GGUF as it is ({placement}): nothing to convert, load the file itself (reshard writes GGUF from safetensors or PyTorch checkpoints, not from a GGUF)", .path.display())]
+    GgufAsIs {
         path: std::path::PathBuf,
         program: String,
-        kind: &'static str,
-        sets: usize,
-        names: String,
+        placement: String,
     },
 }
 
@@ -72,17 +71,7 @@ pub struct FitChoice {
 /// or sentence-transformers folder as its library holds it loaded, as
 /// `fit` judges it) and takes the best that fits.
 pub fn choose(src: &Path, target: &FitTarget) -> Result<FitChoice, FitChoiceError> {
-    let (ck, layout) = crate::format::layout::open_as_loaded(src)?;
-    if let Some(l) = layout.filter(|l| target.program.single_file && l.sets.len() > 1) {
-        let rels: Vec<&str> = l.sets.iter().map(|s| s.rel.as_str()).collect();
-        return Err(FitChoiceError::OneFileProgram {
-            path: src.to_path_buf(),
-            program: target.program.name.clone(),
-            kind: l.kind.describe(),
-            sets: l.sets.len(),
-            names: rels.join(", "),
-        });
-    }
+    let (ck, _) = open_for(src, target.program)?;
     let mut options = target.options.clone();
     options.path = src.display().to_string();
     let plan = make_fit(
@@ -93,14 +82,20 @@ pub fn choose(src: &Path, target: &FitTarget) -> Result<FitChoice, FitChoiceErro
         target.reserve,
     )?;
     let chosen = plan.best().cloned();
+    if let Some(c) = chosen.as_ref().filter(|c| c.conversion.is_none()) {
+        if ck.format == Format::Gguf {
+            return Err(FitChoiceError::GgufAsIs {
+                path: src.to_path_buf(),
+                program: plan.program.clone(),
+                placement: placement(c),
+            });
+        }
+    }
     let conversion = chosen.as_ref().map(|c| {
         c.conversion.unwrap_or(Conversion {
             dtype: None,
             quantize: None,
-            format: match ck.format {
-                Format::Gguf => OutputFormat::Gguf,
-                _ => OutputFormat::Safetensors,
-            },
+            format: OutputFormat::Safetensors,
             max_shard_size: match ck.files.len() {
                 1 => None,
                 _ => ck.files.iter().map(|f| f.size).max(),

@@ -75,6 +75,18 @@ pub enum FitError {
         program: String,
         rows: String,
     },
+    #[error(transparent)]
+    Read(#[from] crate::format::FormatError),
+    /// A program that loads one file, asked for a folder of several
+    /// weight sets (a diffusers pipeline): no one file holds them.
+    #[error("{}: {program} loads one weights file, and this {kind} has {sets} weight sets ({names}); convert one of its component folders (SRC/NAME) for {program}, or the whole folder for the library that loads it (--for diffusers, transformers)", .path.display())]
+    OneFileProgram {
+        path: std::path::PathBuf,
+        program: String,
+        kind: &'static str,
+        sets: usize,
+        names: String,
+    },
     /// No form of the program could be judged because the checkpoint
     /// itself cannot be read as planned (a GGUF tensor type reshard does
     /// not decode, a bad shape): an input error, not "nothing fits".

@@ -13,6 +13,8 @@
 //! ([`candidate_sizes`]) at which the program's row fits; a program that
 //! loads one file gets one file.
 
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
 
 pub use super::conversion::Conversion;
@@ -24,6 +26,7 @@ use super::loader::Loader;
 use super::machine::Machine;
 use super::program::{Form, Program};
 use super::sample::{Estimate, Sampler};
+use crate::format::layout::{open_as_loaded, ModelLayout};
 use crate::format::{Checkpoint, Dtype, Format};
 use crate::plan::{OutputFormat, Plan, PlanError, PlanOptions};
 
@@ -148,6 +151,32 @@ impl SmallestMachine {
         }
         o
     }
+}
+
+/// The checkpoint at `path` as `program` loads it: a pipeline or
+/// sentence-transformers folder as its library holds it loaded
+/// ([`open_as_loaded`]), refused for a program that loads one weights
+/// file when the folder has several weight sets. What `fit --for`,
+/// `convert --fit` and `batch --fit` plan, so all three refuse alike.
+pub fn open_for(
+    path: &Path,
+    program: &Program,
+) -> Result<(Checkpoint, Option<ModelLayout>), FitError> {
+    let (ck, layout) = open_as_loaded(path)?;
+    if let Some(l) = layout
+        .as_ref()
+        .filter(|l| program.single_file && l.sets.len() > 1)
+    {
+        let rels: Vec<&str> = l.sets.iter().map(|s| s.rel.as_str()).collect();
+        return Err(FitError::OneFileProgram {
+            path: path.to_path_buf(),
+            program: program.name.clone(),
+            kind: l.kind.describe(),
+            sets: l.sets.len(),
+            names: rels.join(", "),
+        });
+    }
+    Ok((ck, layout))
 }
 
 /// Plans `program`'s forms of `ck` on `machine`. `reserve`: the
@@ -357,9 +386,12 @@ impl Judge<'_> {
         let mut host = None;
         if form == Form::AsIs {
             let today = self.host(form, None)?;
-            let own_fits = today.host_shortfall == 0
-                && (!single || self.ck.files.len() == 1 || self.ck.format == Format::Gguf);
-            if own_fits || (single && self.ck.files.len() == 1) {
+            // A GGUF is judged as the file it is: reshard writes GGUF from
+            // safetensors only, and resharding it as safetensors is another
+            // format, not "as is".
+            let gguf = self.ck.format == Format::Gguf;
+            let own_fits = today.host_shortfall == 0 && (!single || self.ck.files.len() == 1);
+            if gguf || own_fits || (single && self.ck.files.len() == 1) {
                 host = Some(today);
             }
         }

@@ -85,6 +85,11 @@ const EXAMPLES: &[Example] = &[
     },
     Example {
         page: "docs/fit.md",
+        first: "reshard fit llama-q8_0.gguf --for llama.cpp --os linux --ram 16GiB --vram 100KiB --reserve 0",
+        setup: llama_q8_0,
+    },
+    Example {
+        page: "docs/fit.md",
         first: "reshard convert tiny-llama out --fit --for transformers --os linux --ram 16GiB --vram 345KiB --reserve 0 --validate",
         setup: tiny_llama,
     },

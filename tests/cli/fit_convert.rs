@@ -189,6 +189,27 @@ fn fit_convert_to_gguf_when_the_program_reads_gguf() {
     assert!(out.contains("VRAM 150.00 KiB"), "{out}");
 }
 
+/// A GGUF that llama.cpp loads as it is: `convert --fit` has nothing to
+/// write (reshard writes GGUF from safetensors and PyTorch checkpoints
+/// only; for a safetensors source "as is" is a copy in layer order), so
+/// it says to load the file itself, exit 2 before anything is written.
+/// `batch --fit` goes through the same choice.
+#[test]
+fn fit_convert_a_gguf_that_fits_as_it_is_says_to_load_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture("gguf/llm/llama-q8_0.gguf");
+    let mut args: Vec<String> = vec!["--fit".into(), "--for".into(), "llama.cpp".into()];
+    args.extend(machine("8GiB"));
+    let dst = dir.path().join("out.gguf");
+    let (code, out, err) = run(&src, &dst, &args);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("llama.cpp loads this GGUF as it is (all on the GPU): nothing to convert, load the file itself"),
+        "{err}"
+    );
+    assert!(!dst.exists());
+}
+
 #[test]
 fn fit_convert_nothing_fitting_exits_1_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();

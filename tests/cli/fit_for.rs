@@ -585,3 +585,103 @@ fn the_error_column_says_nan_and_overflow_and_keeps_n_a_for_zeros() {
     assert!(text.contains("* q8_0: "), "{text}");
     assert!(text.contains("overflow: q4_0: "), "{text}");
 }
+
+/// llama.cpp loads a GGUF as it is (it maps the file): a GGUF source gets
+/// an "as is" candidate, with `--n-gpu-layers` when VRAM holds only some
+/// blocks, and no device_map (a GGUF places layers, not modules). A
+/// safetensors source is not offered as is: llama.cpp does not read it.
+#[test]
+fn llama_cpp_takes_a_gguf_as_it_is_and_not_safetensors() {
+    let gguf = fixture("gguf/llm/llama-q8_0.gguf");
+    let generous = ["--os", "linux", "--ram", "64GiB", "--vram", "8GiB"];
+    let (code, r) = plan(&gguf, "llama.cpp", &generous);
+    assert_eq!(code, 0, "{r}");
+    assert_eq!(best(&r), ("as-is", "gpu", None));
+    // 100 KiB holds the blocks but not the whole 118 KiB of weights.
+    let small = [
+        "--os",
+        "linux",
+        "--ram",
+        "64GiB",
+        "--vram",
+        "100KiB",
+        "--reserve",
+        "0",
+    ];
+    let out = reshard()
+        .arg("fit")
+        .arg(&gguf)
+        .args(["--for", "llama.cpp"])
+        .args(small)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("best: as-is (first 2 of 2 blocks on the GPU"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  nothing to convert: load it as it is\n"),
+        "{text}"
+    );
+    assert!(text.contains("  run it with --n-gpu-layers 2\n"), "{text}");
+    let dir = tempfile::tempdir().unwrap();
+    let map = dir.path().join("map.json");
+    let out = reshard()
+        .arg("fit")
+        .arg(&gguf)
+        .args(["--for", "llama.cpp", "--device-map"])
+        .arg(&map)
+        .args(small)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("as-is, is a GGUF file"), "{err}");
+    assert!(!map.exists());
+
+    let (_, r) = plan(&fixture("tiny-llama"), "llama.cpp", &generous);
+    let refused = r["refused"].as_array().unwrap();
+    assert!(
+        refused
+            .iter()
+            .any(|f| f["form"] == "as-is"
+                && f["reason"] == "llama.cpp does not read Safetensors files"),
+        "{refused:?}"
+    );
+    assert!(r["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["form"] != "as-is"));
+}
+
+/// A program that loads one file (ComfyUI, Forge, InvokeAI) and a
+/// diffusers pipeline of two weight sets: `fit --for` refuses it with
+/// `convert --fit`'s message and exit status, instead of offering the
+/// folder "as is" as if it were one file.
+#[test]
+fn one_file_programs_refuse_a_pipeline_as_convert_fit_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = crate::layouts::judge::pipeline(dir.path());
+    for program in ["comfyui", "forge", "invokeai"] {
+        let out = reshard()
+            .arg("fit")
+            .arg(&src)
+            .args(["--for", program, "--os", "linux", "--ram", "64GiB"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{program}: {err}");
+        assert!(
+            err.contains(&format!("{program} loads one weights file, and this diffusers pipeline (model_index.json) has 2 weight sets (text_encoder, unet)")),
+            "{err}"
+        );
+        assert!(out.stdout.is_empty(), "{program}");
+    }
+    // diffusers loads the folder: planned as it holds it.
+    let (code, r) = plan(&src, "diffusers", &["--os", "linux", "--ram", "64GiB"]);
+    assert_eq!(code, 0, "{r}");
+    assert_eq!(best(&r).0, "as-is");
+}
