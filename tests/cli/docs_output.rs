@@ -59,6 +59,16 @@ const REASONS: &[&str] = &[
 
 const EXAMPLES: &[Example] = &[
     Example {
+        page: "docs/validate.md",
+        first: "reshard validate llama-302m --emulate per-shard-mmap --json | jq \"{emulation, commit}\"",
+        setup: llama_302m,
+    },
+    Example {
+        page: "docs/layouts.md",
+        first: "/usr/bin/time -f \"peak RSS %M KiB\" reshard convert big bigout --single-file --window 64MiB",
+        setup: big_merge,
+    },
+    Example {
         page: "docs/fit.md",
         first: "reshard fit llama-302m --os windows --ram 1GiB --pagefile 512MiB",
         setup: llama_302m,
@@ -488,6 +498,11 @@ fn mask(text: &str) -> String {
         (r"(?m)^(\S+ +\S+ [KMGT]?i?B) +\d+\.\d\d ", "$1 SECONDS "),
         (r"(?m)( [KMGT]?i?B) +\d+\.\d\d$", "$1 SECONDS"),
         (r"longest part \d+(\.\d+)? s\b", "longest part T s"),
+        // validate --json's absolute commit figures and sample count.
+        (r#""(baseline|peak|samples)": \d+"#, r#""$1": N"#),
+        // GNU time's peak RSS (the allocator's and the page cache's share
+        // vary; the page's sentence says what bounds it).
+        (r"peak RSS \d+ KiB", "peak RSS N KiB"),
         // The process's commit before loading: the Python or shell that
         // started it, and the allocator's arenas, differ per machine.
         (

@@ -422,6 +422,42 @@ pub(crate) fn llama_302m(dir: &Path) {
     crate::fit::llama_302m(dir);
 }
 
+/// layouts.md's `big`: 1 GiB in 4 shards of 4 f32 tensors of 64 MiB
+/// each, as torch writes them (aligned, `format: pt`), sparse (zeros read
+/// from holes), with its index.
+pub(crate) fn big_merge(dir: &Path) {
+    let d = dir.join("big");
+    std::fs::create_dir_all(&d).unwrap();
+    let mut weight_map = serde_json::Map::new();
+    let len: u64 = 4096 * 4096 * 4;
+    for k in 0..4 {
+        let name = format!("model-{:05}-of-00004.safetensors", k + 1);
+        let mut header = serde_json::Map::new();
+        for t in 0..4u64 {
+            let tensor = format!("model.layers.{}.mlp.weight", k * 4 + t);
+            header.insert(
+                tensor.clone(),
+                serde_json::json!({"dtype": "F32", "shape": [4096, 4096], "data_offsets": [t * len, (t + 1) * len]}),
+            );
+            weight_map.insert(tensor, name.clone().into());
+        }
+        header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
+        let mut json = serde_json::to_vec(&header).unwrap();
+        json.resize(json.len().next_multiple_of(8), b' ');
+        let file = std::fs::File::create(d.join(&name)).unwrap();
+        let mut prefix = (json.len() as u64).to_le_bytes().to_vec();
+        prefix.extend_from_slice(&json);
+        std::io::Write::write_all(&mut &file, &prefix).unwrap();
+        file.set_len(prefix.len() as u64 + 4 * len).unwrap();
+    }
+    let index = serde_json::json!({"metadata": {"total_size": 16 * len}, "weight_map": weight_map});
+    std::fs::write(
+        d.join("model.safetensors.index.json"),
+        serde_json::to_vec(&index).unwrap(),
+    )
+    .unwrap();
+}
+
 /// fit.md's gguf split set where the page names it.
 pub(crate) fn gguf_split(dir: &Path) {
     gguf_fixtures(dir);
