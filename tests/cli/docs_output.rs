@@ -64,6 +64,11 @@ const EXAMPLES: &[Example] = &[
         setup: llama_302m,
     },
     Example {
+        page: "docs/validate.md",
+        first: "reshard validate out; echo \"[exit $?]\"",
+        setup: validate_real,
+    },
+    Example {
         page: "docs/layouts.md",
         first: "/usr/bin/time -f \"peak RSS %M KiB\" reshard convert big bigout --single-file --window 64MiB",
         setup: big_merge,

@@ -458,6 +458,21 @@ pub(crate) fn big_merge(dir: &Path) {
     .unwrap();
 }
 
+/// validate.md's real output: `out` (layouts.md's `big` resharded into
+/// 256 MiB shards), the calibration Llama's headers as `llama-302m`, and
+/// its 64 MiB reshard `r64`.
+pub(crate) fn validate_real(dir: &Path) {
+    big_merge(dir);
+    llama_302m(dir);
+    for (src, dst, size) in [("big", "out", "256MiB"), ("llama-302m", "r64", "64MiB")] {
+        crate::common::reshard()
+            .current_dir(dir)
+            .args(["convert", src, dst, "--max-shard-size", size, "-q"])
+            .assert()
+            .success();
+    }
+}
+
 /// fit.md's gguf split set where the page names it.
 pub(crate) fn gguf_split(dir: &Path) {
     gguf_fixtures(dir);
