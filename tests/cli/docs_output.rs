@@ -504,7 +504,19 @@ fn mask(text: &str) -> String {
         (r"(?m)( [KMGT]?i?B) +\d+\.\d\d$", "$1 SECONDS"),
         (r"longest part \d+(\.\d+)? s\b", "longest part T s"),
         // validate --json's absolute commit figures and sample count.
-        (r#""(baseline|peak|samples)": \d+"#, r#""$1": N"#),
+        // (peak_above_baseline too: the allocator's arenas add up to a few
+        // hundred KB under parallel tests).
+        (
+            r#""(baseline|peak|peak_above_baseline|samples)": \d+"#,
+            r#""$1": N"#,
+        ),
+        // A commit peak or level in MiB to the MiB: the same arenas move
+        // its hundredths.
+        (r"peak (\d+)\.\d\d MiB above", "peak $1.NN MiB above"),
+        (
+            r"with (\d+)\.\d\d MiB already committed",
+            "with $1.NN MiB already committed",
+        ),
         // GNU time's peak RSS (the allocator's and the page cache's share
         // vary; the page's sentence says what bounds it).
         (r"peak RSS \d+ KiB", "peak RSS N KiB"),
