@@ -32,8 +32,7 @@ env -u CARGO -u RUSTC -u RUSTDOC -u RUSTC_BOOTSTRAP CARGO_TARGET_DIR="$linux_tar
 linux=$linux_target/release/reshard
 
 work=$(mktemp -d)
-trap 'win_release_server; rm -rf "$work"' EXIT
-win_hold_server
+trap 'rm -rf "$work"' EXIT
 win() { wine "$exe" "$@"; }
 step() { printf '\n== %s\n' "$*"; }
 

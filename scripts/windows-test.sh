@@ -24,12 +24,10 @@ export RESHARD_TEST_FAKE_CUDA
 
 mounts=()
 cleanup() {
-  win_release_server
   for m in "${mounts[@]}"; do umount "$m" 2>/dev/null && rmdir "$m"; done
   rm -f "$WINEPREFIX/dosdevices/m:" "$WINEPREFIX/dosdevices/n:"
 }
 trap cleanup EXIT
-win_hold_server
 volume() { # DRIVE OPTIONS VAR
   local dir
   dir=$(mktemp -d "${TMPDIR:-/tmp}/reshard-wine-$1.XXXXXX")

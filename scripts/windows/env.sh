@@ -6,8 +6,7 @@
 # rust-web-src with -Zbuild-std (hence RUSTC_BOOTSTRAP=1 for this cargo only).
 #
 # Provides win_cargo ARGS...: Debian's cargo for x86_64-pc-windows-gnu,
-# with the Windows target folder cached outside the checkout; and
-# win_hold_server / win_release_server, one Wine server for a whole run.
+# with the Windows target folder cached outside the checkout.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/cache.sh"
 
 WINDOWS_TARGET=x86_64-pc-windows-gnu
@@ -52,23 +51,4 @@ win_cargo() {
   shift
   "$CARGO" "$sub" --config "target.$WINDOWS_TARGET.runner = 'wine'" \
     -Zbuild-std=std,panic_abort --target "$WINDOWS_TARGET" "$@"
-}
-
-# One Wine server for a whole run. wineserver exits three seconds after its
-# last client, and a wine started in that moment fails with "wine client
-# error:0: recvmsg: Connection reset by peer" before reshard.exe runs (seen
-# once in CI, between two steps of windows-smoke.sh). A persistent server,
-# started by the outermost script and stopped when it exits, closes that
-# window; a script run by it (windows-test.sh runs windows-smoke.sh) finds
-# RESHARD_WINE_SERVER set and leaves the server to its starter.
-win_hold_server() {
-  [ -n "${RESHARD_WINE_SERVER:-}" ] && return 0
-  wineserver -w # a server left by wineboot or an earlier run exits first
-  wineserver -p </dev/null >/dev/null 2>&1 || true
-  export RESHARD_WINE_SERVER=$$
-}
-win_release_server() {
-  [ "${RESHARD_WINE_SERVER:-}" = "$$" ] || return 0
-  wineserver -k 2>/dev/null || true
-  unset RESHARD_WINE_SERVER
 }
