@@ -138,8 +138,12 @@ pub fn convert_to_file(
     let ck = one_weight_set(source, file)?;
     let split = options.plan.format == crate::plan::OutputFormat::Gguf
         && options.plan.max_shard_size != u64::MAX;
+    // Whether each target was there when checked: a target that was not
+    // is published without replacing (a file that appears at its name
+    // during the run is the user's, never overwritten).
+    let mut existed = Vec::new();
     if !split {
-        check_target(file, ck, options.overwrite)?;
+        existed.push(check_target(file, ck, options.overwrite)?);
     }
     let staging = staging_dir(file)?;
     if std::fs::symlink_metadata(&staging).is_ok_and(|m| !m.file_type().is_dir()) {
@@ -175,15 +179,15 @@ pub fn convert_to_file(
                 shard.size,
                 &shard.digest,
             );
-            check_target(t, ck, options.overwrite || ours)?;
+            existed.push(check_target(t, ck, options.overwrite || ours)?);
         }
     }
     // Again under the staging folder's lock: no other run finishes it too.
     let lock = DstLock::acquire(&staging)?;
     // The first file last: until it is in place, no loader opens the set.
-    for (shard, target) in shards.iter().zip(&targets).rev() {
+    for ((shard, target), existed) in shards.iter().zip(&targets).zip(&existed).rev() {
         let written = staging.join(&shard.file);
-        std::fs::rename(&written, target).map_err(|e| WriteError::io(target, e))?;
+        publish(&written, target, *existed, &staging)?;
     }
     if let Some(parent) = file.parent().filter(|p| !p.as_os_str().is_empty()) {
         sync_dir(parent)?;
@@ -228,15 +232,46 @@ fn one_weight_set<'a>(
     }
 }
 
-/// The file DST may be replaced: absent, or a regular file that is none
-/// of the source's files, replaced only with `overwrite`.
+/// Moves the staged file `written` onto `target`. A target that was there
+/// when checked (and may be replaced) is replaced in one rename; one that
+/// was not is published only if its name is still free, so a file someone
+/// put there during the run survives and the run fails, its output left in
+/// the staging folder for a rerun.
+fn publish(
+    written: &Path,
+    target: &Path,
+    existed: bool,
+    staging: &Path,
+) -> Result<(), ConvertError> {
+    let moved = if existed {
+        std::fs::rename(written, target)
+    } else {
+        crate::platform::rename_no_replace(written, target)
+    };
+    match moved {
+        Ok(()) => Ok(()),
+        Err(e) if !existed && e.kind() == std::io::ErrorKind::AlreadyExists => Err(file_dst(
+            target,
+            format!(
+                "appeared while reshard was writing it and was left as it is; the output waits \
+                 in {}: rerun with --overwrite to replace the file, or name another DST",
+                staging.display()
+            ),
+        )),
+        Err(e) => Err(WriteError::io(target, e).into()),
+    }
+}
+
+/// The file DST may be replaced: absent (`Ok(false)`), or a regular file
+/// that is none of the source's files, replaced only with `overwrite`
+/// (`Ok(true)`).
 fn check_target(
     file: &Path,
     ck: &crate::format::Checkpoint,
     overwrite: bool,
-) -> Result<(), ConvertError> {
+) -> Result<bool, ConvertError> {
     let Ok(meta) = std::fs::symlink_metadata(file) else {
-        return Ok(());
+        return Ok(false);
     };
     if let Ok(real) = crate::platform::canonicalize(file) {
         for f in &ck.files {
@@ -261,7 +296,7 @@ fn check_target(
             "exists; pass --overwrite to replace it".into(),
         ));
     }
-    Ok(())
+    Ok(true)
 }
 
 fn file_dst(path: &Path, reason: String) -> ConvertError {

@@ -48,7 +48,7 @@ use crate::write::digest::{digest_file, DigestAlgo, ShardDigest};
 use crate::write::manifest::{CopiedFile, FileRecord, Manifest, MANIFEST};
 use crate::write::owned::{is_bookkeeping, may_replace};
 use crate::write::scope::OutputScope;
-use crate::write::{copy_atomic, write_atomic, WriteError};
+use crate::write::{copy_atomic, write_atomic, write_atomic_as, Publish, WriteError};
 
 /// Deepest folder the walk enters below the model folder.
 pub const MAX_DEPTH: usize = 8;
@@ -316,6 +316,8 @@ pub fn refresh(
         .collect();
     let written = crate::write::owned::records_by_name(manifest);
     let mut stale = Vec::new();
+    // The stale names DST held when checked: only these are written over.
+    let mut checked = std::collections::HashSet::new();
     let mut current = Vec::with_capacity(others.files.len());
     for f in &others.files {
         let own = own.contains(f.name.as_str());
@@ -337,6 +339,9 @@ pub fn refresh(
             may_replace(dst, &f.name, record, new.as_ref().map(|(n, d)| (*n, d)))
         };
         if replaceable {
+            if copy_there.is_some() {
+                checked.insert(f.name.clone());
+            }
             stale.push(f.clone());
             current.push(f.clone());
         } else {
@@ -349,7 +354,7 @@ pub fn refresh(
     if stale.is_empty() {
         return Ok(Vec::new());
     }
-    let refreshed = copy(&stale, dst, config, cancel)?;
+    let refreshed = copy(&stale, dst, config, cancel, &|n| checked.contains(n))?;
     let new: Vec<String> = refreshed
         .iter()
         .filter(|n| !own.contains(n.as_str()))
@@ -506,11 +511,15 @@ fn with_quantization_config(config: &str, q: &serde_json::Value) -> Result<Strin
 /// `config` when given (see [`rewritten_config`]); returns the names
 /// written. Each folder on the way is created inside DST and must be a real
 /// folder there: a symlink planted in DST is refused, never written through.
+/// A name is written over only if `checked(name)`: DST held it when the run
+/// checked what it may replace; any other name is published only while it
+/// is free ([`Publish::New`]).
 pub fn copy(
     files: &[OtherFile],
     dst: &Path,
     config: Option<&str>,
     cancel: &AtomicBool,
+    checked: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<String>, ConvertError> {
     let mut copied = Vec::with_capacity(files.len());
     for f in files {
@@ -523,10 +532,13 @@ pub fn copy(
             Some((parent, name)) => (subfolder(dst, parent)?, name),
             None => (dst.to_path_buf(), f.name.as_str()),
         };
+        let how = Publish::after_check(checked(&f.name));
         match (f.name.as_str(), config) {
-            ("config.json", Some(rewritten)) => write_atomic(&dir, name, rewritten.as_bytes())?,
+            ("config.json", Some(rewritten)) => {
+                write_atomic_as(&dir, name, rewritten.as_bytes(), how)?
+            }
             _ => {
-                if !copy_atomic(&f.path, &dir, name, cancel)? {
+                if !copy_atomic(&f.path, &dir, name, cancel, how)? {
                     return Err(crate::exec::ExecError::Interrupted.into());
                 }
             }

@@ -18,7 +18,9 @@ use crate::write::manifest::{
 };
 use crate::write::owned::DstInventory;
 use crate::write::scope::{OutputScope, ScopeRules};
-use crate::write::{remove_stale_temps, sync_dir, write_atomic, WriteError};
+use crate::write::{
+    remove_stale_temps, sync_dir, write_atomic, write_atomic_as, Publish, WriteError,
+};
 
 use super::error::{ConvertError, GateError};
 use super::options::{BeforeCommit, ConvertOptions, ConvertSummary};
@@ -158,6 +160,10 @@ pub fn convert_gated(
     // What DST holds decides what is left to do.
     let state = dst::decide(dst, &inventory, &id, options.overwrite)?;
     let cleanup = matches!(state, dst::DstState::Fresh).then(|| inventory.cleanup(dst, &lock));
+    // The names beside the shards that DST holds now and keeps through the
+    // cleanup: checked below, and the only ones the commit writes over (a
+    // file that appears at any other name during the run is kept).
+    let mut checked = std::collections::BTreeSet::new();
     if !matches!(state, dst::DstState::UpToDate(_)) {
         let beside = Beside {
             plan: &plan,
@@ -166,9 +172,15 @@ pub fn convert_gated(
             generated: &generated,
             digest: options.digest,
         };
-        dst::check_replacements(dst, &inventory, &beside.names(), cleanup.as_ref(), &|n| {
+        let names = beside.names();
+        dst::check_replacements(dst, &inventory, &names, cleanup.as_ref(), &|n| {
             beside.new_bytes(n)
         })?;
+        checked = names
+            .into_iter()
+            .filter(|n| !cleanup.as_ref().is_some_and(|c| c.remove.contains(n)))
+            .filter(|n| std::fs::symlink_metadata(dst.join(n)).is_ok())
+            .collect();
     }
     let done = match state {
         dst::DstState::UpToDate(mut manifest) => {
@@ -250,7 +262,7 @@ pub fn convert_gated(
         generated: &generated,
         digest: options.digest,
     };
-    commit(dst, &beside, &mut manifest, cancel)?;
+    commit(dst, &beside, &checked, &mut manifest, cancel)?;
     drop(lock);
     made.keep();
     let mut s = summary(
@@ -460,10 +472,12 @@ impl Beside<'_> {
 
 /// The commit phase: the other files, then the index and the manifest,
 /// which make the output whole. Every file written beside the shards is
-/// recorded with its size and digest as written.
+/// recorded with its size and digest as written; only the `checked` names
+/// are written over.
 fn commit(
     dst: &Path,
     beside: &Beside<'_>,
+    checked: &std::collections::BTreeSet<String>,
     manifest: &mut Manifest,
     cancel: &AtomicBool,
 ) -> Result<(), ConvertError> {
@@ -474,18 +488,21 @@ fn commit(
         generated,
         digest,
     } = *beside;
-    manifest.copied_files = other::copy(&others.files, dst, config, cancel)?;
+    let how = |name: &str| Publish::after_check(checked.contains(name));
+    manifest.copied_files =
+        other::copy(&others.files, dst, config, cancel, &|n| checked.contains(n))?;
     for (name, text) in generated {
-        write_atomic(dst, name, text.as_bytes())?;
+        write_atomic_as(dst, name, text.as_bytes(), how(name))?;
         manifest.copied_files.push(name.clone());
     }
     manifest.copied_sources = other::records(&others.files);
     sync_dir(dst)?;
     if let Some(index) = &plan.index_file {
-        write_atomic(
+        write_atomic_as(
             dst,
             index,
             &crate::write::format::of_plan(plan).index_bytes(plan),
+            how(index),
         )?;
     }
     let written = manifest.copied_files.iter().chain(&plan.index_file);

@@ -442,6 +442,17 @@ pub fn same_file(file: &File, path: &Path) -> io::Result<bool> {
     imp::same_file(file, path)
 }
 
+/// Renames `from` to `to` only if nothing is at `to`: an existing `to`
+/// fails with [`io::ErrorKind::AlreadyExists`] and both names stay as they
+/// were. Linux: `renameat2(RENAME_NOREPLACE)`; where the file system lacks
+/// it, and on other Unix systems, a hard link (which never replaces) then
+/// the unlink of `from`. Windows: `MoveFileExW` without
+/// `MOVEFILE_REPLACE_EXISTING`. One atomic step either way, so a file that
+/// appears at `to` after a caller checked it is never replaced.
+pub fn rename_no_replace(from: &Path, to: &Path) -> io::Result<()> {
+    imp::rename_no_replace(from, to)
+}
+
 /// Whether opening a name failed maybe only because the file there waits
 /// to be deleted (Windows, where a file removed while another handle is
 /// open keeps its name until that handle closes, and refuses every open

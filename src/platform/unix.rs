@@ -369,6 +369,43 @@ pub fn same_file(file: &File, path: &Path) -> io::Result<bool> {
     }
 }
 
+pub fn rename_no_replace(from: &Path, to: &Path) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        let cstr = |p: &Path| {
+            CString::new(p.as_os_str().as_bytes())
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))
+        };
+        let (f, t) = (cstr(from)?, cstr(to)?);
+        // The raw syscall: glibc gained a wrapper only in 2.28, musl later.
+        // SAFETY: both pointers are NUL-terminated strings that outlive
+        // the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_renameat2,
+                libc::AT_FDCWD,
+                f.as_ptr(),
+                libc::AT_FDCWD,
+                t.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        // EINVAL: this file system cannot rename without replacing;
+        // ENOSYS: a kernel older than 3.15. Both fall back to the link.
+        if !matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) {
+            return Err(e);
+        }
+    }
+    std::fs::hard_link(from, to)?;
+    std::fs::remove_file(from)
+}
+
 pub fn may_be_delete_pending(_e: &io::Error) -> bool {
     false
 }

@@ -462,6 +462,22 @@ fn file_info(file: &File) -> io::Result<BY_HANDLE_FILE_INFORMATION> {
 }
 
 /// STATUS_DELETE_PENDING reaches Win32 callers as ERROR_ACCESS_DENIED.
+pub fn rename_no_replace(from: &Path, to: &Path) -> io::Result<()> {
+    use std::os::windows::ffi::OsStrExt;
+    use windows_sys::Win32::Storage::FileSystem::{MoveFileExW, MOVEFILE_WRITE_THROUGH};
+    let wide = |p: &Path| -> Vec<u16> { p.as_os_str().encode_wide().chain([0]).collect() };
+    let (f, t) = (wide(from), wide(to));
+    // No MOVEFILE_REPLACE_EXISTING: an existing `to` fails with
+    // ERROR_ALREADY_EXISTS (or ERROR_FILE_EXISTS), which std maps to
+    // AlreadyExists.
+    // SAFETY: both are NUL-terminated wide strings that outlive the call.
+    if unsafe { MoveFileExW(f.as_ptr(), t.as_ptr(), MOVEFILE_WRITE_THROUGH) } != 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 pub fn may_be_delete_pending(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::PermissionDenied
 }

@@ -33,6 +33,29 @@ fn run_token() -> &'static str {
 /// Suffix of every temporary file reshard writes.
 pub const TEMP_SUFFIX: &str = ".reshard-tmp";
 
+/// Whether `name` is one [`temp_path`] makes: `.NAME.PID-TOKEN.reshard-tmp`
+/// (a decimal pid, an 8-digit hex token). A user's `.notes.reshard-tmp`
+/// is not: only names of this exact shape are ever removed as temps.
+pub fn is_temp_name(name: &str) -> bool {
+    let Some(stem) = name
+        .strip_prefix('.')
+        .and_then(|n| n.strip_suffix(TEMP_SUFFIX))
+    else {
+        return false;
+    };
+    let Some((file, token)) = stem.rsplit_once('.') else {
+        return false;
+    };
+    let Some((pid, hex)) = token.split_once('-') else {
+        return false;
+    };
+    !file.is_empty()
+        && !pid.is_empty()
+        && pid.bytes().all(|b| b.is_ascii_digit())
+        && hex.len() == 8
+        && hex.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// Creates a temporary file that must not exist yet: never opens (and so
 /// never truncates) a file or a symlink's target someone left at the name.
 pub fn create_temp(tmp: &Path) -> io::Result<File> {
@@ -45,15 +68,68 @@ pub fn create_temp(tmp: &Path) -> io::Result<File> {
         .open(tmp)
 }
 
-/// Writes `bytes` to `dir/name` atomically: temp file, fsync, rename.
+/// How a finished temporary file takes its final name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Publish {
+    /// Over whatever is there: a name the run checked it may replace (see
+    /// [`super::owned::may_replace`]), or reshard's own bookkeeping.
+    Replace,
+    /// Only while the name is free ([`crate::platform::rename_no_replace`]):
+    /// for a name that was free when the run checked DST, so a file someone
+    /// put there since is kept and the run fails naming it.
+    New,
+}
+
+impl Publish {
+    /// [`Publish::Replace`] if `present` (the name held something when the
+    /// run checked it), else [`Publish::New`].
+    pub fn after_check(present: bool) -> Publish {
+        if present {
+            Publish::Replace
+        } else {
+            Publish::New
+        }
+    }
+}
+
+/// Gives the finished temporary file `tmp` its final name `dst`, as `how`
+/// says. [`WriteError::Appeared`] when a [`Publish::New`] name was taken.
+pub fn publish(tmp: &Path, dst: &Path, how: Publish) -> Result<(), WriteError> {
+    let moved = match how {
+        Publish::Replace => std::fs::rename(tmp, dst),
+        Publish::New => crate::platform::rename_no_replace(tmp, dst),
+    };
+    match moved {
+        Ok(()) => Ok(()),
+        Err(e) if how == Publish::New && e.kind() == io::ErrorKind::AlreadyExists => {
+            Err(WriteError::Appeared {
+                path: dst.to_path_buf(),
+            })
+        }
+        Err(e) => Err(WriteError::io(dst, e)),
+    }
+}
+
+/// Writes `bytes` to `dir/name` atomically: temp file, fsync, rename over
+/// what is there (reshard's manifests and what the run checked).
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), WriteError> {
+    write_atomic_as(dir, name, bytes, Publish::Replace)
+}
+
+/// [`write_atomic`], publishing as `how` says.
+pub fn write_atomic_as(
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    how: Publish,
+) -> Result<(), WriteError> {
     let tmp = temp_path(dir, name);
     let result = (|| {
         let mut f = create_temp(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()
     })();
-    commit_temp(result, &tmp, &dir.join(name))
+    commit_temp(result, &tmp, &dir.join(name), how)
 }
 
 /// Bytes [`copy_atomic`] copies between two looks at the cancel flag: a
@@ -62,14 +138,15 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), WriteErr
 /// costs nothing beside the copy (done in the kernel where it can be).
 pub const COPY_CHUNK: u64 = 16 << 20;
 
-/// Copies `src` to `dir/name` atomically, [`COPY_CHUNK`] bytes at a time.
-/// Returns false, with nothing left behind, when `cancel` was set between
-/// two chunks (Ctrl-C).
+/// Copies `src` to `dir/name` atomically, [`COPY_CHUNK`] bytes at a time,
+/// publishing as `how` says. Returns false, with nothing left behind, when
+/// `cancel` was set between two chunks (Ctrl-C).
 pub fn copy_atomic(
     src: &Path,
     dir: &Path,
     name: &str,
     cancel: &AtomicBool,
+    how: Publish,
 ) -> Result<bool, WriteError> {
     let tmp = temp_path(dir, name);
     let mut input = File::open(src).map_err(|e| WriteError::io(src, e))?;
@@ -94,20 +171,26 @@ pub fn copy_atomic(
             let _ = std::fs::remove_file(&tmp);
             Ok(false)
         }
-        other => commit_temp(other.map(|_| ()), &tmp, &dir.join(name)).map(|()| true),
+        other => commit_temp(other.map(|_| ()), &tmp, &dir.join(name), how).map(|()| true),
     }
 }
 
-/// Renames `tmp` to `dst` if `result` is Ok; removes `tmp` otherwise.
-fn commit_temp(result: io::Result<()>, tmp: &Path, dst: &Path) -> Result<(), WriteError> {
+/// Publishes `tmp` as `dst` if `result` is Ok; removes `tmp` otherwise
+/// (also when the publish fails).
+fn commit_temp(
+    result: io::Result<()>,
+    tmp: &Path,
+    dst: &Path,
+    how: Publish,
+) -> Result<(), WriteError> {
     failpoint::step();
-    match result.and_then(|()| std::fs::rename(tmp, dst)) {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            let _ = std::fs::remove_file(tmp);
-            Err(WriteError::io(dst, e))
-        }
+    let done = result
+        .map_err(|e| WriteError::io(dst, e))
+        .and_then(|()| publish(tmp, dst, how));
+    if done.is_err() {
+        let _ = std::fs::remove_file(tmp);
     }
+    done
 }
 
 /// Flushes a folder's entries (the renames) to disk.
@@ -130,10 +213,34 @@ pub fn remove_stale_temps(dir: &Path, _held: &super::lock::DstLock) -> Result<us
         let name = entry.file_name();
         let name = name.to_string_lossy();
         let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-        if name.starts_with('.') && name.ends_with(TEMP_SUFFIX) && !is_dir {
+        if is_temp_name(&name) && !is_dir {
             std::fs::remove_file(entry.path()).map_err(|e| WriteError::io(&entry.path(), e))?;
             removed += 1;
         }
     }
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_names_of_the_temp_shape_are_temps() {
+        let made = temp_path(Path::new("d"), "model-00001-of-00002.safetensors");
+        let made = made.file_name().unwrap().to_str().unwrap();
+        assert!(is_temp_name(made), "{made}");
+        assert!(is_temp_name(".config.json.123-0000abcd.reshard-tmp"));
+        for foreign in [
+            ".notes.reshard-tmp",
+            ".x.1-2.reshard-tmp",
+            ".x.abc-0000abcd.reshard-tmp",
+            "..123-0000abcd.reshard-tmp",
+            "x.123-0000abcd.reshard-tmp",
+            ".x.123-0000abcg.reshard-tmp",
+            ".x.123-0000abcd.reshard-tmp.txt",
+        ] {
+            assert!(!is_temp_name(foreign), "{foreign}");
+        }
+    }
 }

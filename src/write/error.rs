@@ -18,6 +18,12 @@ pub enum WriteError {
         written: u64,
         expected: u64,
     },
+    #[error(
+        "{} appeared while reshard was writing the output and was left as it is; move it \
+         away and run again (the run resumes)",
+        .path.display()
+    )]
+    Appeared { path: PathBuf },
     #[error("shard header for {}: {reason}", .path.display())]
     Header { path: PathBuf, reason: String },
     #[error("shard header for {}: {len} bytes or more, over the {max} bytes reshard's reader accepts, so the output could not be read back: {what}", .path.display())]

@@ -21,6 +21,9 @@ impl MadeDirs {
     /// Creates `dir` and every missing folder above it (as
     /// `create_dir_all` does), remembering which ones this call made.
     pub fn create(dir: &Path) -> io::Result<MadeDirs> {
+        if let Some(e) = blocked(dir) {
+            return Err(e);
+        }
         let missing: Vec<&Path> = dir
             .ancestors()
             .take_while(|d| !d.as_os_str().is_empty() && std::fs::symlink_metadata(d).is_err())
@@ -51,6 +54,38 @@ impl MadeDirs {
     }
 }
 
+/// Why `dir` cannot be a folder, said plainly (the OS says only "File
+/// exists"): the nearest path on its way that exists is a file, or a
+/// symlink to nothing. `None` when nothing is in the way.
+fn blocked(dir: &Path) -> Option<io::Error> {
+    let existing = dir
+        .ancestors()
+        .filter(|d| !d.as_os_str().is_empty())
+        .find(|d| std::fs::symlink_metadata(d).is_ok())?;
+    let what = if existing == dir {
+        "DST"
+    } else {
+        "a folder above DST"
+    };
+    let reason = match std::fs::metadata(existing) {
+        Ok(m) if m.is_dir() => return None,
+        Ok(_) => format!(
+            "{} ({what}) is a file, not a folder; a DST that does not end in .safetensors \
+             or .gguf names a folder: name another path",
+            existing.display()
+        ),
+        Err(_) => format!(
+            "{} ({what}) is a symlink to {}, which does not exist; reshard does not make the \
+             folder a link points to: make it, or name another path",
+            existing.display(),
+            std::fs::read_link(existing)
+                .map(|t| t.display().to_string())
+                .unwrap_or_else(|_| "nothing".into())
+        ),
+    };
+    Some(io::Error::new(io::ErrorKind::AlreadyExists, reason))
+}
+
 impl Drop for MadeDirs {
     fn drop(&mut self) {
         for d in self.made.iter().rev() {
@@ -66,6 +101,32 @@ impl Drop for MadeDirs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_or_a_dangling_link_on_the_way_is_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("afile");
+        std::fs::write(&file, b"x").unwrap();
+        for dst in [file.clone(), file.join("sub")] {
+            let err = MadeDirs::create(&dst).unwrap_err().to_string();
+            assert!(
+                err.contains("afile") && err.contains("is a file, not a folder"),
+                "{err}"
+            );
+        }
+        #[cfg(unix)]
+        {
+            let link = tmp.path().join("dangling");
+            std::os::unix::fs::symlink(tmp.path().join("nowhere"), &link).unwrap();
+            let err = MadeDirs::create(&link.join("out")).unwrap_err().to_string();
+            assert!(
+                err.contains("which does not exist") && err.contains("nowhere"),
+                "{err}"
+            );
+            assert!(!tmp.path().join("nowhere").exists());
+        }
+        assert_eq!(std::fs::read(&file).unwrap(), b"x");
+    }
 
     #[test]
     fn only_the_empty_folders_a_run_made_are_taken_back() {

@@ -266,7 +266,11 @@ pub enum ManifestError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{}: not a reshard manifest: {reason}", .path.display())]
+    #[error(
+        "{}: not a reshard manifest ({reason}); reshard replaces only files it can prove it \
+         wrote: move this one away, or name another DST",
+        .path.display()
+    )]
     Invalid { path: PathBuf, reason: String },
 }
 

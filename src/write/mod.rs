@@ -22,7 +22,7 @@ pub(crate) mod shard;
 mod shard_format;
 
 pub use self::atomic::{
-    copy_atomic, create_temp, remove_stale_temps, sync_dir, temp_path, write_atomic, COPY_CHUNK,
-    TEMP_SUFFIX,
+    copy_atomic, create_temp, publish, remove_stale_temps, sync_dir, temp_path, write_atomic,
+    write_atomic_as, Publish, COPY_CHUNK, TEMP_SUFFIX,
 };
 pub use self::error::WriteError;

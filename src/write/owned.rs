@@ -33,7 +33,7 @@ use std::path::Path;
 use super::digest::{file_matches, ShardDigest};
 use super::lock::{DstLock, LOCK};
 use super::manifest::{FileRecord, Manifest, ManifestError, MANIFEST, PARTIAL};
-use super::{WriteError, TEMP_SUFFIX};
+use super::WriteError;
 use crate::names::is_weight_name;
 
 /// Suffix of a claimed file moved aside because its bytes are not proven.
@@ -53,8 +53,9 @@ pub struct Cleanup {
 #[derive(Debug, Clone, Default)]
 pub struct DstInventory {
     pub manifest: Option<Manifest>,
-    /// `None` also when the partial manifest is unreadable: it records
-    /// nothing then, and is replaced.
+    /// A partial manifest that cannot be read is an error, as for
+    /// `reshard.json`: reshard writes both atomically, so such a file is
+    /// not one it wrote, and it is never replaced.
     pub partial: Option<Manifest>,
     /// Names no manifest records and that are not reshard's bookkeeping, in
     /// name order (lossy UTF-8 for display; a name that is not UTF-8 is
@@ -66,7 +67,7 @@ impl DstInventory {
     /// Lists `dst` and reads its manifests.
     pub fn read(dst: &Path, _held: &DstLock) -> Result<DstInventory, ManifestError> {
         let manifest = Manifest::read(&dst.join(MANIFEST))?;
-        let partial = Manifest::read(&dst.join(PARTIAL)).ok().flatten();
+        let partial = Manifest::read(&dst.join(PARTIAL))?;
         let mut inv = DstInventory {
             manifest,
             partial,
@@ -209,10 +210,7 @@ impl DstInventory {
 /// A model folder that is itself an output holds them; they are never
 /// copied, and not named in "not copied" notes either.
 pub(crate) fn is_bookkeeping(name: &str) -> bool {
-    name == MANIFEST
-        || name == PARTIAL
-        || name == LOCK
-        || (name.starts_with('.') && name.ends_with(TEMP_SUFFIX))
+    name == MANIFEST || name == PARTIAL || name == LOCK || super::atomic::is_temp_name(name)
 }
 
 /// Names reshard generates in DST, the only ones a partial manifest may
@@ -400,7 +398,7 @@ mod tests {
         ] {
             std::fs::write(dst.join(name), b"x").unwrap();
         }
-        std::fs::write(dst.join(".x.1-2.reshard-tmp"), b"t").unwrap();
+        std::fs::write(dst.join(".x.1-0000abcd.reshard-tmp"), b"t").unwrap();
         let inv = DstInventory::read(&dst, &lock).unwrap();
         assert!(inv.manifest.is_none() && inv.partial.is_some());
         // A partial manifest never records a mirrored file: config.json
@@ -431,7 +429,7 @@ mod tests {
             [
                 ".reshard-partial.json",
                 ".reshard.lock",
-                ".x.1-2.reshard-tmp",
+                ".x.1-0000abcd.reshard-tmp",
                 "config.json",
                 "mine.safetensors",
                 "notes.txt"
@@ -486,5 +484,22 @@ mod tests {
         remove_names(&dst, &names, &lock).unwrap();
         assert!(std::fs::symlink_metadata(dst.join("a.safetensors")).is_err());
         assert_eq!(std::fs::read(&target).unwrap(), b"precious");
+    }
+
+    #[test]
+    fn a_partial_manifest_reshard_did_not_write_is_an_error_and_a_foreign_temp_name_is_foreign() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dst = tmp.path().join("dst");
+        std::fs::create_dir(&dst).unwrap();
+        let lock = DstLock::acquire(&dst).unwrap();
+        std::fs::write(dst.join(".notes.reshard-tmp"), b"mine").unwrap();
+        let inv = DstInventory::read(&dst, &lock).unwrap();
+        assert_eq!(inv.foreign, [".notes.reshard-tmp"]);
+        std::fs::write(dst.join(PARTIAL), b"my own notes").unwrap();
+        let err = DstInventory::read(&dst, &lock).unwrap_err().to_string();
+        assert!(
+            err.contains(".reshard-partial.json") && err.contains("not a reshard manifest"),
+            "{err}"
+        );
     }
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 pub use super::digest::hex;
 use super::digest::{DigestAlgo, ShardDigest, ShardHasher};
-use super::{create_temp, temp_path, WriteError};
+use super::{create_temp, temp_path, Publish, WriteError};
 
 /// Bytes hashed by both hashes before moving on: well inside a core's L2.
 const HASH_BLOCK: usize = 256 << 10;
@@ -23,6 +23,8 @@ const HASH_BLOCK: usize = 256 << 10;
 /// place meanwhile, which the check of the sources before the commit
 /// (`convert`) refuses anyway.
 pub struct ShardWriter {
+    /// How the finished shard takes its name.
+    how: Publish,
     final_path: PathBuf,
     tmp_path: PathBuf,
     file: Option<File>,
@@ -51,7 +53,13 @@ impl ShardWriter {
         let final_path = dir.join(name);
         let tmp_path = temp_path(dir, name);
         let file = create_temp(&tmp_path).map_err(|e| WriteError::io(&final_path, e))?;
+        // A shard's name is one reshard generates and the run checked: a
+        // file there now is one it may replace (a claimed shard of an
+        // unfinished run); one that appears while the shard is written is
+        // not replaced.
+        let how = Publish::after_check(std::fs::symlink_metadata(&final_path).is_ok());
         let mut w = ShardWriter {
+            how,
             final_path,
             tmp_path,
             file: Some(file),
@@ -127,8 +135,11 @@ impl ShardWriter {
                 .map_err(|e| WriteError::io(&self.final_path, e))?;
         }
         super::failpoint::step();
-        std::fs::rename(&self.tmp_path, &self.final_path)
-            .map_err(|e| WriteError::io(&self.final_path, e))?;
+        let published = super::atomic::publish(&self.tmp_path, &self.final_path, self.how);
+        if published.is_err() {
+            let _ = std::fs::remove_file(&self.tmp_path);
+        }
+        published?;
         let hash = std::mem::replace(&mut self.hash, ShardHasher::new(DigestAlgo::Sha256));
         Ok(FinishedShard {
             file: self

@@ -338,6 +338,11 @@ const VENV_EXAMPLES: &[Example] = &[
         first: "reshard inspect fp8-block",
         setup: venv::fp8_block,
     },
+    Example {
+        page: "docs/validate.md",
+        first: "reshard validate llama-302m --loader python:transformers --python venv/bin/python --commit-budget 1GiB",
+        setup: venv::llama_302m_pythons,
+    },
 ];
 
 fn repo() -> PathBuf {
@@ -526,6 +531,16 @@ fn mask(text: &str) -> String {
             r"baseline of \d+(\.\d+)? [KMGT]?i?B \(\d+(\.\d+)? [KMGT]?i?B absolute\)",
             "baseline of BASE (ABS absolute)",
         ),
+        // A Python loader's baseline (its interpreter and libraries), the
+        // samples taken, and its RSS: per machine and per run.
+        (
+            r"a baseline of \d+(\.\d+)? [KMGT]?i?B \(\d+(\.\d+)? [KMGT]?i?B absolute, \d+ samples\)",
+            "a baseline of BASE (ABS absolute, N samples)",
+        ),
+        (
+            r"rss: peak \d+(\.\d+)? [KMGT]?i?B \(baseline \d+(\.\d+)? [KMGT]?i?B\)",
+            "rss: peak RSS (baseline RSS)",
+        ),
         // validate's per-shard line: `  NAME  SIZE  N tensors  0.006 s  0.06 GB/s`.
         (r"\d+\.\d{3} s  \d+\.\d\d GB/s", "T s  RATE"),
     ];
@@ -684,6 +699,14 @@ fn the_mask_hides_only_what_varies() {
     assert_eq!(
         mask("1.62 MiB; longest part 0.15 s"),
         "1.62 MiB; longest part T s"
+    );
+    assert_eq!(
+        mask("commit (VmData): peak 141.15 MiB above a baseline of 975.75 MiB (1.09 GiB absolute, 1885 samples), budget 200.00 MiB (enforced)"),
+        "commit (VmData): peak 141.NN MiB above a baseline of BASE (ABS absolute, N samples), budget 200.00 MiB (enforced)"
+    );
+    assert_eq!(
+        mask("rss: peak 877.46 MiB (baseline 755.39 MiB)"),
+        "rss: peak RSS (baseline RSS)"
     );
     assert_eq!(mask("short by 984.23 MiB"), "short by 984.23 MiB");
     assert_eq!(mask("max abs error 1.6748e-3"), "max abs error 1.6748e-3");

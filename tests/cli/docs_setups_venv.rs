@@ -81,3 +81,20 @@ pub(crate) fn fp8_block(dir: &Path) {
     std::fs::rename(built.join("fp8-block"), dir.join("fp8-block")).unwrap();
     std::fs::remove_dir_all(built).unwrap();
 }
+
+/// validate.md's python:transformers block: the calibration Llama's
+/// headers as `llama-302m`, `venv` (a link to the venv's folder, so the
+/// page's `venv/bin/python` is the venv's Python with its packages) and
+/// `bare`, a venv without torch.
+pub(crate) fn llama_302m_pythons(dir: &Path) {
+    crate::docs_setups::llama_302m(dir);
+    let python = python();
+    let root = python.parent().and_then(Path::parent).unwrap();
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(root, dir.join("venv")).unwrap();
+    run_python(
+        &python,
+        Program::Code("import sys, venv; venv.create(sys.argv[1], with_pip=False)"),
+        &[dir.join("bare").display().to_string()],
+    );
+}

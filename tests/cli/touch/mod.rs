@@ -10,6 +10,7 @@ mod claims;
 mod loader;
 mod manifests;
 mod names;
+mod publish;
 mod scales;
 mod shrink;
 #[cfg(unix)] // Windows cannot name a folder with control characters.
