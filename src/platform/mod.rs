@@ -446,7 +446,8 @@ pub fn same_file(file: &File, path: &Path) -> io::Result<bool> {
 /// fails with [`io::ErrorKind::AlreadyExists`] and both names stay as they
 /// were. Linux: `renameat2(RENAME_NOREPLACE)`; where the file system lacks
 /// it, and on other Unix systems, a hard link (which never replaces) then
-/// the unlink of `from`. Windows: `MoveFileExW` without
+/// the unlink of `from` (where there are no hard links either, a look then
+/// a rename, which leaves only this call's window). Windows: `MoveFileExW` without
 /// `MOVEFILE_REPLACE_EXISTING`. One atomic step either way, so a file that
 /// appears at `to` after a caller checked it is never replaced.
 pub fn rename_no_replace(from: &Path, to: &Path) -> io::Result<()> {

@@ -402,8 +402,17 @@ pub fn rename_no_replace(from: &Path, to: &Path) -> io::Result<()> {
             return Err(e);
         }
     }
-    std::fs::hard_link(from, to)?;
-    std::fs::remove_file(from)
+    match std::fs::hard_link(from, to) {
+        Ok(()) => std::fs::remove_file(from),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(e),
+        // No hard links here either (FAT, some FUSE file systems): the
+        // best left is to look, then rename; the window is this call.
+        Err(_) => match std::fs::symlink_metadata(to) {
+            Ok(_) => Err(io::Error::from(io::ErrorKind::AlreadyExists)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => std::fs::rename(from, to),
+            Err(e) => Err(e),
+        },
+    }
 }
 
 pub fn may_be_delete_pending(_e: &io::Error) -> bool {
