@@ -82,6 +82,8 @@ impl ConvertError {
             ConvertError::Exec(
                 ExecError::Cast(CastError::Overflow { .. })
                     | ExecError::Dequant(DequantError::NotFinite { .. })
+                    | ExecError::Dequant(DequantError::NotFiniteInBlocks { .. })
+                    | ExecError::Dequant(DequantError::ScaleOverflow { .. })
             )
         )
     }

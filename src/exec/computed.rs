@@ -75,6 +75,7 @@ pub fn open<'a>(
             &ck.tensors[*tensor],
             *ggml,
             *permute_heads,
+            policy,
         )?)),
         TensorInput::ToGgml {
             tensor,
@@ -84,7 +85,7 @@ pub fn open<'a>(
         } => {
             let tensors = std::iter::once(tensor).chain(stacked);
             let tensors = tensors.map(|&i| &ck.tensors[i]).collect();
-            Some(Box::new(StackStream::open(reader, tensors, *ggml)?))
+            Some(Box::new(StackStream::open(reader, tensors, *ggml, policy)?))
         }
         TensorInput::Constant { bytes, .. } => Some(Box::new(Constant {
             bytes: bytes.clone(),

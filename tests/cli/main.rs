@@ -30,6 +30,7 @@ mod gguf_llm;
 mod gguf_out;
 mod gguf_out_llama_cpp;
 mod gguf_out_loaders;
+mod gguf_out_not_finite;
 mod hostile;
 mod inspect;
 mod kquant;

@@ -34,6 +34,35 @@ pub enum DequantError {
         count: u64,
         work: Dtype,
     },
+    #[error(
+        "{file}: tensor {tensor:?} holds NaN or infinite values ({count} in the part read \
+         before reshard stopped), and in {ty} each spoils the other values of the block of \
+         {block} it sits in (they decode as NaN, or as zeros); fix the source, or use \
+         --on-overflow inf (or saturate) to write such blocks as gguf-py and llama.cpp's \
+         converter do"
+    )]
+    NotFiniteInBlocks {
+        file: String,
+        tensor: String,
+        count: u64,
+        ty: String,
+        block: u64,
+    },
+    #[error(
+        "{file}: tensor {tensor:?}: {count} {ty} {} values too large for an F16 block scale, \
+         so {} would decode as infinity or NaN; use a type whose scale steps finer (q8_0 \
+         holds values up to about 8.3e6, f16 up to 65504), or --on-overflow inf (or \
+         saturate) to write {} as gguf-py does",
+        if *.count == 1 { "block holds" } else { "blocks hold" },
+        if *.count == 1 { "it" } else { "they" },
+        if *.count == 1 { "it" } else { "them" }
+    )]
+    ScaleOverflow {
+        file: String,
+        tensor: String,
+        count: u64,
+        ty: String,
+    },
     #[error("tensor {tensor:?}: {from} codes cannot be dequantized to {to}")]
     Unsupported {
         tensor: String,

@@ -13,7 +13,7 @@ use super::legacy;
 use super::quantize::{quantize_blocks, EncodeError};
 use super::SCRATCH_VALUES;
 use crate::cast::dequant::{Chunk, ChunkStream, DequantError};
-use crate::cast::CastStats;
+use crate::cast::{CastStats, OverflowPolicy};
 use crate::format::gguf::ggml::GgmlType;
 use crate::format::read::{SourceReader, TensorBytes};
 use crate::format::{Dtype, Tensor};
@@ -36,18 +36,24 @@ pub struct EncodeStream<'a> {
     head_rows: u64,
     row_values: u64,
     stats: CastStats,
+    /// Whether a NaN or infinite value may be written into a block type
+    /// (anything but [`OverflowPolicy::Error`]: as gguf-py writes it).
+    policy: OverflowPolicy,
 }
 
 impl<'a> EncodeStream<'a> {
     /// Starts encoding `tensor` as `ty`, rows of `permute_heads` heads put
     /// in GGUF order. Fails, naming the tensor, on a source dtype it
     /// cannot read, rows that are not whole blocks of `ty`, or rows that do
-    /// not split into the heads.
+    /// not split into the heads; and, when filled, on a NaN or infinite
+    /// value for a block type under [`OverflowPolicy::Error`] (its whole
+    /// block would decode as NaN).
     pub fn open(
         reader: &'a SourceReader,
         tensor: &'a Tensor,
         ty: GgmlType,
         permute_heads: Option<u64>,
+        policy: OverflowPolicy,
     ) -> Result<Self, DequantError> {
         let unsupported = || DequantError::Unsupported {
             tensor: tensor.name.clone(),
@@ -88,6 +94,7 @@ impl<'a> EncodeStream<'a> {
             head_rows: 0,
             row_values: cols,
             stats: CastStats::default(),
+            policy,
         };
         if let (Some(heads), 1..) = (permute_heads, numel) {
             let rows = numel / cols;
@@ -168,20 +175,46 @@ impl<'a> EncodeStream<'a> {
         let in_elem = self.in_elem as usize;
         let batch_out = batch / self.block as usize * self.block_bytes as usize;
         let (from, ty) = (self.from, self.ty);
-        let overflow = src
+        let (overflow, not_finite, scale_overflow) = src
             .par_chunks(batch * in_elem)
             .zip(out.par_chunks_mut(batch_out))
             .map(|(part, out)| {
                 let mut vals = vec![0f32; part.len() / in_elem];
                 to_f32(from, part, &mut vals);
-                quantize_blocks(ty, &vals, out).map(|s| s.overflow)
+                quantize_blocks(ty, &vals, out)
+                    .map(|s| (s.overflow, s.not_finite, s.scale_overflow))
             })
-            .try_reduce(|| 0, |a, b| Ok(a + b))
+            .try_reduce(|| (0, 0, 0), |a, b| Ok((a.0 + b.0, a.1 + b.1, a.2 + b.2)))
             .map_err(|e: EncodeError| DequantError::Rows {
                 tensor: self.tensor.name.clone(),
                 reason: e.to_string(),
             })?;
         self.stats.overflow += overflow;
+        if self.policy != OverflowPolicy::Error {
+            return Ok(());
+        }
+        let (_, path) = self.reader.file(self.tensor.file);
+        let file = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        if not_finite > 0 {
+            return Err(DequantError::NotFiniteInBlocks {
+                file,
+                tensor: self.tensor.name.clone(),
+                count: not_finite,
+                ty: self.ty.to_string(),
+                block: self.block,
+            });
+        }
+        if scale_overflow > 0 {
+            return Err(DequantError::ScaleOverflow {
+                file,
+                tensor: self.tensor.name.clone(),
+                count: scale_overflow,
+                ty: self.ty.to_string(),
+            });
+        }
         Ok(())
     }
 }
@@ -227,6 +260,7 @@ pub struct StackStream<'a> {
     next: usize,
     current: Option<EncodeStream<'a>>,
     stats: CastStats,
+    policy: OverflowPolicy,
 }
 
 impl<'a> StackStream<'a> {
@@ -235,6 +269,7 @@ impl<'a> StackStream<'a> {
         reader: &'a SourceReader,
         tensors: Vec<&'a Tensor>,
         ty: GgmlType,
+        policy: OverflowPolicy,
     ) -> Result<Self, DequantError> {
         if let Some(odd) = tensors.iter().find(|t| t.shape != tensors[0].shape) {
             return Err(DequantError::Rows {
@@ -252,6 +287,7 @@ impl<'a> StackStream<'a> {
             next: 0,
             current: None,
             stats: CastStats::default(),
+            policy,
         };
         s.advance()?;
         Ok(s)
@@ -267,7 +303,13 @@ impl<'a> StackStream<'a> {
                 return Ok(());
             };
             self.next += 1;
-            self.current = Some(EncodeStream::open(self.reader, t, self.ty, None)?);
+            self.current = Some(EncodeStream::open(
+                self.reader,
+                t,
+                self.ty,
+                None,
+                self.policy,
+            )?);
         }
         Ok(())
     }

@@ -51,6 +51,17 @@ pub enum EncodeError {
 pub struct EncodeStats {
     /// Finite values that became infinite (F16, BF16).
     pub overflow: u64,
+    /// NaN or infinite values in a block type (Q8_0, Q4_0, Q4_K, Q6_K):
+    /// each spoils its block's scale, so the other values of that block
+    /// decode as NaN (Q8_0, Q4_0, Q4_K) or as zeros (Q6_K's 16-value
+    /// sub-block). gguf-py writes such blocks; reshard does too, and the
+    /// caller decides whether to allow it.
+    pub not_finite: u64,
+    /// Blocks of finite values whose F16 scale came out infinite (values
+    /// past what the type's scale can step through: beyond about 524,000
+    /// for Q4_0, 8.3 million for Q8_0): every value of such a block
+    /// decodes as infinity or NaN.
+    pub scale_overflow: u64,
 }
 
 /// Encodes `values` (whole blocks of `ty`) into `out` (exactly their
@@ -87,6 +98,9 @@ pub fn quantize_blocks(
         });
     }
     let mut stats = EncodeStats::default();
+    if !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+        stats.not_finite = values.iter().filter(|v| !v.is_finite()).count() as u64;
+    }
     match ty {
         GgmlType::F32 => {
             for (x, o) in values.iter().zip(out.chunks_exact_mut(4)) {
@@ -121,7 +135,32 @@ pub fn quantize_blocks(
         GgmlType::Q6_K => quantize_q6_k(values, out)?,
         _ => return Err(EncodeError::Unsupported { ty }),
     }
+    let scales = scale_offsets(ty);
+    if !scales.is_empty() {
+        let per = layout.block as usize;
+        for (x, b) in values
+            .chunks_exact(per)
+            .zip(out.chunks_exact(layout.bytes as usize))
+        {
+            let spoiled = scales
+                .iter()
+                .any(|&at| u16::from_le_bytes([b[at], b[at + 1]]) & 0x7c00 == 0x7c00);
+            if spoiled && x.iter().all(|v| v.is_finite()) {
+                stats.scale_overflow += 1;
+            }
+        }
+    }
     Ok(stats)
+}
+
+/// Where a block of `ty` keeps its F16 scales (`d`, and Q4_K's `dmin`).
+fn scale_offsets(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_0 => &[0],
+        GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => &[],
+    }
 }
 
 /// gguf-py's `__compute_fp32_to_bf16`: a NaN made quiet (its top bits
@@ -201,6 +240,55 @@ mod tests {
                 ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
             })
             .collect()
+    }
+
+    #[test]
+    fn non_finite_values_are_counted_for_block_types_only() {
+        let mut v = vec![0.5f32; 256];
+        v[7] = f32::NAN;
+        v[100] = f32::NEG_INFINITY;
+        for (ty, bytes, counted) in [
+            (GgmlType::Q8_0, 8 * 34, 2),
+            (GgmlType::Q4_0, 8 * 18, 2),
+            (GgmlType::Q4_K, 144, 2),
+            (GgmlType::Q6_K, 210, 2),
+            (GgmlType::F16, 512, 0),
+            (GgmlType::BF16, 512, 0),
+        ] {
+            let mut out = vec![0u8; bytes];
+            let stats = quantize_blocks(ty, &v, &mut out).unwrap();
+            assert_eq!(stats.not_finite, counted, "{ty}");
+            assert_eq!(stats.scale_overflow, 0, "{ty}");
+        }
+    }
+
+    #[test]
+    fn a_finite_block_whose_f16_scale_overflows_is_counted() {
+        // Q4_0's d = max / -8 passes F16's 65504 from 524,032 up; Q8_0's
+        // d = amax / 127 stays finite there.
+        let mut v = vec![0.5f32; 64];
+        v[40] = 1.0e6;
+        let mut q4 = vec![0u8; 2 * 18];
+        assert_eq!(
+            quantize_blocks(GgmlType::Q4_0, &v, &mut q4)
+                .unwrap()
+                .scale_overflow,
+            1
+        );
+        let mut q8 = vec![0u8; 2 * 34];
+        assert_eq!(
+            quantize_blocks(GgmlType::Q8_0, &v, &mut q8)
+                .unwrap()
+                .scale_overflow,
+            0
+        );
+        v[40] = 1.0e7;
+        assert_eq!(
+            quantize_blocks(GgmlType::Q8_0, &v, &mut q8)
+                .unwrap()
+                .scale_overflow,
+            1
+        );
     }
 
     #[test]
