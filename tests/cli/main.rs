@@ -28,6 +28,7 @@ mod gguf_convert;
 mod gguf_inspect;
 mod gguf_llm;
 mod gguf_out;
+mod gguf_out_diffusers;
 mod gguf_out_llama_cpp;
 mod gguf_out_loaders;
 mod gguf_out_not_finite;
