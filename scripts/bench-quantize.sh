@@ -5,7 +5,7 @@
 # against the script users run today (scripts/quantize-baseline.py: load
 # the whole model, scale and cast in torch, save_file), all in one run.
 # Each row is the median of RUNS runs (default 5) of wall seconds, with
-# user + system CPU seconds and peak RSS beside it; page caches are dropped
+# user + system CPU seconds and the largest peak RSS beside it; page caches are dropped
 # before each run when /proc/sys/vm/drop_caches is writable.
 #
 #   bash scripts/bench-quantize.sh [bf16|f32] [GB] [WORKDIR]
@@ -55,26 +55,14 @@ json.dump({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "torch_
           open(os.path.join(src, "config.json"), "w"))
 PY
 
-drop() { sync; if [ -w /proc/sys/vm/drop_caches ]; then echo 3 > /proc/sys/vm/drop_caches; fi; }
-# median of `runs` runs of: wall, cpu (user+sys), max rss KiB
-row() { # label, command...
-  local label=$1; shift
-  local results=()
-  for _ in $(seq "$runs"); do
-    rm -rf "$work/out" "$work/copy" "$work/baseline.safetensors"
-    drop
-    /usr/bin/time -o "$work/time" -f "%e %U %S %M" "$@" > /dev/null 2>&1
-    results+=("$(tail -1 "$work/time")")
-  done
-  printf '%s\n' "${results[@]}" | sort -n | awk -v label="$label" -v n="$runs" \
-    '{w[NR]=$1; c[NR]=$2+$3; m[NR]=$4} END {i=int((n+1)/2); printf "%s %s %.2f %d\n", label, w[i], c[i], m[i]}'
-}
+source scripts/lib/bench.sh
+bench_clean() { rm -rf "$work/out" "$work/copy" "$work/baseline.safetensors"; }
 size=$(du -sb "$src" | cut -f1)
 echo "source: $dtype, $size bytes, $runs runs each (median)"
-copy=$(row copy sh -c "cp -r '$src' '$work/copy' && sync")
-channel=$(row fp8-channel "$bin" convert "$src" "$work/out" --quantize fp8-channel --no-progress --window 128MiB)
-scaled=$(row fp8-scaled "$bin" convert "$src" "$work/out" --quantize fp8-scaled --no-progress --window 128MiB)
-baseline=$(row baseline sh -c "'$python' scripts/quantize-baseline.py '$src' '$work/baseline.safetensors' && sync")
+copy=$(bench_row copy sh -c "cp -r '$src' '$work/copy' && sync")
+channel=$(bench_row fp8-channel "$bin" convert "$src" "$work/out" --quantize fp8-channel --no-progress --window 128MiB)
+scaled=$(bench_row fp8-scaled "$bin" convert "$src" "$work/out" --quantize fp8-scaled --no-progress --window 128MiB)
+baseline=$(bench_row baseline sh -c "'$python' scripts/quantize-baseline.py '$src' '$work/baseline.safetensors' && sync")
 read -r _ tp cp rp <<<"$copy"
 read -r _ tb cb rb <<<"$baseline"
 echo "| job | wall s | CPU s | vs cp + sync | vs baseline script | peak RSS MiB |"

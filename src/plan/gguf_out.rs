@@ -168,7 +168,7 @@ fn file_type_of(options: &PlanOptions, main: Dtype) -> u32 {
     match options.quantize.and_then(QuantizeScheme::ggml) {
         Some(GgmlType::Q8_0) => file_type::MOSTLY_Q8_0,
         Some(GgmlType::Q4_0) => file_type::MOSTLY_Q4_0,
-        Some(GgmlType::Q4_K) => file_type::MOSTLY_Q4_K_M,
+        Some(GgmlType::Q4_K) => file_type::MOSTLY_Q4_K_S,
         Some(GgmlType::Q6_K) => file_type::MOSTLY_Q6_K,
         _ => match float_type(options.dtype, main) {
             GgmlType::F16 => file_type::MOSTLY_F16,
@@ -605,4 +605,18 @@ fn llm(
         outs.push(out);
     }
     Ok((g.architecture.name().to_string(), g.metadata, outs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_uniform_q4_k_is_labelled_q4_k_s() {
+        let options = PlanOptions {
+            quantize: Some(QuantizeScheme::Q4K),
+            ..PlanOptions::default()
+        };
+        assert_eq!(file_type_of(&options, Dtype::F32), 14);
+    }
 }

@@ -53,7 +53,11 @@ pub mod file_type {
     pub const MOSTLY_F16: u32 = 1;
     pub const MOSTLY_Q4_0: u32 = 2;
     pub const MOSTLY_Q8_0: u32 = 7;
-    pub const MOSTLY_Q4_K_M: u32 = 15;
+    /// Mostly Q4_K (llama-quantize upgrades a few early `attn_v` and
+    /// `ffn_down` tensors to Q5_K, `output` to Q6_K): the closest name for
+    /// reshard's uniform Q4_K, closer than Q4_K_M (15), whose upgrades
+    /// reach half of those tensors.
+    pub const MOSTLY_Q4_K_S: u32 = 14;
     pub const MOSTLY_Q6_K: u32 = 18;
     pub const MOSTLY_BF16: u32 = 32;
 }
