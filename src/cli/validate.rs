@@ -488,6 +488,13 @@ pub fn render(r: &ValidateReport) -> String {
                 a.quantized_compared,
                 a.gguf_types.join(", ")
             );
+            if a.kept_as_float > 0 {
+                let _ = writeln!(
+                    o,
+                    "  {} of them kept as a float type where converting the source gives a block type (--keep, --quantize-only or --keep-dtype)",
+                    a.kept_as_float
+                );
+            }
             o.push_str(&crate::cli::quality::render_quality(q));
         }
         if let (Some(scheme), Some(q)) = (a.quantize_scheme, &a.quality) {

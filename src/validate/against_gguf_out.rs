@@ -71,6 +71,19 @@ pub(super) fn compare(
             continue;
         };
         let ours = type_of(t);
+        // A tensor the options the output shows would give another type,
+        // held as a float type (`--keep`, `--quantize-only`, `--keep-dtype`
+        // leave no trace in a GGUF): compared with the source encoded as
+        // that type, rows permuted and experts stacked as planned.
+        let kept;
+        let planned = match kept_as(planned, ours) {
+            Some(k) if planned.shape == t.shape => {
+                summary.kept_as_float += 1;
+                kept = k;
+                &kept
+            }
+            _ => planned,
+        };
         let theirs = planned.input.ggml();
         if theirs != Some(ours) || planned.shape != t.shape {
             report.fail(mismatch(format!(
@@ -115,6 +128,22 @@ pub(super) fn compare(
     summary.gguf_types = types.into_iter().collect();
     summary.quality = Some(quality);
     Ok(())
+}
+
+/// `planned` encoded as the float type `ours` instead of its own type, when
+/// it is a GGML encoding planned as another type.
+fn kept_as(planned: &PlannedTensor, ours: GgmlType) -> Option<PlannedTensor> {
+    let float = matches!(ours, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+    match &planned.input {
+        TensorInput::ToGgml { ggml, .. } if float && *ggml != ours => {
+            let mut k = planned.clone();
+            if let TensorInput::ToGgml { ggml, .. } = &mut k.input {
+                *ggml = ours;
+            }
+            Some(k)
+        }
+        _ => None,
+    }
 }
 
 /// The GGML type of an output tensor.

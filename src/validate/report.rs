@@ -108,9 +108,18 @@ pub struct AgainstReport {
     /// source encoded again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gguf_types: Vec<String>,
+    /// Of a GGUF output's tensors, those held as a float type where the
+    /// options it shows give another type (`--keep`, `--quantize-only`,
+    /// `--keep-dtype`), compared with the source encoded as that type.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub kept_as_float: usize,
     /// The error figures of its codes against the source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quality: Option<crate::cast::quantize::QualityReport>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// A check that ran and failed. Each names the file and, where one is

@@ -183,18 +183,48 @@ fn gguf_against_excuses_what_the_plan_leaves_out_and_no_more() {
     write_safetensors(&src, &serde_json::Value::Object(json), &data);
     let out = dir.path().join("sdxl.gguf");
     passes(&src, &out, &out, &["--quantize", "q8_0"], true);
-    // --keep writes a tensor in a type the options read off the file do
-    // not give: named, with both types.
-    let kept = dir.path().join("kept.gguf");
-    convert(
-        &src,
-        &kept,
-        &["-q", "--quantize", "q8_0", "--keep", "*label_emb*"],
-    )
-    .success();
-    let (code, text) = against(&kept, &src);
-    assert_eq!(code, 1, "{text}");
-    assert!(text.contains("label_emb.0.0.weight"), "{text}");
-    assert!(text.contains("converting the source gives Q8_0"), "{text}");
-    assert!(text.contains("FAILED: 1 problem"), "{text}");
+}
+
+#[test]
+fn gguf_against_compares_a_kept_tensor_with_the_source_in_its_float_type() {
+    // --keep, --quantize-only and --keep-dtype leave no trace in a GGUF: a
+    // tensor held as a float type where the options read off the file give
+    // a block type is compared with the source encoded as that float type,
+    // and said so; one flipped byte in it still fails.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("flux.safetensors");
+    write_flux(&src);
+    let name = "double_blocks.0.img_mlp.0.weight";
+    let cases: [&[&str]; 2] = [
+        &["--quantize", "q8_0", "--keep", "*img_mlp*"],
+        &[
+            "--quantize",
+            "q8_0",
+            "--dtype",
+            "f16",
+            "--quantize-only",
+            "*img_attn*",
+        ],
+    ];
+    for args in cases {
+        let kept = dir.path().join("kept.gguf");
+        convert(&src, &kept, &[&["-q", "--overwrite"], args].concat()).success();
+        let (code, text) = against(&kept, &src);
+        assert_eq!(code, 0, "{args:?}: {text}");
+        assert!(
+            text.contains("kept as a float type where converting the source gives a block type"),
+            "{args:?}: {text}"
+        );
+        let h = header(&kept);
+        let t = h.tensors.iter().find(|t| t.name == name).unwrap();
+        let mut bytes = std::fs::read(&kept).unwrap();
+        bytes[t.offset as usize + 8] ^= 0x10;
+        std::fs::write(&kept, &bytes).unwrap();
+        let (code, text) = against(&kept, &src);
+        assert_eq!(code, 1, "{args:?}: {text}");
+        assert!(
+            text.contains(name) && text.contains("FAILED: 1 problem"),
+            "{args:?}: {text}"
+        );
+    }
 }
