@@ -84,7 +84,7 @@ if [ -z "$lcpp" ]; then
   tar xzf "$work"/lcpp/llama_cpp_python-*.tar.gz -C "$work/lcpp"
   lcpp=$(ls -d "$work"/lcpp/llama_cpp_python-*/vendor/llama.cpp | head -1)
 fi
-[ -f "$work/f16.gguf" ] || "$bin" convert "$src" "$work/f16.gguf" --dtype f16 -q
+[ -f "$work/f16-$gb.gguf" ] || "$bin" convert "$src" "$work/f16-$gb.gguf" --dtype f16 -q
 
 bench_clean() { rm -rf "$work/out.gguf" "$work/copy"; }
 # Run by /usr/bin/time, so commands, not shell functions.
@@ -94,7 +94,7 @@ llama_quantize=("$ggml_python" -c 'import os, sys, llama_cpp
 p = llama_cpp.llama_model_quantize_default_params()
 p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_S
 p.nthread = os.cpu_count()
-sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))' "$work/f16.gguf" "$work/out.gguf")
+sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))' "$work/f16-$gb.gguf" "$work/out.gguf")
 
 size=$(du -sb --exclude='*.gguf' "$src" | cut -f1)
 echo "source: f32, $size bytes in $(ls "$src"/*.safetensors | wc -l) shards, $runs runs each (median); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
