@@ -134,6 +134,13 @@ impl From<ModeArg> for Mode {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitStatus> {
+    // OUT a file, or a path through one or through a dangling link: one
+    // error for the run (exit 2), not one failure per model.
+    if let Some(e) = reshard::write::made::blocked(&args.out) {
+        return Err(
+            anyhow::Error::new(e).context(format!("cannot use --out {}", args.out.display()))
+        );
+    }
     let part = args.part.unwrap_or(Part::ALL);
     let balance: Balance = args.balance.into();
     let selection = Selection::new(&args.root, &args.out, part, balance, args.dry_run)

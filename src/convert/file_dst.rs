@@ -102,6 +102,29 @@ pub fn split_name(file: &Path, n: usize, count: usize) -> PathBuf {
     file.with_file_name(format!("{stem}-{:05}-of-{count:05}.gguf", n + 1))
 }
 
+/// The files beside `file` (`NAME.gguf`) that may be members of its split
+/// set (`NAME-*.gguf`), by path.
+fn members_present(file: &Path) -> std::collections::BTreeSet<PathBuf> {
+    let parent = match file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let probe = split_name(file, 0, 1);
+    let stem = probe
+        .file_name()
+        .map(|n| n.to_string_lossy().replace("-00001-of-00001.gguf", "-"))
+        .unwrap_or_default();
+    let Ok(entries) = std::fs::read_dir(&parent) else {
+        return Default::default();
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&stem) && n.ends_with(".gguf"))
+        .map(|n| file.with_file_name(n))
+        .collect()
+}
+
 /// The staging folder of the file DST `file`.
 pub fn staging_dir(file: &Path) -> Result<PathBuf, ConvertError> {
     let name = file
@@ -145,6 +168,13 @@ pub fn convert_to_file(
     if !split {
         existed.push(check_target(file, ck, options.overwrite)?);
     }
+    // The members of a split set already beside DST: only these may be
+    // replaced at the end (one that appears during the run is kept).
+    let before = if split {
+        members_present(file)
+    } else {
+        Default::default()
+    };
     let staging = staging_dir(file)?;
     if std::fs::symlink_metadata(&staging).is_ok_and(|m| !m.file_type().is_dir()) {
         return Err(file_dst(
@@ -179,7 +209,8 @@ pub fn convert_to_file(
                 shard.size,
                 &shard.digest,
             );
-            existed.push(check_target(t, ck, options.overwrite || ours)?);
+            let there = check_target(t, ck, options.overwrite || ours)?;
+            existed.push(there && before.contains(t.as_path()));
         }
     }
     // Again under the staging folder's lock: no other run finishes it too.

@@ -181,6 +181,11 @@ pub fn convert_gated(
             .filter(|n| !cleanup.as_ref().is_some_and(|c| c.remove.contains(n)))
             .filter(|n| std::fs::symlink_metadata(dst.join(n)).is_ok())
             .collect();
+        // The committed manifest of the run being resumed is replaced; a
+        // cleanup takes any other away first.
+        if inventory.manifest.is_some() && cleanup.is_none() {
+            checked.insert(MANIFEST.to_string());
+        }
     }
     let done = match state {
         dst::DstState::UpToDate(mut manifest) => {
@@ -213,7 +218,18 @@ pub fn convert_gated(
         }
         dst::clear(dst, &inventory, cleanup, &lock)?;
     }
-    let set_aside = cleanup.map(|c| c.aside).unwrap_or_default();
+    let mut set_aside = cleanup.map(|c| c.aside).unwrap_or_default();
+    // A resumed run rewrites the shards it could not verify: whatever holds
+    // such a name (a shard renamed just before a crash, recorded only after
+    // its rename; a damaged one; a file someone put there) is moved aside,
+    // never written over, so every shard is published onto a free name.
+    let unverified = plan
+        .shards
+        .iter()
+        .filter(|s| !done.iter().any(|d| d.file == s.file))
+        .map(|s| s.file.clone());
+    let held = crate::write::owned::aside_names(dst, unverified);
+    crate::write::owned::move_aside(dst, &held, &lock)?;
     let resumed = done.len();
 
     let mut manifest = Manifest {
@@ -243,6 +259,21 @@ pub fn convert_gated(
         cancel,
     };
     let (new, todo_bytes) = run.write(&manifest, &lock, before_commit)?;
+    // What was moved aside and holds exactly the shard now written under
+    // its name (a shard finished just before a crash) loses nothing when
+    // it goes; anything else stays aside, and the summary says so.
+    for (name, aside) in held {
+        let same = new
+            .iter()
+            .find(|r| r.file == name)
+            .is_some_and(|r| crate::write::owned::as_recorded(dst, &aside, r.size, &r.digest));
+        if same {
+            std::fs::remove_file(dst.join(&aside))
+                .map_err(|e| WriteError::io(&dst.join(&aside), e))?;
+        } else {
+            set_aside.push((name, aside));
+        }
+    }
     manifest.shards.extend(new);
     // Shards in plan order, whatever order the workers finished in.
     let position = |f: &str| plan.shards.iter().position(|s| s.file == f);
@@ -507,7 +538,7 @@ fn commit(
     }
     let written = manifest.copied_files.iter().chain(&plan.index_file);
     manifest.files = other::file_records(dst, written, digest)?;
-    write_atomic(dst, MANIFEST, &manifest.to_json())?;
+    write_atomic_as(dst, MANIFEST, &manifest.to_json(), how(MANIFEST))?;
     let _ = std::fs::remove_file(dst.join(PARTIAL));
     sync_dir(dst)?;
     Ok(())

@@ -53,7 +53,7 @@ pub fn is_temp_name(name: &str) -> bool {
         && !pid.is_empty()
         && pid.bytes().all(|b| b.is_ascii_digit())
         && hex.len() == 8
-        && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// Creates a temporary file that must not exist yet: never opens (and so
@@ -238,6 +238,7 @@ mod tests {
             "..123-0000abcd.reshard-tmp",
             "x.123-0000abcd.reshard-tmp",
             ".x.123-0000abcg.reshard-tmp",
+            ".x.123-0000ABCD.reshard-tmp",
             ".x.123-0000abcd.reshard-tmp.txt",
         ] {
             assert!(!is_temp_name(foreign), "{foreign}");

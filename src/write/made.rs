@@ -57,7 +57,11 @@ impl MadeDirs {
 /// Why `dir` cannot be a folder, said plainly (the OS says only "File
 /// exists"): the nearest path on its way that exists is a file, or a
 /// symlink to nothing. `None` when nothing is in the way.
-fn blocked(dir: &Path) -> Option<io::Error> {
+pub fn blocked(dir: &Path) -> Option<io::Error> {
+    // `afile/` and `afile/.` name `afile` (the OS then says only "File
+    // exists" or "Not a directory").
+    let dir: PathBuf = dir.components().collect();
+    let dir = dir.as_path();
     let existing = dir
         .ancestors()
         .filter(|d| !d.as_os_str().is_empty())
@@ -107,7 +111,12 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let file = tmp.path().join("afile");
         std::fs::write(&file, b"x").unwrap();
-        for dst in [file.clone(), file.join("sub")] {
+        for dst in [
+            file.clone(),
+            file.join("sub"),
+            tmp.path().join("afile/"),
+            file.join("."),
+        ] {
             let err = MadeDirs::create(&dst).unwrap_err().to_string();
             assert!(
                 err.contains("afile") && err.contains("is a file, not a folder"),

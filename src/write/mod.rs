@@ -14,7 +14,7 @@ pub(crate) mod failpoint;
 pub mod format;
 pub mod gguf;
 pub(crate) mod lock;
-pub(crate) mod made;
+pub mod made;
 pub mod manifest;
 pub(crate) mod owned;
 pub mod scope;

@@ -66,6 +66,17 @@ pub struct DstInventory {
 impl DstInventory {
     /// Lists `dst` and reads its manifests.
     pub fn read(dst: &Path, _held: &DstLock) -> Result<DstInventory, ManifestError> {
+        // reshard writes both as regular files: a symlink at either name
+        // (dangling, or to a manifest elsewhere) is not one it wrote.
+        for name in [MANIFEST, PARTIAL] {
+            let path = dst.join(name);
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+                return Err(ManifestError::Invalid {
+                    path,
+                    reason: "a symlink, and reshard writes its manifests as regular files".into(),
+                });
+            }
+        }
         let manifest = Manifest::read(&dst.join(MANIFEST))?;
         let partial = Manifest::read(&dst.join(PARTIAL))?;
         let mut inv = DstInventory {
@@ -179,19 +190,7 @@ impl DstInventory {
                 }
             }
         }
-        let pid = std::process::id();
-        let aside = unproven
-            .into_iter()
-            .filter(|n| !remove.contains(n))
-            .filter(|n| std::fs::symlink_metadata(dst.join(n)).is_ok())
-            .map(|n| {
-                let free = (0u32..)
-                    .map(|k| format!(".{n}.{pid}-{k}{ASIDE_SUFFIX}"))
-                    .find(|to| std::fs::symlink_metadata(dst.join(to)).is_err())
-                    .unwrap_or_default();
-                (n, free)
-            })
-            .collect();
+        let aside = aside_names(dst, unproven.into_iter().filter(|n| !remove.contains(n)));
         Cleanup { remove, aside }
     }
 
@@ -258,6 +257,23 @@ pub fn may_replace(
 
 /// Moves each of `aside` (a claimed name, its new name) out of the way with
 /// a rename inside `dst`; a name gone meanwhile is fine.
+/// Each of `names` that `dst` holds, with the free name it would be moved
+/// aside to (`.NAME.PID-K.reshard-aside`).
+pub fn aside_names(dst: &Path, names: impl IntoIterator<Item = String>) -> Vec<(String, String)> {
+    let pid = std::process::id();
+    names
+        .into_iter()
+        .filter(|n| std::fs::symlink_metadata(dst.join(n)).is_ok())
+        .map(|n| {
+            let free = (0u32..)
+                .map(|k| format!(".{n}.{pid}-{k}{ASIDE_SUFFIX}"))
+                .find(|to| std::fs::symlink_metadata(dst.join(to)).is_err())
+                .unwrap_or_default();
+            (n, free)
+        })
+        .collect()
+}
+
 pub fn move_aside(
     dst: &Path,
     aside: &[(String, String)],
@@ -267,7 +283,8 @@ pub fn move_aside(
         if !crate::names::is_plain_name(from) || !crate::names::is_plain_name(to) {
             continue;
         }
-        match std::fs::rename(dst.join(from), dst.join(to)) {
+        // Never over a file that took the free name since it was chosen.
+        match crate::platform::rename_no_replace(&dst.join(from), &dst.join(to)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(WriteError::io(&dst.join(from), e))
             }

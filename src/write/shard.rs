@@ -23,8 +23,6 @@ const HASH_BLOCK: usize = 256 << 10;
 /// place meanwhile, which the check of the sources before the commit
 /// (`convert`) refuses anyway.
 pub struct ShardWriter {
-    /// How the finished shard takes its name.
-    how: Publish,
     final_path: PathBuf,
     tmp_path: PathBuf,
     file: Option<File>,
@@ -53,13 +51,7 @@ impl ShardWriter {
         let final_path = dir.join(name);
         let tmp_path = temp_path(dir, name);
         let file = create_temp(&tmp_path).map_err(|e| WriteError::io(&final_path, e))?;
-        // A shard's name is one reshard generates and the run checked: a
-        // file there now is one it may replace (a claimed shard of an
-        // unfinished run); one that appears while the shard is written is
-        // not replaced.
-        let how = Publish::after_check(std::fs::symlink_metadata(&final_path).is_ok());
         let mut w = ShardWriter {
-            how,
             final_path,
             tmp_path,
             file: Some(file),
@@ -135,7 +127,11 @@ impl ShardWriter {
                 .map_err(|e| WriteError::io(&self.final_path, e))?;
         }
         super::failpoint::step();
-        let published = super::atomic::publish(&self.tmp_path, &self.final_path, self.how);
+        // Only while the name is free: before a run writes shards, its
+        // cleanup removed or moved aside whatever held their names (see
+        // convert::run), so a file there now is one someone put there
+        // during the run, and it is kept.
+        let published = super::atomic::publish(&self.tmp_path, &self.final_path, Publish::New);
         if published.is_err() {
             let _ = std::fs::remove_file(&self.tmp_path);
         }
