@@ -121,11 +121,7 @@ pub fn quantize_blocks(
                 o.copy_from_slice(&h.to_le_bytes());
             }
         }
-        GgmlType::Q8_0 => {
-            for (x, o) in values.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
-                q8_0_block(x, o);
-            }
-        }
+        GgmlType::Q8_0 => crate::cast::simd::vectorized(Q8Blocks { values, out }),
         GgmlType::Q4_0 => {
             for (x, o) in values.chunks_exact(32).zip(out.chunks_exact_mut(18)) {
                 q4_0_block(x, o);
@@ -181,7 +177,60 @@ fn f16_bits(x: f32) -> [u8; 2] {
     f32_to_f16::<false>(x.to_bits()).0.to_le_bytes()
 }
 
+/// Q8_0 blocks of `values` into `out`, for [`crate::cast::simd::vectorized`]:
+/// the same bytes as [`q8_0_block`] (its scalar reference, which the tests
+/// compare it with), in branchless loops each build vectorizes.
+struct Q8Blocks<'a> {
+    values: &'a [f32],
+    out: &'a mut [u8],
+}
+
+impl crate::cast::simd::Vectorized for Q8Blocks<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        for (x, o) in self
+            .values
+            .chunks_exact(32)
+            .zip(self.out.chunks_exact_mut(34))
+        {
+            let x: &[f32; 32] = x.try_into().expect("32 values");
+            // numpy's max propagates NaN: a NaN anywhere makes amax NaN.
+            let mut amax = 0f32;
+            let mut nan = false;
+            for &v in x {
+                let a = v.abs();
+                amax = if a > amax { a } else { amax };
+                nan |= v.is_nan();
+            }
+            let amax = if nan { f32::NAN } else { amax };
+            let d = amax / 127.0;
+            let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+            o[..2].copy_from_slice(&f16_bits(d));
+            let codes: &mut [u8; 32] = (&mut o[2..]).try_into().expect("32 codes");
+            for (v, c) in x.iter().zip(codes.iter_mut()) {
+                *c = round_half_away(v * id) as u8;
+            }
+        }
+    }
+}
+
+/// `q.round() as i8` (half away from zero, NaN to 0, saturating) without
+/// a call to `roundf`: clamp to i8's range (an infinite `q`, from a block
+/// of subnormals whose `1 / d` overflows, saturates as `as` does), then
+/// truncate and step away from zero when the dropped part is at least one
+/// half (exact: `q - trunc(q)` loses nothing at these magnitudes).
+#[inline(always)]
+fn round_half_away(q: f32) -> i8 {
+    let q = q.clamp(-128.0, 127.0); // NaN stays NaN
+    let t = q as i32; // NaN -> 0
+    let frac = q - t as f32;
+    (t + i32::from(frac >= 0.5) - i32::from(frac <= -0.5)) as i8
+}
+
 /// One Q8_0 block: f16 `d = amax / 127`, then 32 int8 `round(x * (1 / d))`.
+/// The scalar reference of [`Q8Blocks`].
+#[cfg(test)]
 fn q8_0_block(x: &[f32], out: &mut [u8]) {
     let amax = x.iter().fold(0f32, |m, v| {
         // numpy's max propagates NaN.
@@ -240,6 +289,45 @@ mod tests {
                 ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
             })
             .collect()
+    }
+
+    #[test]
+    fn the_vectorized_q8_0_blocks_are_the_scalar_references_bytes() {
+        let mut x = values(32 * 64, 7);
+        // Ties, values past the scale, subnormals, zeros, NaN and infinity,
+        // each in a block of its own.
+        let specials: [&[f32]; 7] = [
+            &[2.5, -2.5, 0.5, -0.5, 126.5, -127.0, 1.5, 63.5],
+            &[1.0e-40, -1.0e-40, 3.0e-41],
+            &[0.0, -0.0],
+            &[f32::NAN, 1.0],
+            &[f32::INFINITY, 2.0],
+            &[f32::NEG_INFINITY, -3.0],
+            &[1.0e38, -1.0e38, 1.0],
+        ];
+        for (b, s) in specials.iter().enumerate() {
+            let block = &mut x[b * 32..(b + 1) * 32];
+            block.fill(if b == 1 { 1.0e-40 } else { 0.0 });
+            block[..s.len()].copy_from_slice(s);
+        }
+        let blocks = x.len() / 32;
+        let mut want = vec![0u8; blocks * 34];
+        for (v, o) in x.chunks_exact(32).zip(want.chunks_exact_mut(34)) {
+            q8_0_block(v, o);
+        }
+        let builds = crate::cast::simd::vectorized_builds::<Q8Blocks<'_>>();
+        let mut outs = vec![vec![0u8; blocks * 34]; builds.len()];
+        let mut names = Vec::new();
+        for ((name, build), got) in builds.into_iter().zip(outs.iter_mut()) {
+            build(Q8Blocks {
+                values: &x,
+                out: got,
+            });
+            names.push(name);
+        }
+        for (name, got) in names.iter().zip(&outs) {
+            assert_eq!(got, &want, "{name}");
+        }
     }
 
     #[test]
