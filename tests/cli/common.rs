@@ -36,6 +36,16 @@ pub fn convert(src: &Path, dst: &Path, extra: &[&str]) -> assert_cmd::assert::As
 }
 
 /// Copies a fixture folder into `dir` and returns the copy's path.
+/// `reshard validate OUT --against SRC`, asserted by the caller.
+pub fn validate_against(out: &Path, src: &Path) -> assert_cmd::assert::Assert {
+    reshard()
+        .arg("validate")
+        .arg(out)
+        .arg("--against")
+        .arg(src)
+        .assert()
+}
+
 pub fn copy_fixture(name: &str, dir: &Path) -> PathBuf {
     let dst = dir.join(name);
     copy_dir(&fixture(name), &dst);

@@ -104,13 +104,7 @@ fn nan_and_infinity_pass_through_f16_bf16_and_f32() {
     for dtype in ["f16", "bf16", "f32"] {
         let out = tmp.path().join(format!("{dtype}.gguf"));
         convert(&src, &out, &["--dtype", dtype]).success();
-        reshard()
-            .arg("validate")
-            .arg(&out)
-            .arg("--against")
-            .arg(&src)
-            .assert()
-            .success();
+        validate_against(&out, &src).success();
     }
 }
 
