@@ -4,7 +4,7 @@
 
 use crate::cast::dequant::{Chunk, ChunkStream, DequantError, DequantStream};
 use crate::cast::gguf::{EncodeStream, GgufStream, RowOrder, StackStream};
-use crate::cast::quantize::QuantizeStream;
+use crate::cast::quantize::{QuantizeStream, ScaleMemo};
 use crate::cast::CastStats;
 use crate::cast::OverflowPolicy;
 use crate::format::read::SourceReader;
@@ -12,12 +12,15 @@ use crate::format::Checkpoint;
 use crate::plan::{PlannedTensor, TensorInput};
 
 /// The stream that writes `planned`'s bytes from `ck`, `None` for a source
-/// tensor (copied or cast by the caller).
+/// tensor (copied or cast by the caller). A quantized weight's codes and
+/// scales share what they derive through `memo`, when there is one (see
+/// [`ScaleMemo`]).
 pub fn open<'a>(
     reader: &'a SourceReader,
     ck: &'a Checkpoint,
     planned: &PlannedTensor,
     policy: OverflowPolicy,
+    memo: Option<&'a ScaleMemo>,
 ) -> Result<Option<Box<dyn ChunkStream + 'a>>, DequantError> {
     let to = planned.dtype;
     // One arm per input kind (no wildcard): a new kind must say how it
@@ -64,6 +67,7 @@ pub fn open<'a>(
             *work,
             *part,
             policy,
+            memo,
         )?)),
         TensorInput::ToGgml {
             tensor,

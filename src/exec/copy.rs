@@ -126,6 +126,7 @@ pub(crate) fn copy_shard(
         pool,
         options,
         reporter,
+        ..
     } = *job;
     let runs = runs(ck, shard);
     let longest = |small: bool| {
@@ -438,6 +439,7 @@ mod tests {
                 pool: &pool,
                 options: &options,
                 reporter: &NoReport,
+                memo: &Default::default(),
             };
             let got = copy_shard(&job, shard, 4 * MAP_SLACK + 8192).unwrap();
             let Copied::Done(got) = got else {
@@ -508,6 +510,7 @@ mod tests {
             pool: &pool,
             options: &options,
             reporter: &NoReport,
+            memo: &Default::default(),
         };
         let err = copy_shard(&job, &plan.shards[0], 1 << 20)
             .unwrap_err()

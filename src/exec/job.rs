@@ -8,6 +8,7 @@ use super::reporter::Reporter;
 use super::window::WindowPool;
 use super::window::WindowTooSmall;
 use crate::cast::dequant::DequantError;
+use crate::cast::quantize::ScaleMemo;
 use crate::cast::CastError;
 use crate::format::read::SourceReader;
 use crate::format::{Checkpoint, FormatError};
@@ -77,4 +78,7 @@ pub(crate) struct Job<'a> {
     pub pool: &'a WindowPool,
     pub options: &'a ExecOptions<'a>,
     pub reporter: &'a dyn Reporter,
+    /// Scales a quantized weight's codes or scales stream derived, for its
+    /// other stream.
+    pub memo: &'a ScaleMemo,
 }

@@ -343,6 +343,7 @@ mod tests {
         let input = super::super::Input::Mapped {
             map_len: layout.map_len,
         };
+        let memo = Default::default();
         let job = |dst| super::super::Job {
             reader: &reader,
             ck: &ck,
@@ -351,6 +352,7 @@ mod tests {
             pool: &pool,
             options: &options,
             reporter: &NoReport,
+            memo: &memo,
         };
         let mapped = super::super::write_shard(&job(&a), shard, layout.bufs, input).unwrap();
         drop(layout.reserved);

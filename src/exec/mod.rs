@@ -55,6 +55,7 @@ pub fn execute(
     // Set once the file system refuses a mapping: the other shards go
     // buffered too.
     let refused = AtomicBool::new(options.copy == CopyPath::ReadWrite);
+    let memo = crate::cast::quantize::ScaleMemo::default();
     let job = Job {
         reader: &reader,
         ck,
@@ -63,6 +64,7 @@ pub fn execute(
         pool,
         options,
         reporter,
+        memo: &memo,
     };
     let run = || {
         todo.par_iter()
@@ -429,12 +431,13 @@ fn fill_dequantized<'p>(
         ck,
         plan,
         options,
+        memo,
         ..
     } = *job;
     let source = &ck.tensors[planned.input.primary()];
     let policy = plan.options.on_overflow;
     let to = planned.dtype;
-    let Some(mut stream) = computed::open(reader, ck, planned, policy)? else {
+    let Some(mut stream) = computed::open(reader, ck, planned, policy, Some(memo))? else {
         return Err(ExecError::NotComputed {
             tensor: planned.name.clone(),
         });

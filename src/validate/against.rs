@@ -332,7 +332,7 @@ fn requantized_difference(
             out.dtype, out.shape, expected.dtype, expected.shape
         )));
     }
-    let Some(mut stream) = crate::exec::computed::open(src_reader, source, expected, policy)?
+    let Some(mut stream) = crate::exec::computed::open(src_reader, source, expected, policy, None)?
     else {
         return Ok(Err("not a quantized tensor reshard computes".into()));
     };

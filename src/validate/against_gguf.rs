@@ -126,7 +126,7 @@ pub(super) fn compare(
             after: None,
         };
         let Some(mut stream) =
-            crate::exec::computed::open(sides.src_reader, source, &planned, policy)?
+            crate::exec::computed::open(sides.src_reader, source, &planned, policy, None)?
         else {
             continue;
         };

@@ -95,7 +95,7 @@ pub(super) fn compare(
             continue;
         }
         let Some(mut stream) =
-            crate::exec::computed::open(sides.src_reader, sides.source, planned, policy)?
+            crate::exec::computed::open(sides.src_reader, sides.source, planned, policy, None)?
         else {
             continue;
         };

@@ -45,7 +45,7 @@ use crate::format::Dtype;
 pub const E4M3_MAX: f32 = 448.0;
 
 /// How scales are derived and applied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "kind")]
 pub enum Recipe {
     /// One f32 scale for the whole tensor (comfy-kitchen).

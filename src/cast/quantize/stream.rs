@@ -1,15 +1,22 @@
 //! One weight being quantized to scaled FP8, chunk after chunk: its codes,
 //! or its scales, as the executor and validate drive them.
 //!
-//! A scale must be known before the first code it scales is written, so
-//! the weight is read twice, as two sequential streams: a *lead* that reads
-//! one stripe of rows (a block row of scales: the whole tensor for a
-//! per-tensor scale, one row per channel, `block_rows` rows per block row)
-//! and takes each block's absmax, and a *follow* that reads the same stripe
-//! again (from the page cache) into the caller's buffer and writes the
-//! codes. Memory beyond the caller's buffer is a fixed scratch for the lead
-//! and one block row of scales, whatever the tensor.
+//! A scale must be known before the first code it scales is written. A
+//! *stripe* is the rows one block row of scales covers (the whole tensor
+//! for a per-tensor scale, one row per channel, `block_rows` rows per
+//! block row). Where whole stripes fit the caller's buffer, each chunk is
+//! read once and its scales taken from the buffer before its codes are
+//! written. A stripe larger than the buffer (a per-tensor scale of a large
+//! weight) is read twice, as two sequential streams: a *lead* that reads
+//! the stripe through a fixed scratch and takes each block's absmax, and a
+//! *follow* that reads it again (from the page cache) into the caller's
+//! buffer and writes the codes. The scales the codes were made with are
+//! left in a [`ScaleMemo`] for the weight's scales tensor, which then reads
+//! nothing (and the other way round when the scales come first). Memory
+//! beyond the caller's buffer is a fixed scratch for the lead and the
+//! scales (at most [`MEMO_SCALES`] kept for the other stream).
 
+use super::memo::{MemoKey, ScaleMemo, MEMO_SCALES};
 use super::recipe::{
     abs_max, e4m3_code, e4m3_values, finite_abs_max, round_to, source_value, QuantQuality, Recipe,
     Scale,
@@ -53,6 +60,8 @@ pub struct QuantizeStream<'a> {
     block_rows: u64,
     block_cols: u64,
     lead: TensorBytes,
+    /// The element the lead reads next.
+    lead_at: u64,
     follow: TensorBytes,
     /// Codes: elements written. Scales: block rows written.
     done: u64,
@@ -67,13 +76,21 @@ pub struct QuantizeStream<'a> {
     /// Scales: serialized bytes not yet handed out.
     pending: Vec<u8>,
     quality: QuantQuality,
+    /// Where this weight's scales are left for its other stream.
+    memo: Option<&'a ScaleMemo>,
+    /// Every scale derived so far, in order, for the memo (`None` without
+    /// one, once the scales came from it, or past [`MEMO_SCALES`]).
+    derived: Option<Vec<Scale>>,
 }
 
 impl<'a> QuantizeStream<'a> {
     /// Starts quantizing `tensor` (a 2-D F32, F16, BF16 or F64 weight)
     /// with `recipe` in working dtype `work`, writing `part`. `policy`
     /// decides what a value infinite in `work` does: refuses the tensor
-    /// (`error`), or is left out of the scale and clamped to ±448.
+    /// (`error`), or is left out of the scale and clamped to ±448. With a
+    /// `memo`, scales the weight's other stream left there are used instead
+    /// of reading the weight for them, and the scales this one derives are
+    /// left there.
     pub fn open(
         reader: &'a SourceReader,
         tensor: &'a Tensor,
@@ -81,6 +98,7 @@ impl<'a> QuantizeStream<'a> {
         work: Dtype,
         part: Part,
         policy: OverflowPolicy,
+        memo: Option<&'a ScaleMemo>,
     ) -> Result<Self, DequantError> {
         let float = matches!(
             tensor.dtype,
@@ -108,7 +126,7 @@ impl<'a> QuantizeStream<'a> {
             });
         }
         let in_elem = (tensor.dtype.bits() / 8) as usize;
-        Ok(QuantizeStream {
+        let mut stream = QuantizeStream {
             reader,
             tensor,
             recipe,
@@ -121,6 +139,7 @@ impl<'a> QuantizeStream<'a> {
             block_rows,
             block_cols,
             lead: reader.tensor_bytes_gathered(tensor, 0),
+            lead_at: 0,
             follow: reader.tensor_bytes_gathered(tensor, 0),
             done: 0,
             group: None,
@@ -130,7 +149,44 @@ impl<'a> QuantizeStream<'a> {
             scratch: vec![0; LEAD_VALUES * in_elem],
             pending: Vec::new(),
             quality: QuantQuality::default(),
-        })
+            memo,
+            derived: memo.map(|_| Vec::new()),
+        };
+        let left = memo.and_then(|m| m.take(&stream.memo_key()));
+        if let Some(scales) = left {
+            stream.use_scales(scales);
+        }
+        Ok(stream)
+    }
+
+    fn memo_key(&self) -> MemoKey {
+        MemoKey {
+            tensor: self.tensor.name.clone(),
+            recipe: self.recipe,
+            work: self.work,
+        }
+    }
+
+    /// Takes every scale of the weight from its other stream: the codes
+    /// need no lead, the scales are all pending.
+    fn use_scales(&mut self, scales: Vec<Scale>) {
+        self.derived = None;
+        self.scales = scales;
+        self.group = Some((0, self.stripes()));
+        if self.part == Part::Scales {
+            let dtype = self.recipe.scale_dtype(self.work);
+            for sc in &self.scales {
+                sc.stored_bytes(dtype, &mut self.pending);
+            }
+            self.done = self.stripes();
+        }
+    }
+
+    /// Leaves every scale derived for the weight's other stream.
+    fn leave_scales(&mut self) {
+        if let (Some(memo), Some(scales)) = (self.memo, self.derived.take()) {
+            memo.put(self.memo_key(), scales);
+        }
     }
 
     fn in_elem(&self) -> u64 {
@@ -154,40 +210,53 @@ impl<'a> QuantizeStream<'a> {
         let count = (LEAD_VALUES as u64 / stripe_len)
             .max(1)
             .min(self.stripes() - s);
-        let row_scales = self.row_scales as usize;
-        self.amax.clear();
-        self.amax.resize(row_scales * count as usize, 0.0);
+        let mut pass = self.amax_pass(count);
         let in_elem = self.in_elem() as usize;
-        let (cols, block_cols) = (self.cols as usize, self.block_cols as usize);
-        let block_rows = self.block_rows as usize;
+        // Chunks that were whole stripes took their scales without the
+        // lead: it starts where this group does.
+        let start = s * self.block_rows * self.cols;
+        if self.lead_at != start {
+            self.lead = self
+                .reader
+                .tensor_bytes_from(self.tensor, start * in_elem as u64, 0)?;
+            self.lead_at = start;
+        }
         let mut left: u64 = (s..s + count).map(|x| self.stripe_len(x)).sum();
-        // Walk rows and columns without a division per value.
-        let (mut row, mut col) = (0usize, 0usize);
+        self.lead_at += left;
         while left > 0 {
             let n = left.min(LEAD_VALUES as u64) as usize;
             let bytes = &mut self.scratch[..n * in_elem];
             self.reader.read_chunk(self.tensor, &mut self.lead, bytes)?;
-            let mut i = 0;
-            while i < n {
-                let run = (block_cols - col % block_cols).min(cols - col).min(n - i);
-                let slot = &mut self.amax[(row / block_rows) * row_scales + col / block_cols];
-                let values = &bytes[i * in_elem..(i + run) * in_elem];
-                let mut a = vectorized(AbsMax(self.tensor.dtype, values));
-                if round_to(self.work, a).is_infinite() {
-                    let (finite, infinite) = finite_abs_max(self.tensor.dtype, self.work, values);
-                    a = finite;
-                    self.infinite += infinite;
-                }
-                *slot = slot.max(a);
-                i += run;
-                col += run;
-                if col == cols {
-                    col = 0;
-                    row += 1;
-                }
-            }
+            pass.add(bytes);
             left -= n as u64;
         }
+        self.set_group(s, count, pass)
+    }
+
+    /// A pass over the values of `count` stripes, its absmax slots zeroed.
+    fn amax_pass(&mut self, count: u64) -> AmaxPass {
+        let mut amax = std::mem::take(&mut self.amax);
+        amax.clear();
+        amax.resize(self.row_scales as usize * count as usize, 0.0);
+        AmaxPass {
+            from: self.tensor.dtype,
+            work: self.work,
+            cols: self.cols as usize,
+            block_cols: self.block_cols as usize,
+            block_rows: self.block_rows as usize,
+            row_scales: self.row_scales as usize,
+            amax,
+            infinite: 0,
+            row: 0,
+            col: 0,
+        }
+    }
+
+    /// Makes the scales of stripes `s..s + count` from a finished pass
+    /// over their values: the current group.
+    fn set_group(&mut self, s: u64, count: u64, pass: AmaxPass) -> Result<(), DequantError> {
+        self.infinite += pass.infinite;
+        self.amax = pass.amax;
         if self.infinite > 0 && self.policy == OverflowPolicy::Error {
             return Err(self.not_finite());
         }
@@ -199,6 +268,13 @@ impl<'a> QuantizeStream<'a> {
                 .map(|&a| Scale::of(recipe, work, round_to(work, a))),
         );
         self.group = Some((s, count));
+        if let Some(derived) = &mut self.derived {
+            if derived.len() + self.scales.len() <= MEMO_SCALES {
+                derived.extend_from_slice(&self.scales);
+            } else {
+                self.derived = None;
+            }
+        }
         Ok(())
     }
 
@@ -257,12 +333,23 @@ impl<'a> QuantizeStream<'a> {
         let cols = self.cols.max(1);
         let in_elem = self.in_elem() as usize;
         let total = self.rows.saturating_mul(cols);
-        let n = (total - self.done).min((buf.len() / (in_elem + 1)) as u64) as usize;
+        let room = (buf.len() / (in_elem + 1)) as u64;
+        let whole = self.whole_stripes(room);
+        let n = match whole {
+            Some((_, _, values)) => values,
+            None => (total - self.done).min(room),
+        } as usize;
         let (input, rest) = buf.split_at_mut(n * in_elem);
         // One read for the whole chunk, however many block rows it spans:
-        // the lead reads each group (for its scales) before its codes.
+        // its scales are taken from it when it is whole stripes, else the
+        // lead reads each group (for its scales) before its codes.
         self.reader
             .read_chunk(self.tensor, &mut self.follow, input)?;
+        if let Some((first, count, _)) = whole {
+            let mut pass = self.amax_pass(count);
+            pass.add(input);
+            self.set_group(first, count, pass)?;
+        }
         let out = &mut rest[..n];
         let mut i = 0usize;
         while i < n {
@@ -297,11 +384,38 @@ impl<'a> QuantizeStream<'a> {
             i += len;
         }
         self.done += n as u64;
+        if self.done >= total {
+            self.leave_scales();
+        }
         Ok(Chunk {
             start: n * in_elem,
             len: n,
             read: (n * in_elem) as u64,
         })
+    }
+
+    /// The stripes the next chunk of codes takes whole, when it starts a
+    /// stripe whose scales are not known yet and at least that stripe fits
+    /// `room` values: (first stripe, count, values).
+    fn whole_stripes(&self, room: u64) -> Option<(u64, u64, u64)> {
+        let cols = self.cols.max(1);
+        let first = self.done / cols / self.block_rows;
+        let known = self
+            .group
+            .is_some_and(|(s, count)| (s..s + count).contains(&first));
+        if known || self.done != first * self.block_rows * cols {
+            return None;
+        }
+        let (mut count, mut values) = (0, 0);
+        while first + count < self.stripes() {
+            let next = self.stripe_len(first + count);
+            if values + next > room {
+                break;
+            }
+            values += next;
+            count += 1;
+        }
+        (count > 0).then_some((first, count, values))
     }
 
     fn fill_scales(&mut self, buf: &mut [u8]) -> Result<Chunk, DequantError> {
@@ -316,6 +430,9 @@ impl<'a> QuantizeStream<'a> {
                 sc.stored_bytes(dtype, &mut self.pending);
             }
             self.done += count;
+            if self.done >= self.stripes() {
+                self.leave_scales();
+            }
         }
         let n = self.pending.len().min(buf.len());
         buf[..n].copy_from_slice(&self.pending[..n]);
@@ -479,6 +596,54 @@ impl Vectorized for AbsMax<'_> {
     #[inline(always)]
     fn run(self) -> f32 {
         abs_max(self.0, self.1)
+    }
+}
+
+/// A walk over the values of a group of stripes, in order, taking each
+/// block's absmax (values infinite in the working dtype left out and
+/// counted), without a division per value.
+struct AmaxPass {
+    from: Dtype,
+    work: Dtype,
+    cols: usize,
+    block_cols: usize,
+    block_rows: usize,
+    row_scales: usize,
+    /// `row_scales` slots per stripe of the group.
+    amax: Vec<f32>,
+    infinite: u64,
+    /// Where the next value falls, counted from the group's first row.
+    row: usize,
+    col: usize,
+}
+
+impl AmaxPass {
+    /// Takes in the next values of the group (`bytes`, whole elements).
+    fn add(&mut self, bytes: &[u8]) {
+        let in_elem = (self.from.bits() / 8) as usize;
+        let n = bytes.len() / in_elem;
+        let (cols, block_cols) = (self.cols, self.block_cols);
+        let mut i = 0;
+        while i < n {
+            let run = (block_cols - self.col % block_cols)
+                .min(cols - self.col)
+                .min(n - i);
+            let slot = (self.row / self.block_rows) * self.row_scales + self.col / block_cols;
+            let values = &bytes[i * in_elem..(i + run) * in_elem];
+            let mut a = vectorized(AbsMax(self.from, values));
+            if round_to(self.work, a).is_infinite() {
+                let (finite, infinite) = finite_abs_max(self.from, self.work, values);
+                a = finite;
+                self.infinite += infinite;
+            }
+            self.amax[slot] = self.amax[slot].max(a);
+            i += run;
+            self.col += run;
+            if self.col == cols {
+                self.col = 0;
+                self.row += 1;
+            }
+        }
     }
 }
 
@@ -756,6 +921,119 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// One F32 weight of `rows x cols` in a safetensors file of its own,
+    /// values of mixed magnitudes (a zero row among them).
+    fn weight_file(dir: &std::path::Path, rows: u64, cols: u64) -> crate::format::Checkpoint {
+        let values: Vec<u8> = (0..rows * cols)
+            .flat_map(|i| {
+                let row = i / cols;
+                let v = if row == 2 {
+                    0.0
+                } else {
+                    ((i * 2_654_435_761 % 1000) as f32 - 500.0) * (1 + row % 5) as f32 * 1e-3
+                };
+                v.to_le_bytes()
+            })
+            .collect();
+        let header = serde_json::json!({
+            "w": {"dtype": "F32", "shape": [rows, cols], "data_offsets": [0, values.len()]}
+        });
+        let path = dir.join("model.safetensors");
+        crate::format::safetensors::write_test_file(&path, &header, &[&values]);
+        crate::format::open(&path).unwrap()
+    }
+
+    /// Every byte of `part`, through buffers of `buf` bytes, and the source
+    /// bytes the stream reported reading.
+    fn drain(
+        reader: &SourceReader,
+        tensor: &Tensor,
+        recipe: Recipe,
+        part: Part,
+        buf: usize,
+        memo: Option<&ScaleMemo>,
+    ) -> (Vec<u8>, u64, u64) {
+        let policy = OverflowPolicy::Error;
+        let mut stream =
+            QuantizeStream::open(reader, tensor, recipe, Dtype::BF16, part, policy, memo).unwrap();
+        let (mut out, mut read) = (Vec::new(), 0);
+        let mut b = vec![0u8; buf];
+        while !stream.is_done() {
+            let c = stream.fill(&mut b).unwrap();
+            out.extend_from_slice(&b[c.start..c.start + c.len]);
+            read += c.read;
+        }
+        (out, read, stream.lead_at)
+    }
+
+    /// The codes and scales are the same bytes whichever stream derives
+    /// the scales (from the buffer, through the lead, or from the memo the
+    /// other stream left), for every recipe and buffer size (whole
+    /// tensor, a few stripes, less than one stripe); where stripes fit, the
+    /// codes never use the lead, and a scales stream after its codes reads
+    /// nothing.
+    #[test]
+    fn codes_and_scales_are_the_same_however_the_scales_were_derived() {
+        let dir = tempfile::tempdir().unwrap();
+        let (rows, cols) = (7u64, 96u64);
+        let ck = weight_file(dir.path(), rows, cols);
+        let reader = SourceReader::open(&ck).unwrap();
+        let t = &ck.tensors[0];
+        let recipes = [
+            Recipe::PerTensor,
+            Recipe::PerChannel,
+            Recipe::Block { rows: 2, cols: 32 },
+        ];
+        for recipe in recipes {
+            let (block_rows, _) = recipe.block(rows, cols);
+            let stripe_bytes = (block_rows.min(rows) * cols * 5) as usize;
+            for buf in [
+                (rows * cols * 5) as usize,
+                2 * stripe_bytes + 7,
+                stripe_bytes / 2 + 5,
+            ] {
+                let what = format!("{recipe:?}, buffer {buf}");
+                let (codes, _, _) = drain(&reader, t, recipe, Part::Codes, buf, None);
+                let (scales, read, _) = drain(&reader, t, recipe, Part::Scales, buf, None);
+                assert_eq!(
+                    read,
+                    rows * cols * 4,
+                    "{what}: scales alone read the weight"
+                );
+                let fits = buf >= stripe_bytes;
+                // Codes first, then the scales from the memo.
+                let memo = ScaleMemo::default();
+                let (c, _, lead_at) = drain(&reader, t, recipe, Part::Codes, buf, Some(&memo));
+                assert_eq!(c, codes, "{what}: codes");
+                assert_eq!(lead_at == 0, fits, "{what}: the lead was used");
+                let (sc, read, _) = drain(&reader, t, recipe, Part::Scales, buf, Some(&memo));
+                assert_eq!(
+                    (sc, read),
+                    (scales.clone(), 0),
+                    "{what}: scales from the memo"
+                );
+                // Scales first, then the codes with the lead left unused.
+                let (sc, _, _) = drain(&reader, t, recipe, Part::Scales, buf, Some(&memo));
+                assert_eq!(sc, scales, "{what}: scales");
+                let (c, _, lead_at) = drain(&reader, t, recipe, Part::Codes, buf, Some(&memo));
+                assert_eq!(
+                    (c, lead_at),
+                    (codes.clone(), 0),
+                    "{what}: codes from the memo"
+                );
+                assert_eq!(
+                    memo.take(&MemoKey {
+                        tensor: "w".into(),
+                        recipe,
+                        work: Dtype::BF16,
+                    }),
+                    None,
+                    "{what}: nothing left behind"
+                );
             }
         }
     }
