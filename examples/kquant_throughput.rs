@@ -1,5 +1,5 @@
-//! Single-thread throughput of the Q4_K and Q6_K quantizers, in MB/s of f32
-//! input: `cargo run --release --example kquant_throughput`.
+//! Single-thread throughput of the Q8_0, Q4_K and Q6_K quantizers, in MB/s
+//! of f32 input: `cargo run --release --example kquant_throughput`.
 //!
 //! The input is 16 MiB of weight-like values (normal-ish, a few outliers),
 //! quantized row by row (4096 values a row) in one thread, best of 5 runs.
@@ -13,6 +13,8 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use reshard::cast::gguf::kquantize::{quantize_q4_k, quantize_q6_k, KQuantError, QK_K};
+use reshard::cast::gguf::quantize::quantize_blocks;
+use reshard::format::gguf::ggml::GgmlType;
 
 const VALUES: usize = 4 << 20;
 const ROW: usize = 4096;
@@ -45,9 +47,16 @@ fn cpu_ns() -> Option<u64> {
 
 type Quantizer = fn(&[f32], &mut [u8]) -> Result<(), KQuantError>;
 
+fn quantize_q8_0(x: &[f32], out: &mut [u8]) -> Result<(), KQuantError> {
+    quantize_blocks(GgmlType::Q8_0, x, out).expect("whole Q8_0 blocks");
+    Ok(())
+}
+
 fn main() -> Result<(), KQuantError> {
     let x = weights();
     for (name, quantize, bytes) in [
+        // Q8_0 blocks are 32 values in 34 bytes: QK_K / 32 blocks per 256.
+        ("Q8_0", quantize_q8_0 as Quantizer, QK_K / 32 * 34),
         ("Q4_K", quantize_q4_k as Quantizer, 144),
         ("Q6_K", quantize_q6_k as Quantizer, 210),
     ] {

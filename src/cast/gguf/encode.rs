@@ -179,10 +179,17 @@ impl<'a> EncodeStream<'a> {
             .par_chunks(batch * in_elem)
             .zip(out.par_chunks_mut(batch_out))
             .map(|(part, out)| {
-                let mut vals = vec![0f32; part.len() / in_elem];
-                to_f32(from, part, &mut vals);
-                quantize_blocks(ty, &vals, out)
-                    .map(|s| (s.overflow, s.not_finite, s.scale_overflow))
+                // F32 input in an aligned buffer is encoded where it lies;
+                // anything else is decoded to f32 first.
+                let stats = match f32_in_place(from, part) {
+                    Some(vals) => quantize_blocks(ty, vals, out),
+                    None => {
+                        let mut vals = vec![0f32; part.len() / in_elem];
+                        to_f32(from, part, &mut vals);
+                        quantize_blocks(ty, &vals, out)
+                    }
+                };
+                stats.map(|s| (s.overflow, s.not_finite, s.scale_overflow))
             })
             .try_reduce(|| (0, 0, 0), |a, b| Ok((a.0 + b.0, a.1 + b.1, a.2 + b.2)))
             .map_err(|e: EncodeError| DequantError::Rows {
@@ -217,6 +224,16 @@ impl<'a> EncodeStream<'a> {
         }
         Ok(())
     }
+}
+
+/// `part`'s little-endian F32 elements as they lie, when `from` is F32,
+/// this machine is little-endian and `part` is 4-byte aligned (a chunk at
+/// the front of a window buffer is).
+fn f32_in_place(from: Dtype, part: &[u8]) -> Option<&[f32]> {
+    let native = cfg!(target_endian = "little") && from == Dtype::F32;
+    native
+        .then(|| bytemuck::try_cast_slice(part).ok())
+        .flatten()
 }
 
 /// Little-endian `from` elements as f32 (F64 rounded to nearest).

@@ -195,15 +195,19 @@ impl crate::cast::simd::Vectorized for Q8Blocks<'_> {
             .zip(self.out.chunks_exact_mut(34))
         {
             let x: &[f32; 32] = x.try_into().expect("32 values");
-            // numpy's max propagates NaN: a NaN anywhere makes amax NaN.
-            let mut amax = 0f32;
-            let mut nan = false;
+            // The magnitudes' bits order as the magnitudes do, and every
+            // NaN's lie above infinity's: an integer max (which vectorizes
+            // as a float max with NaN does not) finds amax, and a NaN
+            // anywhere (numpy's max propagates it) makes it NaN.
+            let mut bits = 0u32;
             for &v in x {
-                let a = v.abs();
-                amax = if a > amax { a } else { amax };
-                nan |= v.is_nan();
+                bits = bits.max(v.to_bits() & 0x7fff_ffff);
             }
-            let amax = if nan { f32::NAN } else { amax };
+            let amax = if bits > 0x7f80_0000 {
+                f32::NAN
+            } else {
+                f32::from_bits(bits)
+            };
             let d = amax / 127.0;
             let id = if d == 0.0 { 0.0 } else { 1.0 / d };
             o[..2].copy_from_slice(&f16_bits(d));
