@@ -145,7 +145,6 @@ impl SourceReader {
                     file,
                     pos: *offset,
                     end: offset.saturating_add(tensor.len),
-                    advised: 0,
                 })
             }
             DataRef::Strided {
@@ -172,7 +171,6 @@ impl SourceReader {
                     file,
                     pos: *entry,
                     end: entry.saturating_add(*compressed_len),
-                    advised: 0,
                 };
                 Inner::Deflated {
                     decoder: Box::new(flate2::read::DeflateDecoder::new(range)),
@@ -343,16 +341,7 @@ struct RangeReader {
     file: Arc<File>,
     pos: u64,
     end: u64,
-    /// How far the kernel has been asked to read ahead ([`READ_AHEAD_MIN`]).
-    advised: u64,
 }
-
-/// Reads of at least this many bytes ask the kernel to fetch the next as
-/// many bytes too (`POSIX_FADV_WILLNEED`): the caller casts or quantizes
-/// one chunk while the disk reads the next, where the kernel's own
-/// read-ahead (a few MiB) would leave the disk idle for most of a large
-/// chunk's computing. Smaller reads are left to the kernel's read-ahead.
-const READ_AHEAD_MIN: usize = 1 << 20;
 
 impl Read for RangeReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
@@ -360,14 +349,6 @@ impl Read for RangeReader {
         let want = buf.len().min(left);
         if want == 0 {
             return Ok(0);
-        }
-        if want >= READ_AHEAD_MIN {
-            let from = self.advised.max(self.pos + want as u64);
-            let to = (self.pos + 2 * want as u64).min(self.end);
-            if to > from {
-                crate::platform::will_need(&self.file, from, to - from);
-                self.advised = to;
-            }
         }
         let n = crate::platform::read_at(&self.file, &mut buf[..want], self.pos)?;
         if n == 0 {
