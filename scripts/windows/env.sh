@@ -28,6 +28,21 @@ export CARGO=/usr/bin/cargo RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc
 export RUSTC_BOOTSTRAP=1
 export CARGO_TARGET_DIR="$RESHARD_CACHE/windows-target"
 
+# The cached target folder serves every checkout on this machine. Cargo
+# takes a unit as fresh when its sources are older than the unit, wherever
+# it was built, so a checkout older than another checkout's build would run
+# that build's test binaries, with the other checkout's path compiled in
+# (env!("CARGO_MANIFEST_DIR"): its fixtures, "no such file"). reshard's own
+# units (not the dependencies or std) are rebuilt when the checkout changes.
+_win_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+_win_stamp="$CARGO_TARGET_DIR/.reshard-checkout"
+if [ "$(cat "$_win_stamp" 2>/dev/null)" != "$_win_root" ]; then
+  "$CARGO" clean -q -p reshard --target "$WINDOWS_TARGET" \
+    --manifest-path "$_win_root/Cargo.toml" 2>/dev/null || true
+  mkdir -p "$CARGO_TARGET_DIR"
+  echo "$_win_root" >"$_win_stamp"
+fi
+
 # 3. A private Wine prefix, no display, no Wine chatter on stderr.
 export WINEPREFIX="$RESHARD_CACHE/wine-prefix" WINEARCH=win64 WINEDEBUG=-all
 export WINEDLLOVERRIDES="mscoree,mshtml=" # no Mono/Gecko install prompts
