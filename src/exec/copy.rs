@@ -38,7 +38,7 @@
 use std::sync::atomic::Ordering;
 
 use super::job::{ExecError, Job};
-use super::mapped::{map_at, MAP_MIN, MAP_SLACK};
+use super::mapped::{MAP_MIN, MAP_SLACK};
 use super::Reporter;
 use crate::format::read::SourceReader;
 use crate::format::{Checkpoint, DataRef, FormatError, Tensor};
@@ -154,12 +154,7 @@ pub(crate) fn copy_shard(
     // runs may come first).
     if let Some(run) = runs.iter().find(|r| r.len >= MAP_MIN) {
         let first = &ck.tensors[shard.tensors[run.first].input.primary()];
-        match map_at(
-            reader,
-            first,
-            run.start,
-            run.len.min(map_len as u64) as usize,
-        ) {
+        match reader.map_at(first, run.start, run.len.min(map_len as u64) as usize) {
             Ok(_) => {}
             Err(FormatError::Io { .. }) => return Ok(Copied::Refused),
             Err(e) => return Err(e.into()),
@@ -193,7 +188,7 @@ pub(crate) fn copy_shard(
                 read_at(reader, named, at, buf)?;
                 tensors.write(&mut writer, buf, reporter)?;
             } else {
-                let map = map_at(reader, named, at, n as usize)?;
+                let map = reader.map_at(named, at, n as usize)?;
                 let written = tensors.write(&mut writer, &map, reporter);
                 written.map_err(|e| {
                     blame_source(e, || check_length(reader, ck, shard, run, at + n))

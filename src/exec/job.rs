@@ -37,6 +37,8 @@ pub enum ExecError {
     Dequant(#[from] DequantError),
     #[error("tensor {tensor:?}: planned as computed but read as a source tensor (a reshard bug)")]
     NotComputed { tensor: String },
+    #[error("tensor {tensor:?}: in a mapped shard, but its stream cannot read from a mapping (a reshard bug)")]
+    NotMappable { tensor: String },
     #[error("interrupted; finished shards are kept and a rerun resumes")]
     Interrupted,
 }

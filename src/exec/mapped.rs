@@ -1,9 +1,10 @@
-//! The mapped-input path: a casting shard whose tensors are all stored as
-//! one contiguous byte range reads its input from read-only *shared*
-//! mappings of the source files, one chunk at a time, and casts straight
-//! from the mapping into the output buffer. The input bytes are never
-//! copied by `pread` into a buffer of ours, and the buffers hold output
-//! only.
+//! The mapped-input path: a casting or GGUF-encoding shard whose tensors
+//! are all stored as one contiguous byte range reads its input from
+//! read-only *shared* mappings of the source files, one chunk at a time
+//! ([`crate::format::mapped`]), and casts or encodes straight from the
+//! mapping into the output buffer (the GGUF encoder through
+//! `ChunkStream::map_input`). The input bytes are never copied by `pread`
+//! into a buffer of ours, and the buffers hold output only.
 //!
 //! Memory: a worker maps at most one chunk of input at a time, and that
 //! chunk (plus [`MAP_SLACK`] for the page rounding of the mapping) is
@@ -12,27 +13,22 @@
 //! mapped pages count in RSS while they are mapped.
 //!
 //! What this path does not take: strided views, deflated zip entries,
-//! quantized weights (they keep [`super::fill_shard`]'s read path), shards
-//! that need no cast (the mapped-copy path, [`super::copy`], which writes
-//! straight from the same kind of mapping), and anything
-//! at all under `--no-mmap` ([`super::CopyPath::ReadWrite`]), which
-//! stays plain read and write for everything.
+//! dequantized and FP8-quantized weights and stacked GGUF experts (they
+//! keep [`super::fill_shard`]'s read path), shards that need no cast (the
+//! mapped-copy path, [`super::copy`], which writes straight from the same
+//! kind of mapping), and anything at all under `--no-mmap`
+//! ([`super::CopyPath::ReadWrite`]), which stays plain read and write for
+//! everything.
 //!
 //! A shared mapping of a file that shrinks under it faults instead of
-//! returning an error. [`map_at`] checks the file's length against the
-//! header's claim right before each mapping. A truncation after that check,
-//! while one chunk is mapped, faults; on Unix [`MappedRange`] turns the
-//! fault into `error: PATH: the file was truncated or changed while it was
-//! being read` and exit status 2 (a temporary file stays in the output
-//! folder, cleaned by the next run, as after a crash), and Windows refuses
-//! to truncate a mapped file. `--no-mmap` reads through buffers instead.
+//! returning an error: see [`crate::format::mapped`]. A temporary file
+//! stays in the output folder after such an exit, cleaned by the next
+//! run, as after a crash. `--no-mmap` reads through buffers instead.
 
 use super::{WindowBuf, WindowPool, WindowTooSmall};
 use crate::cast::{self, CastStats, OverflowPolicy};
-use crate::format::read::SourceReader;
-use crate::format::{Checkpoint, DataRef, Dtype, FormatError, Tensor};
-use crate::plan::ShardPlan;
-use crate::platform::MappedRange;
+use crate::format::{Checkpoint, DataRef, Dtype};
+use crate::plan::{ShardPlan, TensorInput};
 use crate::write::digest::Xxh3;
 
 /// Budget reserved beyond the mapped bytes: a mapping starts at a page
@@ -56,17 +52,32 @@ pub const MAP_MIN: u64 = 256 << 10;
 /// block is still in the CPU's cache when the hash reads it.
 const FUSE_BLOCK: usize = 256 << 10;
 
-/// Whether `shard` can take the mapped-input path: nothing quantized, every
-/// tensor stored as one contiguous range, and at least one tensor cast.
+/// Whether `shard` can take the mapped-input path: every tensor stored as
+/// one contiguous range and either a source tensor or one encoded as a GGML
+/// type from a single source tensor (`crate::cast::gguf::EncodeStream`
+/// reads from mappings too), and at least one tensor cast or encoded.
+/// Dequantized and FP8-quantized tensors keep the read path.
 pub fn eligible(ck: &Checkpoint, shard: &ShardPlan) -> bool {
-    let plain = shard.tensors.iter().all(|t| {
-        t.input.is_source()
-            && matches!(
-                ck.tensors[t.input.primary()].data,
-                DataRef::Contiguous { .. }
-            )
+    let mappable = shard.tensors.iter().all(|t| {
+        let contiguous = matches!(
+            ck.tensors[t.input.primary()].data,
+            DataRef::Contiguous { .. }
+        );
+        let kind = match &t.input {
+            TensorInput::Source { .. } => true,
+            TensorInput::ToGgml { stacked, .. } => stacked.is_empty(),
+            TensorInput::Dequantized { .. }
+            | TensorInput::Gguf { .. }
+            | TensorInput::Quantized { .. }
+            | TensorInput::Constant { .. } => false,
+        };
+        contiguous && kind
     });
-    plain && shard.tensors.iter().any(|t| t.dtype != t.source_dtype)
+    mappable
+        && shard
+            .tensors
+            .iter()
+            .any(|t| !t.input.is_source() || t.dtype != t.source_dtype)
 }
 
 /// What a mapped shard holds from the pool: two output buffers and the
@@ -99,8 +110,9 @@ pub fn acquire<'p>(
         .map(|t| ck.tensors[t.input.primary()].len);
     let largest_in = largest_in.max().unwrap_or(0).max(8);
     let map_len = (buffer / 2 - MAP_SLACK).min(MAP_CHUNK).min(largest_in);
-    // Room for the cast of one full mapping of any mapped tensor of the
-    // shard, or for a small tensor read whole with its cast output.
+    // Room for the cast or encoding of one full mapping of any mapped
+    // tensor of the shard, or for a small tensor read whole with its
+    // output.
     let out_len = shard
         .tensors
         .iter()
@@ -108,14 +120,41 @@ pub fn acquire<'p>(
             let source = &ck.tensors[t.input.primary()];
             let (from, to) = (source.dtype, t.dtype);
             if source.len < MAP_MIN {
-                source.len + if from == to { 0 } else { t.len }
-            } else {
+                source.len
+                    + if from == to && t.input.is_source() {
+                        0
+                    } else {
+                        t.len
+                    }
+            } else if t.input.is_source() {
                 (map_len / elem_size(from) * elem_size(to)).min(t.len)
+            } else {
+                // Encoded: the output of a mapping's bytes, at the
+                // tensor's own ratio of output to input.
+                let out = u128::from(map_len) * u128::from(t.len);
+                let out = out.div_ceil(u128::from(source.len.max(1)));
+                u64::try_from(out).unwrap_or(u64::MAX).min(t.len)
             }
         })
         .max()
         .unwrap_or(0)
         .clamp(8, buffer / 4);
+    // A head's rows are encoded together (llama's q and k): they must fit
+    // one mapping and one output buffer, or the shard is read instead.
+    let heads_fit = shard.tensors.iter().all(|t| match &t.input {
+        TensorInput::ToGgml {
+            permute_heads: Some(heads),
+            ..
+        } => {
+            let source = &ck.tensors[t.input.primary()];
+            let heads = (*heads).max(1);
+            source.len < MAP_MIN || (source.len / heads <= map_len && t.len / heads <= out_len)
+        }
+        _ => true,
+    });
+    if !heads_fit {
+        return Ok(None);
+    }
     let map_len = usize::try_from(map_len).unwrap_or(usize::MAX);
     let out_len = usize::try_from(out_len).unwrap_or(usize::MAX);
     // Both at once, so a waiting worker holds nothing.
@@ -125,60 +164,6 @@ pub fn acquire<'p>(
         reserved,
         map_len,
     }))
-}
-
-/// Maps `len` bytes of `tensor`'s data from byte `done` of it.
-pub fn map_chunk(
-    reader: &SourceReader,
-    tensor: &Tensor,
-    done: u64,
-    len: usize,
-) -> Result<MappedRange, FormatError> {
-    let DataRef::Contiguous { offset } = tensor.data else {
-        unreachable!("mapped::eligible admits contiguous tensors only");
-    };
-    let start = offset
-        .checked_add(done)
-        .ok_or_else(|| short(reader, tensor))?;
-    map_at(reader, tensor, start, len)
-}
-
-/// Maps `len` bytes of `tensor`'s source file from byte `start` of the file
-/// (`tensor` names the file, and the tensor in messages).
-///
-/// The file's length is checked against the header's claim right before
-/// the mapping (it was checked at open too): a file that is already shorter
-/// is an error naming the file and tensor, never a fault. A truncation
-/// after this check is the race the module doc describes.
-pub fn map_at(
-    reader: &SourceReader,
-    tensor: &Tensor,
-    start: u64,
-    len: usize,
-) -> Result<MappedRange, FormatError> {
-    let (file, path) = reader.file(tensor.file);
-    let io = |e| FormatError::io(path, e);
-    let end = start
-        .checked_add(len as u64)
-        .ok_or_else(|| short(reader, tensor))?;
-    let file_len = file.metadata().map_err(io)?.len();
-    if file_len < end {
-        return Err(short(reader, tensor));
-    }
-    // Start reading this chunk and the next as one request, so a cold
-    // source streams from the disk while this one is hashed or cast.
-    let ahead = (len as u64).saturating_mul(2).min(file_len - start);
-    crate::platform::will_need(file, start, ahead);
-    MappedRange::map(file, path, start, len).map_err(io)
-}
-
-/// The error for a source that no longer holds `tensor`'s bytes.
-fn short(reader: &SourceReader, tensor: &Tensor) -> FormatError {
-    FormatError::BadData {
-        path: reader.file(tensor.file).1.to_path_buf(),
-        tensor: tensor.name.clone(),
-        reason: "data ends early; the file was truncated or changed".into(),
-    }
 }
 
 /// Casts `input` (`from`) into `output` (`to`) block by block, taking the
@@ -225,6 +210,7 @@ mod tests {
 
     use super::*;
     use crate::exec::{CopyPath, ExecOptions, NoReport};
+    use crate::format::read::SourceReader;
     use crate::plan::{Plan, PlanOptions};
     use crate::write::manifest::ShardRecord;
 
@@ -380,13 +366,13 @@ mod tests {
         let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         f.set_len(len - 4).unwrap();
         let c = ck.tensors.iter().find(|t| t.name == "c").unwrap();
-        let err = map_chunk(&reader, c, 0, 12).map(|_| ()).unwrap_err();
+        let err = reader.map_chunk(c, 0, 12).map(|_| ()).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("model.safetensors"), "{text}");
         assert!(text.contains("\"c\"") || text.contains(" c"), "{text}");
         assert!(text.contains("ends early"), "{text}");
         // What is still there maps.
-        assert_eq!(map_chunk(&reader, c, 0, 8).unwrap().len(), 8);
+        assert_eq!(reader.map_chunk(c, 0, 8).unwrap().len(), 8);
     }
 
     #[test]
@@ -414,3 +400,7 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "mapped_gguf_tests.rs"]
+mod gguf_tests;

@@ -291,7 +291,7 @@ fn fill_shard<'p>(
             | TensorInput::Quantized { .. }
             | TensorInput::ToGgml { .. }
             | TensorInput::Constant { .. } => {
-                let sent = fill_dequantized(job, planned, free, to_writer)?;
+                let sent = fill_dequantized(job, planned, free, to_writer, input)?;
                 let Some(record) = sent else {
                     return Ok(records); // the write stage failed; it reports why
                 };
@@ -356,7 +356,7 @@ fn fill_shard<'p>(
                     }
                 }
                 None => {
-                    let map = mapped::map_chunk(reader, source, source.len - left, n)?;
+                    let map = reader.map_chunk(source, source.len - left, n)?;
                     let out = &mut buf[..out_len];
                     stats += mapped::cast_hashed(from, to, &map, out, policy, &mut hash);
                     (0, out_len)
@@ -425,6 +425,7 @@ fn fill_dequantized<'p>(
     planned: &crate::plan::PlannedTensor,
     free: &mpsc::Receiver<WindowBuf<'p>>,
     to_writer: &mpsc::SyncSender<Filled<'p>>,
+    input: Input,
 ) -> Result<Option<TensorRecord>, ExecError> {
     let Job {
         reader,
@@ -442,6 +443,15 @@ fn fill_dequantized<'p>(
             tensor: planned.name.clone(),
         });
     };
+    // A mapped shard's buffers hold output only (see `mapped::acquire`):
+    // its larger tensors are mapped, as on the cast path.
+    if let Input::Mapped { map_len } = input {
+        if source.len >= mapped::MAP_MIN && !stream.map_input(map_len) {
+            return Err(ExecError::NotMappable {
+                tensor: planned.name.clone(),
+            });
+        }
+    }
     let mut hash = Xxh3::new();
     while !stream.is_done() {
         if options.cancel.load(Ordering::Relaxed) {

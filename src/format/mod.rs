@@ -19,6 +19,7 @@ pub(crate) mod index;
 mod json;
 pub mod json_edit;
 pub mod layout;
+pub mod mapped;
 pub mod pytorch;
 pub mod read;
 pub(crate) mod safetensors;

@@ -11,8 +11,7 @@
 //! caller-sized buffer from a file opened read-only: nothing is mapped,
 //! nothing is read whole, and the caller's window decides how much memory is
 //! in flight. (The executor's cast path may instead map one chunk of a
-//! contiguous tensor at a time, read-only and shared, through
-//! [`SourceReader::file`]: see `crate::exec::mapped`.) Files are checked against the size and mtime they had when the
+//! contiguous tensor at a time, read-only and shared: see [`super::mapped`].) Files are checked against the size and mtime they had when the
 //! checkpoint was read, so a file that shrinks under us is an error, never
 //! zeros.
 
@@ -250,11 +249,7 @@ impl SourceReader {
         }
         crate::platform::read_exact_at(&self.files[tensor.file], buf, offset + pos).map_err(|e| {
             if e.kind() == io::ErrorKind::UnexpectedEof {
-                FormatError::BadData {
-                    path: path(),
-                    tensor: tensor.name.clone(),
-                    reason: "data ends early; the file was truncated or changed".into(),
-                }
+                self.truncated(tensor)
             } else {
                 FormatError::Io {
                     path: path(),
@@ -262,6 +257,15 @@ impl SourceReader {
                 }
             }
         })
+    }
+
+    /// The error for a source file that no longer holds `tensor`'s bytes.
+    pub fn truncated(&self, tensor: &Tensor) -> FormatError {
+        FormatError::BadData {
+            path: self.paths[tensor.file].clone(),
+            tensor: tensor.name.clone(),
+            reason: "data ends early; the file was truncated or changed".into(),
+        }
     }
 
     /// Reads `buf.len()` bytes of a tensor's stream into `buf`, naming the file
@@ -275,11 +279,7 @@ impl SourceReader {
         stream.read_exact(buf).map_err(|e| {
             let path = self.paths[tensor.file].clone();
             if e.kind() == io::ErrorKind::UnexpectedEof {
-                FormatError::BadData {
-                    path,
-                    tensor: tensor.name.clone(),
-                    reason: "data ends early; the file was truncated or changed".into(),
-                }
+                self.truncated(tensor)
             } else if e.kind() == io::ErrorKind::InvalidData {
                 FormatError::BadData {
                     path,

@@ -48,6 +48,15 @@ pub trait ChunkStream {
     fn quality(&self) -> Option<crate::cast::quantize::QuantQuality> {
         None
     }
+    /// Asks the stream to take its input from read-only shared mappings
+    /// of at most `max_len` source bytes, one at a time (see
+    /// [`crate::format::mapped`]), instead of reads into the front of each
+    /// buffer, which then holds output only. False when it cannot (it then
+    /// reads, as before).
+    fn map_input(&mut self, max_len: usize) -> bool {
+        let _ = max_len;
+        false
+    }
 }
 
 impl ChunkStream for DequantStream<'_> {

@@ -16,7 +16,7 @@ use crate::cast::dequant::{Chunk, ChunkStream, DequantError};
 use crate::cast::{CastStats, OverflowPolicy};
 use crate::format::gguf::ggml::GgmlType;
 use crate::format::read::{SourceReader, TensorBytes};
-use crate::format::{Dtype, Tensor};
+use crate::format::{DataRef, Dtype, Tensor};
 
 /// One source tensor being encoded as `ty`.
 pub struct EncodeStream<'a> {
@@ -39,6 +39,9 @@ pub struct EncodeStream<'a> {
     /// Whether a NaN or infinite value may be written into a block type
     /// (anything but [`OverflowPolicy::Error`]: as gguf-py writes it).
     policy: OverflowPolicy,
+    /// Input from mappings of at most this many bytes instead of reads
+    /// ([`ChunkStream::map_input`]).
+    map_len: Option<usize>,
 }
 
 impl<'a> EncodeStream<'a> {
@@ -95,6 +98,7 @@ impl<'a> EncodeStream<'a> {
             row_values: cols,
             stats: CastStats::default(),
             policy,
+            map_len: None,
         };
         if let (Some(heads), 1..) = (permute_heads, numel) {
             let rows = numel / cols;
@@ -118,51 +122,69 @@ impl<'a> EncodeStream<'a> {
         self.unit_values / self.block * self.block_bytes
     }
 
-    /// The smallest buffer [`EncodeStream::fill`] accepts: one unit's
-    /// input and output.
+    /// The smallest buffer [`EncodeStream::fill`] accepts reading: one
+    /// unit's input and output (mapping: its output).
     pub fn min_buffer(&self) -> u64 {
         self.unit_in() + self.unit_out()
     }
 
     /// Reads the next whole units into the front of `buf` and writes their
-    /// encoded bytes after them.
+    /// encoded bytes after them; or, taking its input from mappings, maps
+    /// them and writes their encoded bytes at the front.
     pub fn fill(&mut self, buf: &mut [u8]) -> Result<Chunk, DequantError> {
-        let need = self.min_buffer();
-        if (buf.len() as u64) < need {
+        let need = ChunkStream::min_buffer(self);
+        let fits = match self.map_len {
+            Some(max) => (max as u64 / self.unit_in()).min(buf.len() as u64 / need),
+            None => buf.len() as u64 / need,
+        };
+        if fits == 0 {
             return Err(DequantError::BufferTooSmall {
                 tensor: self.tensor.name.clone(),
                 needed: need,
                 have: buf.len() as u64,
             });
         }
-        let n = (buf.len() as u64 / need).min(self.units - self.done);
+        let n = fits.min(self.units - self.done);
         let in_len = (n * self.unit_in()) as usize;
         let out_len = (n * self.unit_out()) as usize;
-        let (input, rest) = buf.split_at_mut(in_len);
-        self.reader
-            .read_chunk(self.tensor, &mut self.stream, input)?;
-        let out = &mut rest[..out_len];
-        if self.head_rows > 0 {
-            let row_in = (self.row_values * self.in_elem) as usize;
-            let row_out = (self.row_values / self.block * self.block_bytes) as usize;
-            let (unit_in, unit_out) = (self.unit_in() as usize, self.unit_out() as usize);
-            for (g, group) in input.chunks_exact(unit_in).enumerate() {
-                for r in 0..self.head_rows {
-                    let src = super::permuted_row(r, self.head_rows) as usize;
-                    let row = &group[src * row_in..][..row_in];
-                    let at = g * unit_out + r as usize * row_out;
-                    self.encode(row, &mut out[at..at + row_out])?;
-                }
-            }
+        let start = if self.map_len.is_some() {
+            let done = self.done * self.unit_in();
+            let map = self.reader.map_chunk(self.tensor, done, in_len)?;
+            self.encode_units(&map, &mut buf[..out_len])?;
+            0
         } else {
-            self.encode(input, out)?;
-        }
+            let (input, rest) = buf.split_at_mut(in_len);
+            self.reader
+                .read_chunk(self.tensor, &mut self.stream, input)?;
+            self.encode_units(input, &mut rest[..out_len])?;
+            in_len
+        };
         self.done += n;
         Ok(Chunk {
-            start: in_len,
+            start,
             len: out_len,
             read: in_len as u64,
         })
+    }
+
+    /// Encodes whole units of input into `out`, a permuted unit's rows put
+    /// in GGUF order.
+    fn encode_units(&mut self, input: &[u8], out: &mut [u8]) -> Result<(), DequantError> {
+        if self.head_rows == 0 {
+            return self.encode(input, out);
+        }
+        let row_in = (self.row_values * self.in_elem) as usize;
+        let row_out = (self.row_values / self.block * self.block_bytes) as usize;
+        let (unit_in, unit_out) = (self.unit_in() as usize, self.unit_out() as usize);
+        for (g, group) in input.chunks_exact(unit_in).enumerate() {
+            for r in 0..self.head_rows {
+                let src = super::permuted_row(r, self.head_rows) as usize;
+                let row = &group[src * row_in..][..row_in];
+                let at = g * unit_out + r as usize * row_out;
+                self.encode(row, &mut out[at..at + row_out])?;
+            }
+        }
+        Ok(())
     }
 
     /// Encodes the source elements `src` (whole blocks' worth) into `out`,
@@ -262,7 +284,18 @@ impl ChunkStream for EncodeStream<'_> {
         self.stats
     }
     fn min_buffer(&self) -> u64 {
-        EncodeStream::min_buffer(self)
+        match self.map_len {
+            Some(_) => self.unit_out(),
+            None => EncodeStream::min_buffer(self),
+        }
+    }
+    fn map_input(&mut self, max_len: usize) -> bool {
+        let contiguous = matches!(self.tensor.data, DataRef::Contiguous { .. });
+        let fits = max_len as u64 >= self.unit_in();
+        if contiguous && fits {
+            self.map_len = Some(max_len);
+        }
+        contiguous && fits
     }
 }
 
