@@ -259,6 +259,18 @@ mod tests {
     }
 
     fn run(ck: &Checkpoint, plan: &Plan, dst: &Path, copy: CopyPath) -> Vec<ShardRecord> {
+        run_in(ck, plan, dst, copy, 1 << 20)
+    }
+
+    /// Executes `plan` into `dst` through `copy` under a `window`-byte pool,
+    /// which it must not pass.
+    pub(super) fn run_in(
+        ck: &Checkpoint,
+        plan: &Plan,
+        dst: &Path,
+        copy: CopyPath,
+        window: u64,
+    ) -> Vec<ShardRecord> {
         std::fs::create_dir_all(dst).unwrap();
         let cancel = AtomicBool::new(false);
         let options = ExecOptions {
@@ -269,7 +281,7 @@ mod tests {
             digest: Default::default(),
             copy,
         };
-        let pool = WindowPool::new(1 << 20);
+        let pool = WindowPool::new(window);
         let records = crate::exec::execute(ck, plan, dst, &pool, &options, &NoReport).unwrap();
         assert!(pool.peak() <= pool.budget());
         records

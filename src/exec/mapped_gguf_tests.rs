@@ -4,13 +4,12 @@
 //! file and records through mappings as through reads.
 
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
 
+use super::tests::run_in;
 use super::*;
-use crate::exec::{CopyPath, ExecOptions, NoReport};
+use crate::exec::CopyPath;
 use crate::plan::quantize::QuantizeScheme;
 use crate::plan::{OutputFormat, Plan, PlanOptions};
-use crate::write::manifest::ShardRecord;
 
 /// A one-layer Llama of hidden size 256 (4 heads of 64, 2 kv heads) in
 /// f32, the tokenizer of the tiny Llama fixture: q_proj is 256 KiB, the
@@ -94,23 +93,6 @@ fn gguf_plan(ck: &Checkpoint, quantize: Option<QuantizeScheme>, dtype: Option<Dt
     crate::write::format::plan(ck, &options).unwrap()
 }
 
-fn run(ck: &Checkpoint, plan: &Plan, dst: &Path, copy: CopyPath, window: u64) -> Vec<ShardRecord> {
-    std::fs::create_dir_all(dst).unwrap();
-    let cancel = AtomicBool::new(false);
-    let options = ExecOptions {
-        threads: 2,
-        cancel: &cancel,
-        skip: &|_| false,
-        on_shard: &|_| Ok(()),
-        digest: Default::default(),
-        copy,
-    };
-    let pool = WindowPool::new(window);
-    let records = crate::exec::execute(ck, plan, dst, &pool, &options, &NoReport).unwrap();
-    assert!(pool.peak() <= pool.budget());
-    records
-}
-
 #[test]
 fn gguf_tensors_encode_the_same_from_mappings_as_from_reads() {
     let tmp = tempfile::tempdir().unwrap();
@@ -152,8 +134,8 @@ fn gguf_tensors_encode_the_same_from_mappings_as_from_reads() {
                 tmp.path().join(format!("{name}-map")),
                 tmp.path().join(format!("{name}-read")),
             );
-            let mapped = run(&ck, &plan, &fast, CopyPath::Auto, window);
-            let read = run(&ck, &plan, &slow, CopyPath::ReadWrite, window);
+            let mapped = run_in(&ck, &plan, &fast, CopyPath::Auto, window);
+            let read = run_in(&ck, &plan, &slow, CopyPath::ReadWrite, window);
             assert_eq!(mapped, read, "{name}: records");
             for r in &mapped {
                 let a = std::fs::read(fast.join(&r.file)).unwrap();
