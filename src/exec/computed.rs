@@ -127,4 +127,8 @@ impl ChunkStream for Constant {
     fn min_buffer(&self) -> u64 {
         1
     }
+    /// Reads no source bytes at all.
+    fn map_input(&mut self, _max_len: usize) -> bool {
+        true
+    }
 }

@@ -1,9 +1,9 @@
-//! The mapped-input path: a casting or GGUF-encoding shard whose tensors
-//! are all stored as one contiguous byte range reads its input from
-//! read-only *shared* mappings of the source files, one chunk at a time
-//! ([`crate::format::mapped`]), and casts or encodes straight from the
-//! mapping into the output buffer (the GGUF encoder through
-//! `ChunkStream::map_input`). The input bytes are never copied by `pread`
+//! The mapped-input path: a casting, FP8-quantizing or GGUF-encoding shard
+//! whose tensors are all stored as one contiguous byte range reads its
+//! input from read-only *shared* mappings of the source files, one chunk at
+//! a time ([`crate::format::mapped`]), and casts, quantizes or encodes
+//! straight from the mapping into the output buffer (the FP8 and GGUF
+//! streams through `ChunkStream::map_input`). The input bytes are never copied by `pread`
 //! into a buffer of ours, and the buffers hold output only.
 //!
 //! Memory: a worker maps at most one chunk of input at a time, and that
@@ -13,8 +13,8 @@
 //! mapped pages count in RSS while they are mapped.
 //!
 //! What this path does not take: strided views, deflated zip entries,
-//! dequantized and FP8-quantized weights and stacked GGUF experts (they
-//! keep [`super::fill_shard`]'s read path), shards that need no cast (the
+//! dequantized weights, GGUF input and stacked GGUF experts (they keep
+//! [`super::fill_shard`]'s read path), shards that need no cast (the
 //! mapped-copy path, [`super::copy`], which writes straight from the same
 //! kind of mapping), and anything at all under `--no-mmap`
 //! ([`super::CopyPath::ReadWrite`]), which stays plain read and write for
@@ -53,10 +53,12 @@ pub const MAP_MIN: u64 = 256 << 10;
 const FUSE_BLOCK: usize = 256 << 10;
 
 /// Whether `shard` can take the mapped-input path: every tensor stored as
-/// one contiguous range and either a source tensor or one encoded as a GGML
-/// type from a single source tensor (`crate::cast::gguf::EncodeStream`
-/// reads from mappings too), and at least one tensor cast or encoded.
-/// Dequantized and FP8-quantized tensors keep the read path.
+/// one contiguous range and either a source tensor, an FP8-quantized one
+/// (`crate::cast::quantize::QuantizeStream` maps its codes' input), a
+/// constant beside one, or one encoded as a GGML type from a single source
+/// tensor (`crate::cast::gguf::EncodeStream` maps too), and at least one
+/// tensor cast, quantized or encoded. Dequantized tensors and GGUF input
+/// keep the read path.
 pub fn eligible(ck: &Checkpoint, shard: &ShardPlan) -> bool {
     let mappable = shard.tensors.iter().all(|t| {
         let contiguous = matches!(
@@ -64,12 +66,11 @@ pub fn eligible(ck: &Checkpoint, shard: &ShardPlan) -> bool {
             DataRef::Contiguous { .. }
         );
         let kind = match &t.input {
-            TensorInput::Source { .. } => true,
-            TensorInput::ToGgml { stacked, .. } => stacked.is_empty(),
-            TensorInput::Dequantized { .. }
-            | TensorInput::Gguf { .. }
+            TensorInput::Source { .. }
             | TensorInput::Quantized { .. }
-            | TensorInput::Constant { .. } => false,
+            | TensorInput::Constant { .. } => true,
+            TensorInput::ToGgml { stacked, .. } => stacked.is_empty(),
+            TensorInput::Dequantized { .. } | TensorInput::Gguf { .. } => false,
         };
         contiguous && kind
     });

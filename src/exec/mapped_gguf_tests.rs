@@ -1,7 +1,8 @@
-//! The GGUF encoder on the mapped-input path: a Llama-shaped model with
-//! tensors larger than [`MAP_MIN`] (so they are mapped, several chunks
-//! each, the q and k projections a head's rows at a time) gives the same
-//! file and records through mappings as through reads.
+//! The GGUF encoder and the FP8 quantizer on the mapped-input path: a
+//! Llama-shaped model with tensors larger than [`MAP_MIN`] (so they are
+//! mapped, several chunks each; for GGUF the q and k projections a head's
+//! rows at a time) gives the same files and records through mappings as
+//! through reads.
 
 use std::path::Path;
 
@@ -10,6 +11,7 @@ use super::*;
 use crate::exec::CopyPath;
 use crate::plan::quantize::QuantizeScheme;
 use crate::plan::{OutputFormat, Plan, PlanOptions};
+use crate::write::manifest::ShardRecord;
 
 /// A one-layer Llama of hidden size 256 (4 heads of 64, 2 kv heads) in
 /// f32, the tokenizer of the tiny Llama fixture: q_proj is 256 KiB, the
@@ -81,6 +83,36 @@ fn llama(dir: &Path) -> Checkpoint {
     crate::format::open(dir).unwrap()
 }
 
+/// A temporary folder holding [`llama`] under `src/`.
+fn llama_in_temp() -> (tempfile::TempDir, Checkpoint) {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let ck = llama(&src);
+    (tmp, ck)
+}
+
+/// Runs `plan` into `dir-map` through mappings and into `dir-read`
+/// through reads, asserts the files are byte-identical, and returns the
+/// records (mapped, read).
+fn both_ways(
+    ck: &Checkpoint,
+    plan: &Plan,
+    dir: &Path,
+    window: u64,
+) -> (Vec<ShardRecord>, Vec<ShardRecord>) {
+    let (fast, slow) = (dir.with_extension("map"), dir.with_extension("read"));
+    let mapped = run_in(ck, plan, &fast, CopyPath::Auto, window);
+    let read = run_in(ck, plan, &slow, CopyPath::ReadWrite, window);
+    assert!(!mapped.is_empty());
+    for r in &mapped {
+        let a = std::fs::read(fast.join(&r.file)).unwrap();
+        let b = std::fs::read(slow.join(&r.file)).unwrap();
+        assert!(a == b, "{}: {} differs", dir.display(), r.file);
+    }
+    (mapped, read)
+}
+
 fn gguf_plan(ck: &Checkpoint, quantize: Option<QuantizeScheme>, dtype: Option<Dtype>) -> Plan {
     let options = PlanOptions {
         max_shard_size: u64::MAX,
@@ -95,10 +127,7 @@ fn gguf_plan(ck: &Checkpoint, quantize: Option<QuantizeScheme>, dtype: Option<Dt
 
 #[test]
 fn gguf_tensors_encode_the_same_from_mappings_as_from_reads() {
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    std::fs::create_dir_all(&src).unwrap();
-    let ck = llama(&src);
+    let (tmp, ck) = llama_in_temp();
     let schemes = [
         (Some(QuantizeScheme::Q8_0), None),
         (Some(QuantizeScheme::Q4K), None),
@@ -130,18 +159,50 @@ fn gguf_tensors_encode_the_same_from_mappings_as_from_reads() {
             );
             drop(layout);
             let name = format!("{quantize:?}-{dtype:?}-{window}");
-            let (fast, slow) = (
-                tmp.path().join(format!("{name}-map")),
-                tmp.path().join(format!("{name}-read")),
-            );
-            let mapped = run_in(&ck, &plan, &fast, CopyPath::Auto, window);
-            let read = run_in(&ck, &plan, &slow, CopyPath::ReadWrite, window);
+            let (mapped, read) = both_ways(&ck, &plan, &tmp.path().join(&name), window);
             assert_eq!(mapped, read, "{name}: records");
-            for r in &mapped {
-                let a = std::fs::read(fast.join(&r.file)).unwrap();
-                let b = std::fs::read(slow.join(&r.file)).unwrap();
-                assert!(a == b, "{name}: {} differs", r.file);
-            }
+        }
+    }
+}
+
+#[test]
+fn fp8_codes_and_scales_are_the_same_from_mappings_as_from_reads() {
+    let (tmp, ck) = llama_in_temp();
+    let schemes = [
+        QuantizeScheme::Fp8Channel,
+        QuantizeScheme::Fp8Scaled,
+        QuantizeScheme::Fp8ScaledLegacy,
+        QuantizeScheme::Fp8Block,
+    ];
+    for scheme in schemes {
+        let options = PlanOptions {
+            max_shard_size: u64::MAX,
+            quantize: Some(scheme),
+            on_overflow: OverflowPolicy::Inf,
+            ..PlanOptions::default()
+        };
+        let plan = crate::write::format::plan(&ck, &options).unwrap();
+        let quantized = plan.shards[0]
+            .tensors
+            .iter()
+            .filter(|t| matches!(t.input, TensorInput::Quantized { .. }))
+            .count();
+        assert!(quantized >= 14, "{scheme:?}: {quantized} codes and scales");
+        assert!(plan.shards.iter().all(|s| eligible(&ck, s)), "{scheme:?}");
+        // At 1 MiB a mapping holds less than a per-tensor weight (the lead
+        // reads it first); at 16 MiB whole weights.
+        for window in [1u64 << 20, 16 << 20] {
+            let name = format!("{scheme:?}-{window}");
+            let (mapped, read) = both_ways(&ck, &plan, &tmp.path().join(&name), window);
+            // The error sums may differ in their last bits (they are added
+            // chunk by chunk); names, types and bytes may not.
+            let key = |records: &[ShardRecord]| -> Vec<(String, String, Dtype)> {
+                let tensors = records.iter().flat_map(|r| &r.tensors);
+                tensors
+                    .map(|t| (t.name.clone(), t.xxh3.clone(), t.dtype))
+                    .collect()
+            };
+            assert_eq!(key(&mapped), key(&read), "{name}: records");
         }
     }
 }

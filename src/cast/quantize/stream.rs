@@ -25,7 +25,7 @@ use crate::cast::dequant::{Chunk, ChunkStream, DequantError};
 use crate::cast::policy::{CastStats, OverflowPolicy};
 use crate::cast::simd::{vectorized, Vectorized};
 use crate::format::read::{SourceReader, TensorBytes};
-use crate::format::{Dtype, Tensor};
+use crate::format::{DataRef, Dtype, Tensor};
 
 /// Elements the lead reads at once.
 const LEAD_VALUES: usize = 64 * 1024;
@@ -81,6 +81,10 @@ pub struct QuantizeStream<'a> {
     /// Every scale derived so far, in order, for the memo (`None` without
     /// one, once the scales came from it, or past [`MEMO_SCALES`]).
     derived: Option<Vec<Scale>>,
+    /// Codes: the most source bytes one mapping holds, when the codes'
+    /// input comes from mappings (`ChunkStream::map_input`) instead of
+    /// reads into the front of the caller's buffer.
+    map_len: Option<usize>,
 }
 
 impl<'a> QuantizeStream<'a> {
@@ -151,6 +155,7 @@ impl<'a> QuantizeStream<'a> {
             quality: QuantQuality::default(),
             memo,
             derived: memo.map(|_| Vec::new()),
+            map_len: None,
         };
         let left = memo.and_then(|m| m.take(&stream.memo_key()));
         if let Some(scales) = left {
@@ -304,11 +309,12 @@ impl<'a> QuantizeStream<'a> {
         self.quality
     }
 
-    /// The smallest buffer [`QuantizeStream::fill`] accepts.
+    /// The smallest buffer [`QuantizeStream::fill`] accepts: one value's
+    /// input and code (from a mapping: its code).
     pub fn min_buffer(&self) -> u64 {
-        match self.part {
-            Part::Codes => self.in_elem() + 1,
-            Part::Scales => 1,
+        match (self.part, self.map_len) {
+            (Part::Codes, None) => self.in_elem() + 1,
+            (Part::Codes, Some(_)) | (Part::Scales, _) => 1,
         }
     }
 
@@ -329,28 +335,64 @@ impl<'a> QuantizeStream<'a> {
         }
     }
 
+    /// Reads (or maps) the next chunk of the weight and writes its codes:
+    /// read, the input takes the front of `buf` and the codes follow it;
+    /// mapped, the codes take the front.
     fn fill_codes(&mut self, buf: &mut [u8]) -> Result<Chunk, DequantError> {
-        let cols = self.cols.max(1);
         let in_elem = self.in_elem() as usize;
-        let total = self.rows.saturating_mul(cols);
-        let room = (buf.len() / (in_elem + 1)) as u64;
+        let room = match self.map_len {
+            Some(max) => (max / in_elem).min(buf.len()),
+            None => buf.len() / (in_elem + 1),
+        } as u64;
         let whole = self.whole_stripes(room);
+        let total = self.rows.saturating_mul(self.cols.max(1));
         let n = match whole {
             Some((_, _, values)) => values,
             None => (total - self.done).min(room),
         } as usize;
-        let (input, rest) = buf.split_at_mut(n * in_elem);
-        // One read for the whole chunk, however many block rows it spans:
-        // its scales are taken from it when it is whole stripes, else the
-        // lead reads each group (for its scales) before its codes.
-        self.reader
-            .read_chunk(self.tensor, &mut self.follow, input)?;
+        // One read (or mapping) for the whole chunk, however many block
+        // rows it spans: its scales are taken from it when it is whole
+        // stripes, else the lead reads each group (for its scales) before
+        // its codes.
+        let start = if self.map_len.is_some() {
+            let from = self.done * self.in_elem();
+            let map = self.reader.map_chunk(self.tensor, from, n * in_elem)?;
+            self.codes_of(whole, &map, &mut buf[..n])?;
+            0
+        } else {
+            let (input, rest) = buf.split_at_mut(n * in_elem);
+            self.reader
+                .read_chunk(self.tensor, &mut self.follow, input)?;
+            self.codes_of(whole, input, &mut rest[..n])?;
+            n * in_elem
+        };
+        self.done += n as u64;
+        if self.done >= total {
+            self.leave_scales();
+        }
+        Ok(Chunk {
+            start,
+            len: n,
+            read: (n * in_elem) as u64,
+        })
+    }
+
+    /// Writes the codes of `input` (the source values from element
+    /// `self.done` on; whole stripes `whole` when it is some) into `out`.
+    fn codes_of(
+        &mut self,
+        whole: Option<(u64, u64, u64)>,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), DequantError> {
+        let cols = self.cols.max(1);
+        let in_elem = self.in_elem() as usize;
+        let n = out.len();
         if let Some((first, count, _)) = whole {
             let mut pass = self.amax_pass(count);
             pass.add(input);
             self.set_group(first, count, pass)?;
         }
-        let out = &mut rest[..n];
         let mut i = 0usize;
         while i < n {
             let at = self.done + i as u64;
@@ -383,15 +425,7 @@ impl<'a> QuantizeStream<'a> {
             self.quality += q;
             i += len;
         }
-        self.done += n as u64;
-        if self.done >= total {
-            self.leave_scales();
-        }
-        Ok(Chunk {
-            start: n * in_elem,
-            len: n,
-            read: (n * in_elem) as u64,
-        })
+        Ok(())
     }
 
     /// The stripes the next chunk of codes takes whole, when it starts a
@@ -465,6 +499,22 @@ impl ChunkStream for QuantizeStream<'_> {
     }
     fn quality(&self) -> Option<QuantQuality> {
         (self.part == Part::Codes).then_some(self.quality)
+    }
+    /// Codes map their input where the weight is one contiguous range.
+    /// Scales read nothing into the caller's buffer (the lead has its own
+    /// scratch), so they take any buffer.
+    fn map_input(&mut self, max_len: usize) -> bool {
+        match self.part {
+            Part::Scales => true,
+            Part::Codes => {
+                let contiguous = matches!(self.tensor.data, DataRef::Contiguous { .. });
+                let fits = max_len as u64 >= self.in_elem();
+                if contiguous && fits {
+                    self.map_len = Some(max_len);
+                }
+                contiguous && fits
+            }
+        }
     }
 }
 
